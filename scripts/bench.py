@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""What the sidecar and the relay cost on top of the engine, measured side by side in one run.
+
+    python scripts/bench.py              # Phi-3-mini shapes (generated once, ~2.7 GB)
+    python scripts/bench.py --quick      # the `small` model, fewer repetitions (~1 minute)
+    python scripts/bench.py --model DIR  # any onnxruntime-genai model, the real Phi-3 included
+
+Variants run interleaved (engine, sidecar, app, engine, ...) so drift hits all alike. Prints
+Markdown tables; writes every sample to JSON and a plot to PNG under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts import services
+from scripts.bench_variants import RawEngine, Sample, via_app, via_sidecar
+
+REPO = services.REPO
+PRESET_DIRS = {"phi3-mini": REPO / "models" / "generated-phi3-mini", "small": None, "tiny": None}
+WORDS = ("the", "model", "streams", "each", "token", "to", "the", "page", "as", "it", "decodes")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", help="model folder (default: generated, see --preset)")
+    parser.add_argument("--preset", default=None, help="generated model preset when no --model")
+    parser.add_argument("--quick", action="store_true", help="small model, fewer repetitions")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="prompt length in tokens")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per reply")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per variant")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
+    parser.add_argument("--concurrency", default="1,2,4,8", help="simultaneous streams to try")
+    parser.add_argument("--out", default=str(REPO / "bench-results"), help="results folder")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.preset = args.preset or ("small" if quick else "phi3-mini")
+    args.prompt_tokens = args.prompt_tokens or (256 if quick else 128)
+    args.new_tokens = args.new_tokens or (24 if quick else 32)
+    args.reps = args.reps or (2 if quick else 3)
+    args.concurrency = [int(n) for n in args.concurrency.split(",")]
+    return args
+
+
+def ensure_model(args: argparse.Namespace, scratch: Path) -> Path:
+    if args.model:
+        return Path(args.model)
+    out = PRESET_DIRS.get(args.preset) or scratch / args.preset
+    if (out / "genai_config.json").exists():
+        return out
+    print(f"building the generated {args.preset} model into {out} ...", flush=True)
+    make = [sys.executable, str(REPO / "scripts" / "make_model.py")]
+    subprocess.run([*make, "--preset", args.preset, "--out", str(out)], check=True)
+    return out
+
+
+def make_messages(engine: RawEngine, prompt_tokens: int) -> list[dict[str, str]]:
+    """A user turn whose rendered prompt is `prompt_tokens` long (or just over)."""
+    words: list[str] = []
+    while True:
+        words.append(WORDS[len(words) % len(WORDS)])
+        messages = [{"role": "user", "content": " ".join(words)}]
+        if len(engine.prompt_ids(messages)) >= prompt_tokens:
+            return messages
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Kernel-tracked peak RSS (VmHWM) of a process and all its children, summed."""
+    import psutil
+
+    total = 0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
+        total += int(kib) * 1024
+    return total
+
+
+def run_concurrent(
+    url: str, messages: list[dict[str, str]], args: argparse.Namespace, n: int
+) -> dict[str, Any]:
+    """N streams released at once through the sidecar; 503s are counted, not retried."""
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        with httpx.Client(timeout=600) as client:
+            barrier.wait()
+            sample = via_sidecar(client, url, messages, args.new_tokens, i)
+        with lock:
+            samples.append(sample)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    ok = [s for s in samples if s.status == 200]
+    ttfts = sorted(s.ttft_s for s in ok)
+    return {
+        "n": n,
+        "accepted": len(ok),
+        "rejected_503": sum(s.status == 503 for s in samples),
+        "aggregate_tps": sum(s.tokens for s in ok) / wall if ok else 0.0,
+        "ttft_median_s": statistics.median(ttfts) if ttfts else None,
+        "ttft_worst_s": ttfts[-1] if ttfts else None,
+        "wall_s": wall,
+        "samples": [s.as_dict() for s in samples],
+    }
+
+
+def summarize(samples: list[Sample]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for variant in ("engine", "sidecar", "app"):
+        mine = [s for s in samples if s.variant == variant]
+        out[variant] = {
+            "ttft_s": statistics.median(s.ttft_s for s in mine),
+            "decode_tps": statistics.median(s.decode_tps for s in mine),
+            "total_s": statistics.median(s.total_s for s in mine),
+        }
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    summary = result["summary"]
+    base = summary["engine"]
+    lines = [
+        f"Machine: {result['machine']}",
+        f"Model: {result['model']} ({result['weights_bytes'] / 2**30:.2f} GiB of weights); prompt "
+        f"{result['prompt_tokens']} tokens, {result['new_tokens']} new tokens, greedy, "
+        f"{result['reps']} repetitions each, interleaved.",
+        "",
+        "| variant | TTFT (ms) | vs engine (ms) | decode tok/s | vs engine | total (s) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for variant, row in summary.items():
+        lines.append(
+            f"| {variant} | {row['ttft_s'] * 1000:.1f}"
+            f" | {(row['ttft_s'] - base['ttft_s']) * 1000:+.1f}"
+            f" | {row['decode_tps']:.2f} | {row['decode_tps'] / base['decode_tps']:.3f}"
+            f" | {row['total_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "| streams | accepted | 503 | aggregate tok/s | TTFT median (s) | TTFT worst (s) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["concurrency"]:
+        med = "-" if row["ttft_median_s"] is None else f"{row['ttft_median_s']:.2f}"
+        worst = "-" if row["ttft_worst_s"] is None else f"{row['ttft_worst_s']:.2f}"
+        lines.append(
+            f"| {row['n']} | {row['accepted']} | {row['rejected_503']} "
+            f"| {row['aggregate_tps']:.2f} | {med} | {worst} |"
+        )
+    weights = result["weights_bytes"]
+    lines += ["", "| process | peak RSS (MiB) | ratio to weights file |", "|---|---:|---:|"]
+    for name, rss in result["peak_rss_bytes"].items():
+        lines.append(f"| {name} | {rss / 2**20:.0f} | {rss / weights:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = result["summary"]
+    variants = list(summary)
+    conc = result["concurrency"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    axes[0].bar(variants, [summary[v]["decode_tps"] for v in variants], color="#3b6ea8")
+    axes[0].set_title("decode tokens/s (median)")
+    axes[1].bar(variants, [summary[v]["ttft_s"] * 1000 for v in variants], color="#a85f3b")
+    axes[1].set_title("time to first token (ms, median)")
+    ns = [row["n"] for row in conc]
+    axes[2].plot(ns, [row["aggregate_tps"] for row in conc], "o-", label="aggregate tok/s")
+    axes[2].plot(ns, [row["ttft_worst_s"] or 0 for row in conc], "s--", label="worst TTFT (s)")
+    axes[2].set_xticks(ns)
+    axes[2].set_title("sidecar under N concurrent streams")
+    axes[2].set_xlabel("N")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machine() -> str:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def interleave(runs: dict[str, Callable[[int], Sample]], reps: int, warmup: int) -> list[Sample]:
+    for rep in range(warmup):
+        for run in runs.values():
+            run(-1 - rep)
+    samples: list[Sample] = []
+    for rep in range(reps):
+        for name, run in runs.items():
+            sample = run(rep)
+            print(
+                f"  {name:8s} rep {rep}: ttft {sample.ttft_s * 1000:7.1f} ms, "
+                f"decode {sample.decode_tps:6.2f} tok/s",
+                flush=True,
+            )
+            samples.append(sample)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        scratch = Path(tmp)
+        model_dir = ensure_model(args, scratch)
+        weights = sum(p.stat().st_size for p in model_dir.glob("*.onnx*"))
+        engine = RawEngine(str(model_dir))
+        messages = make_messages(engine, args.prompt_tokens)
+        prompt_tokens = len(engine.prompt_ids(messages))
+        # Room in the queue for the largest burst, so the concurrency rows measure queueing.
+        queue = str(max(args.concurrency))
+        with (
+            services.sidecar(model_dir, scratch / "sidecar.log", QUEUE_SIZE=queue) as sidecar,
+            services.chatapp(sidecar.url, scratch / "app.log") as app,
+            httpx.Client(timeout=600) as client,
+        ):
+            runs: dict[str, Callable[[int], Sample]] = {
+                "engine": lambda rep: engine.run(messages, args.new_tokens, rep),
+                "sidecar": lambda rep: via_sidecar(
+                    client, sidecar.url, messages, args.new_tokens, rep
+                ),
+                "app": lambda rep: via_app(client, app.url, messages, args.new_tokens, rep),
+            }
+            print(f"interleaved runs ({args.warmup} warm-up, {args.reps} timed each):")
+            samples = interleave(runs, args.reps, args.warmup)
+            print("concurrent streams through the sidecar:", flush=True)
+            concurrency = [run_concurrent(sidecar.url, messages, args, n) for n in args.concurrency]
+            rss = {
+                "sidecar (web + model worker)": peak_rss_bytes(sidecar.process.pid),
+                "main-app (gunicorn)": peak_rss_bytes(app.process.pid),
+                "engine alone (this script)": peak_rss_bytes(os.getpid()),
+            }
+    result = {
+        "machine": machine(),
+        "model": str(model_dir),
+        "weights_bytes": weights,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "reps": args.reps,
+        "summary": summarize(samples),
+        "samples": [s.as_dict() for s in samples],
+        "concurrency": concurrency,
+        "peak_rss_bytes": rss,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    (out / f"bench-{stamp}.json").write_text(json.dumps(result, indent=2))
+    table = markdown(result)
+    (out / "latest.md").write_text(table + "\n")
+    plot(result, out / f"bench-{stamp}.png")
+    print()
+    print(table)
+    print(
+        f"\nwrote {out / f'bench-{stamp}.json'}, {out / f'bench-{stamp}.png'}, {out / 'latest.md'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The three ways scripts/bench.py drives one generation, each timed the same way.
+
+Every variant asks for exactly `new_tokens` tokens (greedy, EOS held off with a minimum length),
+and reports time to first token, decode rate over the remaining tokens and total time, measured
+from just before the request to the arrival of the last piece of text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Sample:
+    variant: str
+    rep: int
+    ttft_s: float
+    decode_tps: float
+    total_s: float
+    tokens: int
+    status: int = 200
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sample(variant: str, rep: int, start: float, first: float, last: float, tokens: int) -> Sample:
+    decode_s = last - first
+    # Tokens after the first one arrive during the decode phase.
+    tps = (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0
+    return Sample(variant, rep, first - start, tps, last - start, tokens)
+
+
+class RawEngine:
+    """onnxruntime-genai in this process, no HTTP: the ceiling the services are held to."""
+
+    def __init__(self, model_dir: str) -> None:
+        os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before the import, as in the sidecar
+        import onnxruntime_genai as og
+
+        self._og = og
+        self.model = og.Model(model_dir)
+        self.tokenizer = og.Tokenizer(self.model)
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> Any:
+        text = self.tokenizer.apply_chat_template(json.dumps(messages), add_generation_prompt=True)
+        return self.tokenizer.encode(text)
+
+    def run(self, messages: list[dict[str, str]], new_tokens: int, rep: int) -> Sample:
+        og = self._og
+        start = time.perf_counter()
+        ids = self.prompt_ids(messages)
+        params = og.GeneratorParams(self.model)
+        length = len(ids) + new_tokens
+        params.set_search_options(max_length=length, min_length=length, do_sample=False)
+        generator = og.Generator(self.model, params)
+        stream = self.tokenizer.create_stream()
+        generator.append_tokens(ids)
+        first = last = 0.0
+        count = 0
+        while not generator.is_done():
+            generator.generate_next_token()
+            stream.decode(int(generator.get_next_tokens()[0]))
+            count += 1
+            last = time.perf_counter()
+            if count == 1:
+                first = last
+        return _sample("engine", rep, start, first, last, count)
+
+
+def _options(new_tokens: int) -> dict[str, int]:
+    return {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
+
+
+def via_sidecar(
+    client: httpx.Client, url: str, messages: list[dict[str, str]], new_tokens: int, rep: int
+) -> Sample:
+    """POST /predict: a text/plain stream; a 503 (queue full) is recorded, not raised."""
+    start = time.perf_counter()
+    body = {"messages": messages, **_options(new_tokens)}
+    with client.stream("POST", url + "/predict", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            return Sample("sidecar", rep, 0.0, 0.0, 0.0, 0, response.status_code)
+        first = last = 0.0
+        for chunk in response.iter_raw():
+            if not chunk:
+                continue
+            last = time.perf_counter()
+            if not first:
+                first = last
+    # The sidecar reports the generated count in its trailer-less stream only through the
+    # requested count: min_new_tokens == max_new_tokens pins it.
+    return _sample("sidecar", rep, start, first, last, new_tokens)
+
+
+def via_app(
+    client: httpx.Client, url: str, messages: list[dict[str, str]], new_tokens: int, rep: int
+) -> Sample:
+    """POST /chat on main-app: NDJSON deltas relayed from the sidecar, then a done line."""
+    start = time.perf_counter()
+    body = {"messages": messages, **_options(new_tokens)}
+    first = last = 0.0
+    tokens = 0
+    with client.stream("POST", url + "/chat", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            return Sample("app", rep, 0.0, 0.0, 0.0, 0, response.status_code)
+        for line in response.iter_lines():
+            if not line:
+                continue
+            event = json.loads(line)
+            if "delta" in event:
+                last = time.perf_counter()
+                if not first:
+                    first = last
+            elif "done" in event:
+                tokens = int(event.get("tokens", new_tokens))
+            elif "error" in event:
+                raise RuntimeError(f"the app reported an error: {event['error']}")
+    if not tokens:
+        raise RuntimeError("the app's stream ended without a done line")
+    return _sample("app", rep, start, first, last, tokens)
