@@ -1,0 +1,220 @@
+// Phi-3 chat on Azure App Service (Linux): the chat app (main container, port 8080) and the
+// Phi-3 model service (sidecar container, port 8000) in ONE web app, sharing localhost. The
+// images live in a private Azure Container Registry and are pulled with a user-assigned managed
+// identity (AcrPull role): no registry passwords anywhere.
+//
+// Deployed by `azd up` (azure.yaml) or scripts/deploy.sh (az CLI). See infra/README-deploy.md.
+targetScope = 'resourceGroup'
+
+@description('Name of this deployment environment (azd sets it); prefixes the resource names.')
+@minLength(1)
+@maxLength(20)
+param environmentName string
+
+@description('Azure region of every resource.')
+param location string = resourceGroup().location
+
+// Phi-3-mini int4 needs about 4 GB of memory in the sidecar: 2.7 GB of weights, the runtime,
+// and a KV cache for each reply in flight. P1v3 (2 vCPU, 8 GB) holds that with room for the
+// app and the OS, and is the shape the project's CPU figures were measured on (about 6 tokens/s
+// per reply). P0v3 (4 GB) is too small and is not offered. Choose P2v3 (4 vCPU, 16 GB) or a
+// memory-optimised P1mv3 (2 vCPU, 16 GB) for more concurrent replies per instance.
+@description('App Service plan SKU (Premium v3). P1v3: 2 vCPU, 8 GB.')
+@allowed([
+  'P1v3'
+  'P2v3'
+  'P3v3'
+  'P1mv3'
+  'P2mv3'
+  'P3mv3'
+])
+param planSku string = 'P1v3'
+
+// Scale out: every instance runs its own pair (app + sidecar with its own model in memory). The
+// chat is stateless (the browser sends the whole conversation each time), so any instance can
+// answer any message.
+@description('Number of instances; each one runs the app and its own Phi-3 sidecar.')
+@minValue(1)
+@maxValue(30)
+param instanceCount int = 1
+
+@description('Tag of both images in the registry (phi3-chat/app and phi3-chat/sidecar).')
+param imageTag string = 'latest'
+
+// download: the sidecar image has no model; on first start it downloads the model into
+// modelPath under /home (persistent, shared by every instance), and /readyz reports progress.
+// image: the sidecar image has the model baked in (built with --build-context model=DIR) and
+// its own MODEL_PATH; nothing is downloaded.
+@description('Where the sidecar gets the model: download (into /home on first start) or image.')
+@allowed([
+  'download'
+  'image'
+])
+param modelSource string = 'download'
+
+@description('Model folder for modelSource=download; must lie under /home to persist.')
+param modelPath string = '/home/models/phi3-mini-4k-instruct-int4'
+
+@description('Hugging Face repository of the model (modelSource=download).')
+param modelRepoId string = 'microsoft/Phi-3-mini-4k-instruct-onnx'
+
+@description('Folder of the model inside that repository (modelSource=download).')
+param modelSubfolder string = 'cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4'
+
+var resourceToken = toLower(uniqueString(subscription().id, resourceGroup().id, environmentName))
+var tags = {
+  'azd-env-name': environmentName
+}
+var appPort = '8080'
+var sidecarPort = '8000'
+// Built-in role "AcrPull".
+var acrPullRoleId = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
+
+resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' = {
+  name: 'cr${resourceToken}'
+  location: location
+  tags: tags
+  sku: {
+    name: 'Basic'
+  }
+  properties: {
+    adminUserEnabled: false
+  }
+}
+
+resource pullIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: 'id-${environmentName}-${resourceToken}'
+  location: location
+  tags: tags
+}
+
+resource acrPull 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(registry.id, pullIdentity.id, acrPullRoleId)
+  scope: registry
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', acrPullRoleId)
+    principalId: pullIdentity.properties.principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  name: 'plan-${environmentName}-${resourceToken}'
+  location: location
+  tags: tags
+  kind: 'linux'
+  sku: {
+    name: planSku
+    capacity: instanceCount
+  }
+  properties: {
+    reserved: true // Linux
+  }
+}
+
+// Settings that the containers read. A sitecontainer's environmentVariables entry maps a
+// variable name in that container to the NAME of one of these settings (its value is looked up
+// when the container starts), so each container gets only what it needs and the two PORTs can
+// differ. Nothing is inherited wholesale (inheritAppSettingsAndConnectionStrings: false).
+var downloadSettings = [
+  { name: 'MODEL_PATH', value: modelPath }
+  { name: 'MODEL_DOWNLOAD', value: '1' }
+  { name: 'MODEL_REPO_ID', value: modelRepoId }
+  { name: 'MODEL_SUBFOLDER', value: modelSubfolder }
+]
+var appSettings = concat(
+  [
+    // Mount the persistent /home share into the containers (the downloaded model lives there).
+    { name: 'WEBSITES_ENABLE_APP_SERVICE_STORAGE', value: 'true' }
+    { name: 'APP_PORT', value: appPort }
+    { name: 'SIDECAR_URL', value: 'http://localhost:${sidecarPort}' }
+    { name: 'SIDECAR_PORT', value: sidecarPort }
+  ],
+  modelSource == 'download' ? downloadSettings : []
+)
+// In the sidecar, each model variable takes the value of the app setting of the same name.
+var sidecarModelVariables = [for setting in downloadSettings: {
+  name: setting.name
+  value: setting.name
+}]
+
+resource site 'Microsoft.Web/sites@2024-04-01' = {
+  name: 'app-${environmentName}-${resourceToken}'
+  location: location
+  tags: tags
+  kind: 'app,linux,container'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${pullIdentity.id}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    clientAffinityEnabled: false // stateless: any instance may answer any message
+    siteConfig: {
+      linuxFxVersion: 'SITECONTAINERS'
+      acrUseManagedIdentityCreds: true
+      acrUserManagedIdentityID: pullIdentity.properties.clientId
+      alwaysOn: true
+      // The app's /healthz answers 200 while it runs, also while the sidecar still loads or
+      // downloads the model, so a first start is not mistaken for a broken instance.
+      healthCheckPath: '/healthz'
+      http20Enabled: true
+      minTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      appSettings: appSettings
+    }
+  }
+  dependsOn: [
+    acrPull
+  ]
+}
+
+// The main container: the only one that receives outside traffic (on 8080).
+resource mainContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
+  parent: site
+  name: 'main'
+  properties: {
+    image: '${registry.properties.loginServer}/phi3-chat/app:${imageTag}'
+    isMain: true
+    targetPort: appPort
+    authType: 'UserAssigned'
+    userManagedIdentityClientId: pullIdentity.properties.clientId
+    inheritAppSettingsAndConnectionStrings: false
+    environmentVariables: [
+      { name: 'PORT', value: 'APP_PORT' }
+      { name: 'SIDECAR_URL', value: 'SIDECAR_URL' }
+    ]
+  }
+}
+
+// The sidecar: the Phi-3 model service, reached by the app at http://localhost:8000.
+resource sidecarContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
+  parent: site
+  name: 'phi3'
+  properties: {
+    image: '${registry.properties.loginServer}/phi3-chat/sidecar:${imageTag}'
+    isMain: false
+    targetPort: sidecarPort
+    authType: 'UserAssigned'
+    userManagedIdentityClientId: pullIdentity.properties.clientId
+    inheritAppSettingsAndConnectionStrings: false
+    environmentVariables: concat(
+      [
+        { name: 'PORT', value: 'SIDECAR_PORT' }
+      ],
+      modelSource == 'download' ? sidecarModelVariables : []
+    )
+  }
+}
+
+output AZURE_LOCATION string = location
+output AZURE_RESOURCE_GROUP string = resourceGroup().name
+output AZURE_CONTAINER_REGISTRY_NAME string = registry.name
+output AZURE_CONTAINER_REGISTRY_ENDPOINT string = registry.properties.loginServer
+output WEBAPP_NAME string = site.name
+output WEBAPP_URL string = 'https://${site.properties.defaultHostName}'
+output IMAGE_TAG string = imageTag
+output MODEL_SOURCE string = modelSource

@@ -1,0 +1,265 @@
+"""infra/main.bicep read as text (the Bicep compiler cannot be installed here): one main
+container, the ports the code listens on, the settings the code reads, pulls by managed
+identity, and the parameters file and azure.yaml that drive it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chatapp.settings import DEFAULTS as APP_DEFAULTS
+from chatapp.settings import from_environ, listen_address
+from sidecar.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+BICEP = REPO / "infra" / "main.bicep"
+ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
+SIDECAR_VARIABLES = {name.upper() for name in Settings.model_fields}
+
+
+def app_reads(variable: str) -> bool:
+    """Whether the chat app reads this environment variable (through its public settings)."""
+    if variable in ("HOST", "PORT"):  # read by gunicorn.conf.py through listen_address
+        return True
+    return any(from_environ({variable: sample}) for sample in ("http://localhost:1", "1"))
+
+
+def strip_comments(text: str) -> str:
+    """Drop // and /* */ comments outside strings; keep line structure."""
+    out, i, in_string = [], 0, False
+    while i < len(text):
+        ch = text[i]
+        if in_string:
+            out.append(ch)
+            if ch == "\\":
+                out.append(text[i + 1])
+                i += 1
+            elif ch == "'":
+                in_string = False
+        elif ch == "'":
+            in_string = True
+            out.append(ch)
+        elif text.startswith("//", i):
+            i = text.find("\n", i) - 1 if "\n" in text[i:] else len(text)
+        elif text.startswith("/*", i):
+            i = text.index("*/", i) + 1
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+SOURCE = strip_comments(BICEP.read_text())
+
+
+def block(text: str, start: int) -> str:
+    """The text from the brace or bracket at `start` to its match (strings skipped)."""
+    pairs = {"{": "}", "[": "]", "(": ")"}
+    stack, in_string = [], False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            in_string = ch != "'"
+        elif ch == "'":
+            in_string = True
+        elif ch in pairs:
+            stack.append(pairs[ch])
+        elif ch in pairs.values():
+            assert stack and stack.pop() == ch, f"unbalanced {ch!r} at {i}"
+            if not stack:
+                return text[start : i + 1]
+    raise AssertionError(f"unclosed block at {start}")
+
+
+def resources() -> list[dict[str, str]]:
+    found = []
+    for match in re.finditer(r"^resource (\w+) '([\w./]+)@([\d-]+(?:-preview)?)' = ", SOURCE, re.M):
+        found.append(
+            {
+                "symbol": match[1],
+                "type": match[2],
+                "api": match[3],
+                "body": block(SOURCE, match.end()),
+            }
+        )
+    return found
+
+
+def of_type(resource_type: str) -> list[dict[str, str]]:
+    return [r for r in resources() if r["type"] == resource_type]
+
+
+def value(body: str, key: str) -> str:
+    """The raw value of the first `key: value` line in body."""
+    match = re.search(rf"^\s*{key}: (.+)$", body, re.M)
+    assert match, f"{key} not found"
+    return match[1].strip()
+
+
+def variables() -> dict[str, str]:
+    return dict(re.findall(r"^var (\w+) = '([^']*)'$", SOURCE, re.M))
+
+
+def resolve(raw: str) -> str:
+    """A string literal or a simple string variable's value; '${var}' is interpolated."""
+    names = variables()
+    if raw in names:
+        return names[raw]
+    assert raw.startswith("'") and raw.endswith("'"), raw
+    return re.sub(r"\$\{(\w+)\}", lambda m: names[m[1]], raw[1:-1])
+
+
+def name_value_pairs(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"\{ name: '([^']+)', value: ('(?:[^'\\]|\\.)*'|[\w.]+) \}", text)
+
+
+def app_settings() -> dict[str, str]:
+    start = SOURCE.index("var appSettings = ")
+    settings = dict(name_value_pairs(block(SOURCE, SOURCE.index("(", start))))
+    start = SOURCE.index("var downloadSettings = ")
+    settings.update(name_value_pairs(block(SOURCE, SOURCE.index("[", start))))
+    return settings
+
+
+def params() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for match in re.finditer(r"^param (\w+) (\w+)(?: = (.+))?$", SOURCE, re.M):
+        found[match[1]] = match[3]
+    return found
+
+
+def containers() -> dict[str, dict[str, str]]:
+    return {
+        resolve(value(r["body"], "name")): r for r in of_type("Microsoft.Web/sites/sitecontainers")
+    }
+
+
+def test_brackets_balance() -> None:
+    block("{" + SOURCE + "}", 0)
+
+
+def test_exactly_one_main_container_and_one_sidecar() -> None:
+    found = containers()
+    assert len(found) == 2
+    mains = [name for name, r in found.items() if value(r["body"], "isMain") == "true"]
+    assert mains == ["main"]
+    assert value(found["phi3"]["body"], "isMain") == "false"
+
+
+def test_sitecontainers_api_is_2024_04_01_or_newer() -> None:
+    for resource in of_type("Microsoft.Web/sites/sitecontainers"):
+        assert resource["api"] >= "2024-04-01"
+        assert value(resource["body"], "parent") == "site"
+
+
+def test_container_ports_are_the_ones_the_code_listens_on() -> None:
+    found = containers()
+    assert resolve(value(found["main"]["body"], "targetPort")) == str(listen_address({})[1])
+    sidecar_port = str(Settings.model_fields["port"].default)
+    assert resolve(value(found["phi3"]["body"], "targetPort")) == sidecar_port
+    settings = app_settings()
+    assert resolve(settings["SIDECAR_URL"]) == APP_DEFAULTS["SIDECAR_URL"]
+
+
+def test_container_variables_are_settings_the_code_reads_and_the_app_defines() -> None:
+    settings = app_settings()
+    found = containers()
+    readers = (("main", app_reads), ("phi3", SIDECAR_VARIABLES.__contains__))
+    for container, reads in readers:
+        body = found[container]["body"]
+        assert value(body, "inheritAppSettingsAndConnectionStrings") == "false"
+        pairs = name_value_pairs(block(body, body.index("environmentVariables: ") + 22))
+        for variable, setting in pairs:
+            assert reads(variable), (container, variable)
+            # The value of a sitecontainer variable is the NAME of an app setting.
+            assert resolve(setting) in settings, (container, setting)
+    # The sidecar's model variables come from downloadSettings, one for one, by name.
+    assert "sidecarModelVariables" in found["phi3"]["body"]
+    assert "name: setting.name" in SOURCE and "value: setting.name" in SOURCE
+    for name in ("MODEL_PATH", "MODEL_DOWNLOAD", "MODEL_REPO_ID", "MODEL_SUBFOLDER"):
+        assert name in SIDECAR_VARIABLES and name in settings
+
+
+def test_site_runs_sitecontainers_with_home_storage_and_health_check() -> None:
+    (site,) = of_type("Microsoft.Web/sites")
+    body = site["body"]
+    assert resolve(value(body, "linuxFxVersion")) == "SITECONTAINERS"
+    assert resolve(value(body, "healthCheckPath")) == "/healthz"
+    assert value(body, "acrUseManagedIdentityCreds") == "true"
+    settings = app_settings()
+    assert resolve(settings["WEBSITES_ENABLE_APP_SERVICE_STORAGE"]) == "true"
+    assert settings["MODEL_PATH"] == "modelPath"
+    assert params()["modelPath"] == "'/home/models/phi3-mini-4k-instruct-int4'"
+    assert (
+        str(Settings.model_fields["model_path"].default)
+        == "/home/models/phi3-mini-4k-instruct-int4"
+    )
+    assert resolve(settings["MODEL_DOWNLOAD"]) == "1"
+
+
+def test_images_are_pulled_with_a_user_assigned_identity_not_passwords() -> None:
+    for resource in of_type("Microsoft.Web/sites/sitecontainers"):
+        body = resource["body"]
+        assert resolve(value(body, "authType")) == "UserAssigned"
+        assert value(body, "userManagedIdentityClientId") == "pullIdentity.properties.clientId"
+        assert "passwordSecret" not in body and "userName" not in body
+        assert value(body, "image").startswith("'${registry.properties.loginServer}/phi3-chat/")
+    (registry,) = of_type("Microsoft.ContainerRegistry/registries")
+    assert value(registry["body"], "adminUserEnabled") == "false"
+    (assignment,) = of_type("Microsoft.Authorization/roleAssignments")
+    assert variables()["acrPullRoleId"] == ACR_PULL
+    assert value(assignment["body"], "scope") == "registry"
+    assert value(assignment["body"], "principalId") == "pullIdentity.properties.principalId"
+
+
+def test_plan_is_linux_premium_v3_and_instances_are_a_parameter() -> None:
+    (plan,) = of_type("Microsoft.Web/serverfarms")
+    assert value(plan["body"], "reserved").startswith("true")
+    assert value(plan["body"], "capacity") == "instanceCount"
+    sku = plan["body"][plan["body"].index("sku: ") + 5 :]
+    assert value(block(sku, 0), "name") == "planSku"
+    allowed = block(SOURCE, SOURCE.index("@allowed([") + 9)
+    assert all(re.fullmatch(r"P\d+m?v3", sku) for sku in re.findall(r"'(\w+)'", allowed))
+    assert params()["planSku"] == "'P1v3'"
+    assert params()["instanceCount"] == "1"
+
+
+def test_parameters_file_fills_every_required_parameter() -> None:
+    declared = params()
+    given = json.loads((REPO / "infra" / "main.parameters.json").read_text())["parameters"]
+    assert set(given) <= set(declared)
+    required = {name for name, default in declared.items() if default is None}
+    assert required <= set(given)
+
+
+def test_outputs_name_what_the_deploy_script_reads() -> None:
+    outputs = set(re.findall(r"^output (\w+) ", SOURCE, re.M))
+    script = (REPO / "scripts" / "deploy.sh").read_text()
+    read = set(re.findall(r'output "\$group" (\w+)', script))
+    read |= set(re.findall(r"\$\{(AZURE_\w+|WEBAPP_\w+|IMAGE_TAG|MODEL_SOURCE)[:}]", script))
+    assert read and read <= outputs
+
+
+@pytest.fixture(scope="module")
+def azure_yaml() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((REPO / "azure.yaml").read_text())
+    return data
+
+
+def test_azure_yaml_provisions_main_bicep_and_builds_in_a_hook(azure_yaml: dict[str, Any]) -> None:
+    assert azure_yaml["infra"]["provider"] == "bicep"
+    infra = REPO / azure_yaml["infra"]["path"]
+    assert (infra / f"{azure_yaml['infra']['module']}.bicep") == BICEP
+    # azd's App Service host would overwrite SITECONTAINERS with DOCKER|image: no services.
+    assert "services" not in azure_yaml
+    hook = azure_yaml["hooks"]["postprovision"]["posix"]["run"].split()
+    script = REPO / hook[0]
+    assert script.is_file() and os.access(script, os.X_OK)
+    assert hook[1:] == ["--azd-postprovision"]
+    assert "--azd-postprovision)" in script.read_text()

@@ -1,0 +1,144 @@
+"""infra/docker-compose*.yml and infra/k8s/, read as YAML: the pair shares one network
+namespace, only the app's port is published, probes are there, ports match the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chatapp.settings import DEFAULTS as APP_DEFAULTS
+from chatapp.settings import listen_address
+from sidecar.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+INFRA = REPO / "infra"
+APP_PORT = listen_address({})[1]
+SIDECAR_PORT = Settings.model_fields["port"].default
+SIDECAR_URL = APP_DEFAULTS["SIDECAR_URL"]
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def stages(dockerfile: Path) -> set[str]:
+    return set(re.findall(r"^FROM \S+ AS (\S+)$", dockerfile.read_text(), re.MULTILINE))
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = load(INFRA / "docker-compose.yml")
+    return data
+
+
+def test_code_defaults_are_what_the_manifests_assume() -> None:
+    assert (APP_PORT, SIDECAR_PORT) == (8080, 8000)
+    assert f"http://localhost:{SIDECAR_PORT}" == SIDECAR_URL
+
+
+def test_compose_app_shares_the_sidecars_network_namespace(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"sidecar", "app"}
+    app = services["app"]
+    assert app["network_mode"] == "service:sidecar"
+    assert app["environment"]["SIDECAR_URL"] == SIDECAR_URL
+    assert str(app["environment"]["PORT"]) == str(APP_PORT)
+
+
+def test_compose_publishes_only_the_apps_port_on_the_namespace_owner(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    assert "ports" not in services["app"]  # Compose refuses ports with network_mode: service
+    (published,) = services["sidecar"]["ports"]
+    assert str(published).rsplit(":", 1)[-1] == str(APP_PORT)
+    assert str(SIDECAR_PORT) not in str(published)
+
+
+def test_compose_app_waits_for_the_sidecars_readiness(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert services["app"]["depends_on"]["sidecar"]["condition"] == "service_healthy"
+    check = " ".join(services["sidecar"]["healthcheck"]["test"])
+    assert f"127.0.0.1:{SIDECAR_PORT}/readyz" in check
+
+
+def test_compose_builds_the_real_dockerfiles(compose: dict[str, Any]) -> None:
+    baked = load(INFRA / "docker-compose.baked.yml")["services"]["sidecar"]
+    for service, build in (
+        ("sidecar", compose["services"]["sidecar"]["build"]),
+        ("app", compose["services"]["app"]["build"]),
+    ):
+        context = (INFRA / build["context"]).resolve()
+        assert (context / "Dockerfile").is_file(), service
+    sidecar_stages = stages(REPO / "phi3-sidecar" / "Dockerfile")
+    assert compose["services"]["sidecar"]["build"]["target"] in sidecar_stages
+    assert baked["build"]["target"] in sidecar_stages
+    assert "model" in baked["build"]["additional_contexts"]
+    # The downloaded model lands in the volume mounted where the image looks for it.
+    volume = compose["services"]["sidecar"]["volumes"][0]
+    assert str(Settings.model_fields["model_path"].default).startswith(volume.split(":")[1])
+
+
+@pytest.fixture(scope="module")
+def k8s() -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all((INFRA / "k8s" / "phi3-chat.yaml").read_text())]
+
+
+def kind(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == name]
+    return doc
+
+
+def test_k8s_pod_holds_both_containers_with_probes(k8s: list[dict[str, Any]]) -> None:
+    deployment = kind(k8s, "Deployment")
+    assert deployment["spec"]["replicas"] >= 2  # the pair scales as a unit
+    pod = deployment["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert set(containers) == {"app", "sidecar"}
+    for container in containers.values():
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert "readinessProbe" in container
+    sidecar, app = containers["sidecar"], containers["app"]
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": SIDECAR_PORT}
+    assert sidecar["livenessProbe"]["httpGet"]["port"] == SIDECAR_PORT
+    assert app["livenessProbe"]["httpGet"]["port"] == APP_PORT
+    assert [p["containerPort"] for p in app["ports"]] == [APP_PORT]
+    assert [p["containerPort"] for p in sidecar["ports"]] == [SIDECAR_PORT]
+    env = {e["name"]: e["value"] for e in app["env"]}
+    assert env["SIDECAR_URL"] == SIDECAR_URL
+
+
+def test_k8s_runs_as_the_images_non_root_user(k8s: list[dict[str, Any]]) -> None:
+    pod = kind(k8s, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    uid = pod["securityContext"]["runAsUser"]
+    for service in ("phi3-sidecar", "main-app"):
+        assert f"USER {uid}:{uid}" in (REPO / service / "Dockerfile").read_text()
+    for container in pod["containers"]:
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_k8s_exposes_only_the_apps_port(k8s: list[dict[str, Any]]) -> None:
+    pod = kind(k8s, "Deployment")["spec"]["template"]["spec"]
+    named = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c["ports"]}
+    service = kind(k8s, "Service")
+    targets = [p["targetPort"] for p in service["spec"]["ports"]]
+    assert [named.get(t, t) for t in targets] == [APP_PORT]
+    policy = kind(k8s, "NetworkPolicy")
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert ports == [APP_PORT]
+    selector = kind(k8s, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"] == selector == policy["spec"]["podSelector"]["matchLabels"]
+
+
+def test_kustomization_names_the_manifest_and_both_images(k8s: list[dict[str, Any]]) -> None:
+    kustomization = load(INFRA / "k8s" / "kustomization.yaml")
+    assert kustomization["resources"] == ["phi3-chat.yaml"]
+    pod = kind(k8s, "Deployment")["spec"]["template"]["spec"]
+    images = {c["image"].split(":")[0] for c in pod["containers"]}
+    assert {i["name"] for i in kustomization["images"]} == images
