@@ -1,0 +1,1 @@
+"""The Phi-3 sidecar: onnxruntime-genai behind a small, streaming FastAPI service."""

@@ -1,0 +1,49 @@
+"""`python -m sidecar`: one uvicorn process serving create_app(Settings())."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # inherited by the model worker process
+
+import uvicorn
+from pydantic import ValidationError
+
+from sidecar.app import create_app
+from sidecar.logs import configure_logging
+from sidecar.settings import Settings
+
+log = logging.getLogger("sidecar")
+
+# Streams still running when the server is told to stop get this long, then are cancelled.
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def main() -> None:
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        configure_logging("info")
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in error["loc"]).upper()
+            log.error(
+                "invalid setting", extra={"fields": {"setting": where, "error": error["msg"]}}
+            )
+        sys.exit(2)
+    configure_logging(settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        workers=1,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+
+
+if __name__ == "__main__":
+    main()

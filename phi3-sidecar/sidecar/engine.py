@@ -1,0 +1,149 @@
+"""onnxruntime-genai behind a small interface. The only module that imports it.
+
+It runs in the model worker process only (see worker.py), so the GIL that every Generator call
+holds never stalls the web process's event loop.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home otherwise
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import onnxruntime_genai as og
+
+from sidecar.ipc import Finish, Generate
+from sidecar.model_folder import ModelFolderError, read_genai_config, read_json
+from sidecar.prompt import Prompt, PromptBuilder, added_tokens_of
+from sidecar.settings import Settings
+
+
+class Engine:
+    """One loaded model and tokenizer; hands out independent generations."""
+
+    def __init__(self, path: Path, *, num_threads: int = 0, max_length: int | None = None):
+        genai_config = read_genai_config(path)
+        self.context_length = int(genai_config["model"]["context_length"])
+        self.max_length = min(max_length or self.context_length, self.context_length)
+        config = og.Config(str(path))
+        if num_threads:
+            overlay = {
+                "model": {"decoder": {"session_options": {"intra_op_num_threads": num_threads}}}
+            }
+            config.overlay(json.dumps(overlay))
+        try:
+            self.model = og.Model(config)
+            self.tokenizer = og.Tokenizer(self.model)
+        except Exception as exc:
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first_line = first_line if len(first_line) <= 300 else first_line[:299] + "…"
+            raise ModelFolderError(
+                f"onnxruntime-genai could not load the model in {str(path)!r}: {first_line}; "
+                "check that the folder is complete (download it again)"
+            ) from exc
+        model_eos = genai_config["model"].get("eos_token_id", [])
+        self.eos_ids = frozenset(
+            [int(i) for i in self.tokenizer.eos_token_ids]
+            + ([int(model_eos)] if isinstance(model_eos, int) else [int(i) for i in model_eos])
+        )
+        added = added_tokens_of(
+            [read_json(path / "tokenizer.json"), read_json(path / "tokenizer_config.json")]
+        )
+        bos = int(self.tokenizer.bos_token_id)
+        self.prompts = PromptBuilder(
+            _TemplateTokenizer(self.tokenizer), added, bos if bos >= 0 else None
+        )
+
+    def start(self, request: Generate) -> Generation:
+        """Render and fit the prompt (may raise PromptTooLong), then make a new generator."""
+        prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
+        return Generation(self, prompt, request)
+
+    def warm_up(self) -> None:
+        generation = self.start(Generate("warm-up", (("user", "Hi"),), max_new_tokens=1))
+        generation.step()
+
+
+class _TemplateTokenizer:
+    def __init__(self, tokenizer: og.Tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return [int(i) for i in self._tokenizer.encode(text)]
+
+    def apply_chat_template(self, messages: str) -> str:
+        return str(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+class Generation:
+    """One reply: its own Generator (and KV cache) and its own tokenizer stream."""
+
+    def __init__(self, engine: Engine, prompt: Prompt, request: Generate) -> None:
+        self.prompt = prompt
+        self.generated = 0
+        self.finish: Finish | None = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self._eos = engine.eos_ids
+        params = og.GeneratorParams(engine.model)
+        # The KV cache is allocated for max_length up front: only what this request can use.
+        options: dict[str, Any] = {"max_length": len(prompt.ids) + prompt.max_new_tokens}
+        if request.min_new_tokens:  # EOS is suppressed until then
+            min_new = min(request.min_new_tokens, prompt.max_new_tokens)
+            options["min_length"] = len(prompt.ids) + min_new
+        if request.temperature:
+            options |= {
+                "do_sample": True,
+                "temperature": request.temperature,
+                "top_p": request.top_p if request.top_p is not None else 1.0,
+                "top_k": request.top_k if request.top_k is not None else 0,  # 0: no top-k cut
+            }
+        else:
+            options |= {"do_sample": False}
+        if request.seed is not None:
+            options["random_seed"] = request.seed
+        params.set_search_options(**options)
+        self._generator = og.Generator(engine.model, params)
+        self._stream = engine.tokenizer.create_stream()
+        self._pending_prompt: list[int] | None = prompt.ids
+
+    def step(self) -> str:
+        """Compute one token (the first call also runs the prefill); returns its new text.
+
+        The text is '' while a character is still incomplete; the stream never yields half a
+        character, so a reply cut off by the length limit ends on a whole character.
+        """
+        if self._pending_prompt is not None:
+            self._generator.append_tokens(self._pending_prompt)
+            self._pending_prompt = None
+        self._generator.generate_next_token()
+        token = int(self._generator.get_next_tokens()[0])
+        self.generated += 1
+        self.last_token_at = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        if token in self._eos:
+            self.finish = "eos"
+            return ""
+        text = str(self._stream.decode(token))
+        if self.generated >= self.prompt.max_new_tokens or self._generator.is_done():
+            self.finish = "length"
+        return text
+
+    def tokens_per_s(self) -> float | None:
+        """Decode speed: tokens after the first one over the time they took."""
+        if self.first_token_at is None or self.last_token_at is None or self.generated < 2:
+            return None
+        elapsed = self.last_token_at - self.first_token_at
+        return (self.generated - 1) / elapsed if elapsed > 0 else None
+
+
+def load_engine(settings: Settings) -> Engine:
+    return Engine(
+        settings.model_path, num_threads=settings.num_threads, max_length=settings.max_length
+    )

@@ -1,0 +1,211 @@
+"""Turn chat messages into prompt token ids: the model's own template, no forged role markers.
+
+The prompt text comes from the model's chat template (`apply_chat_template`), never from string
+formatting. The tokenizer, though, turns any added-token string in its input (`<|end|>`,
+`<|system|>`, ...) into that special token, so a user who types `<|end|><|system|>` would write
+real role markers. To prevent that, the template is rendered once with a unique placeholder in
+place of each message, which tells exactly which characters are template and which are content.
+
+- Usual case (no message contains an added-token string): the whole rendered text is encoded in
+  one call, exactly as the model's tokenizer would, and the special ids in the result are checked
+  to be exactly the template's own.
+- Otherwise the text is cut inside every added-token string that lies in (or runs into) content,
+  the pieces are encoded separately and their ids concatenated; the template's special tokens
+  are inserted by id. Those strings then arrive as plain text tokens ("<", "|end|>", ...).
+  Trade-off: the tokens around each cut may differ from what one encode would give (BPE merges
+  do not cross the cut; a SentencePiece tokenizer adds its word-start marker to each piece).
+  That changes only how the forged text is spelled in tokens, never what the model is told
+  about roles, and only for requests that contain such strings.
+In both cases no token id of an added token can come from message content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sidecar.ipc import Role
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> Sequence[int]: ...
+
+    def apply_chat_template(self, messages: str) -> str: ...
+
+
+class PromptTooLong(Exception):
+    def __init__(self, prompt_tokens: int, limit: int) -> None:
+        super().__init__(f"prompt of {prompt_tokens} tokens exceeds the limit of {limit}")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
+
+class UnsafePrompt(Exception):
+    """The content could not be encoded without special token ids (never seen in practice)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    dropped_messages: int
+    max_new_tokens: int
+
+
+Message = tuple[Role, str]
+
+
+class PromptBuilder:
+    def __init__(
+        self, tokenizer: Tokenizer, added_tokens: Mapping[str, int], bos_id: int | None
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._added = dict(added_tokens)
+        self._added_ids = frozenset(added_tokens.values())
+        # Longest first, so the alternation prefers "<|endoftext|>" over a shorter prefix.
+        names = sorted(added_tokens, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, names))) if names else None
+        probe = list(tokenizer.encode("a"))
+        # Tokenizers that put BOS in front of every encode(): keep it once, at the start.
+        self._auto_bos = bos_id if probe and bos_id is not None and probe[0] == bos_id else None
+
+    def encode(self, messages: Sequence[Message]) -> list[int]:
+        segments = self._segments(messages)
+        legit = [s for s in segments if isinstance(s, int)]
+        if all(isinstance(s, int) or not self._has_added(s) for s in segments):
+            text = "".join(self._text_of(s) for s in segments)
+            ids = list(self._tokenizer.encode(text))
+            specials = [i for i in self._strip_bos(ids) if i in self._added_ids]
+            if specials == legit:
+                return ids
+        return self._encode_cut(segments)
+
+    def fit(self, messages: Sequence[Message], max_new_tokens: int, max_length: int) -> Prompt:
+        """Drop the oldest turns until prompt + max_new_tokens fits in max_length.
+
+        The system message and the newest user message are never dropped; whole turns go (a
+        user message with the replies that follow it). If even the shortest prompt leaves no
+        room for max_new_tokens, the reply budget shrinks to what is left; with no room for a
+        single token the request is refused (PromptTooLong).
+        """
+        system = [m for m in messages[:1] if m[0] == "system"]
+        rest = list(messages[len(system) :])
+        cuts = [0] + [i for i in range(1, len(rest)) if rest[i][0] == "user"]
+        cuts = sorted(set(cuts) | {len(rest) - 1})
+
+        def ids_for(cut: int) -> list[int]:
+            return self.encode(system + rest[cut:])
+
+        # Fewer messages never means more tokens, so binary-search the first cut that fits.
+        lo, hi = 0, len(cuts) - 1
+        best: tuple[int, list[int]] | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            ids = ids_for(cuts[mid])
+            if len(ids) + max_new_tokens <= max_length:
+                best, hi = (cuts[mid], ids), mid - 1
+            else:
+                lo = mid + 1
+        if best is not None:
+            return Prompt(best[1], best[0], max_new_tokens)
+        ids = ids_for(cuts[-1])
+        if len(ids) + 1 > max_length:
+            raise PromptTooLong(len(ids), max_length)
+        return Prompt(ids, cuts[-1], max_length - len(ids))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _segments(self, messages: Sequence[Message]) -> list[str | int]:
+        """Template specials as ids, everything else as text runs (content is marked)."""
+        nonce = secrets.token_hex(8)
+        marks = [f"\ue000{nonce}.{i}\ue001" for i in range(len(messages))]
+        skeleton = [
+            {"role": role, "content": mark} for (role, _), mark in zip(messages, marks, strict=True)
+        ]
+        rendered = self._tokenizer.apply_chat_template(json.dumps(skeleton))
+        segments: list[str | int] = []
+        pos = 0
+        for (_, content), mark in zip(messages, marks, strict=True):
+            at = rendered.find(mark, pos)
+            if at < 0:  # a template may leave a message out; then so do we
+                continue
+            self._add_template(segments, rendered[pos:at])
+            self._add_text(segments, content)
+            pos = at + len(mark)
+        self._add_template(segments, rendered[pos:])
+        if nonce in "".join(self._text_of(s) for s in segments if isinstance(s, str)):
+            raise UnsafePrompt("the chat template reordered the messages")
+        return segments
+
+    def _add_template(self, segments: list[str | int], text: str) -> None:
+        pos = 0
+        for match in self._pattern.finditer(text) if self._pattern else ():
+            self._add_text(segments, text[pos : match.start()])
+            segments.append(self._added[match.group()])
+            pos = match.end()
+        self._add_text(segments, text[pos:])
+
+    @staticmethod
+    def _add_text(segments: list[str | int], text: str) -> None:
+        if not text:
+            return
+        if segments and isinstance(segments[-1], str):
+            segments[-1] = segments[-1] + text
+        else:
+            segments.append(text)
+
+    @staticmethod
+    def _text_of(segment: str | int) -> str:
+        return segment if isinstance(segment, str) else ""
+
+    def _has_added(self, text: str) -> bool:
+        return self._pattern is not None and self._pattern.search(text) is not None
+
+    def _strip_bos(self, ids: list[int]) -> list[int]:
+        return ids[1:] if self._auto_bos is not None and ids[:1] == [self._auto_bos] else ids
+
+    def _encode_cut(self, segments: list[str | int]) -> list[int]:
+        ids: list[int] = []
+        for segment in segments:
+            if isinstance(segment, int):
+                ids.append(segment)
+                continue
+            for piece in self._cut(segment):
+                piece_ids = self._strip_bos(list(self._tokenizer.encode(piece)))
+                if self._added_ids.intersection(piece_ids):
+                    raise UnsafePrompt("message text encodes to a special token")
+                ids.extend(piece_ids)
+        if self._auto_bos is not None and ids[:1] != [self._auto_bos]:
+            ids.insert(0, self._auto_bos)
+        return ids
+
+    def _cut(self, text: str) -> list[str]:
+        """Split text so that no piece contains an added-token string."""
+        pieces, todo = [], [text]
+        while todo:
+            piece = todo.pop()
+            match = self._pattern.search(piece) if self._pattern else None
+            if match is None:
+                pieces.append(piece)
+            else:
+                at = match.start() + 1  # "<|end|>" -> "<" + "|end|>"
+                todo += [piece[at:], piece[:at]]
+        return pieces
+
+
+def added_tokens_of(config_files: Collection[object]) -> dict[str, int]:
+    """Added tokens (special or not) from parsed tokenizer.json / tokenizer_config.json."""
+    found: dict[str, int] = {}
+    for data in config_files:
+        if not isinstance(data, dict):
+            continue
+        for entry in data.get("added_tokens") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+                found[entry["content"]] = int(entry["id"])
+        for key, entry in (data.get("added_tokens_decoder") or {}).items():
+            if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+                found.setdefault(entry["content"], int(key))
+    return {name: i for name, i in found.items() if name}

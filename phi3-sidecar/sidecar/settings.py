@@ -1,0 +1,88 @@
+"""The sidecar's settings: read once from the environment into one typed object.
+
+`Settings()` reads the environment; tests build `Settings(model_path=..., ...)` directly and pass
+it to `create_app`. Nothing else in the package reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PHI3_REPO_ID = "microsoft/Phi-3-mini-4k-instruct-onnx"
+PHI3_SUBFOLDER = "cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4"
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class Settings(BaseSettings):
+    """Every field is an environment variable of the same name in upper case (MODEL_PATH, ...)."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=False, extra="ignore", frozen=True, protected_namespaces=()
+    )
+
+    model_path: Path = Field(
+        default=Path("/home/models/phi3-mini-4k-instruct-int4"),
+        description="Folder that holds genai_config.json, the ONNX model and the tokenizer.",
+    )
+    host: str = Field(default="0.0.0.0", min_length=1, description="Interface to listen on.")
+    port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
+    max_length: int | None = Field(
+        default=None,
+        ge=16,
+        description="Token budget of prompt plus reply; default (and upper bound): the model's "
+        "context length.",
+    )
+    max_new_tokens: int = Field(
+        default=1024, ge=1, le=131072, description="Reply length when a request does not say."
+    )
+    num_threads: int = Field(
+        default=0, ge=0, le=256, description="onnxruntime intra-op threads; 0 = one per core."
+    )
+    max_concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Generations that run at once (each has its own KV cache of about 0.75 MiB "
+        "per token for Phi-3-mini); they take turns token by token.",
+    )
+    queue_size: int = Field(
+        default=8, ge=0, le=4096, description="Requests that may wait for a free slot; beyond: 503."
+    )
+    max_body_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest /predict body; beyond: 413.",
+    )
+    log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
+    log_prompts: bool = Field(
+        default=False, description="Put prompt and reply text in the logs (debugging only)."
+    )
+    model_download: bool = Field(
+        default=False,
+        description="Download the model into MODEL_PATH at start when it has no complete model.",
+    )
+    model_repo_id: str = Field(
+        default=PHI3_REPO_ID,
+        min_length=1,
+        description="Hugging Face repository for MODEL_DOWNLOAD.",
+    )
+    model_subfolder: str = Field(
+        default=PHI3_SUBFOLDER, description="Folder inside that repository which holds the model."
+    )
+    engine_factory: str = Field(
+        default="sidecar.engine:load_engine",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="module:function that builds the engine in the model worker (tests use it "
+        "to inject faults).",
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value

@@ -1,0 +1,99 @@
+"""Faults the real engine cannot produce on demand (tests/sidecar/faults.py injects them):
+an error after the first byte, and the model worker dying mid-reply."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.sidecar.faults import EXIT, RAISE, SECRET
+from tests.sidecar.support import metrics, predict, request_line
+from tests.support import servers
+from tests.support.servers import Service
+
+
+def stream_until_broken(url: str, body: dict[str, object]) -> tuple[httpx.Response, bytes]:
+    received = b""
+    broken = pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read")
+    with httpx.stream("POST", url + "/predict", json=body, timeout=60) as response, broken:
+        for chunk in response.iter_raw():
+            received += chunk
+    return response, received
+
+
+def test_an_error_after_the_first_byte_aborts_the_stream(faulty_service: Service) -> None:
+    response, received = stream_until_broken(
+        faulty_service.url, {"input_text": f"{RAISE} Tell me a story."}
+    )
+    assert response.status_code == 200
+    assert received  # the first byte went out before the error
+    assert SECRET.encode() not in received
+    rid = response.headers["x-request-id"]
+    line = request_line(faulty_service, rid)
+    assert (line["status"], line["outcome"]) == (200, "error")
+    worker_lines = [
+        json.loads(text)
+        for text in faulty_service.log().splitlines()
+        if text.startswith("{") and '"generation failed"' in text
+    ]
+    assert [w["request_id"] for w in worker_lines] == [rid]
+    # The service keeps serving.
+    assert predict(faulty_service.url, {"input_text": "Hi"}).status_code == 200
+
+
+def test_a_worker_that_dies_mid_reply_is_replaced(faulty_service: Service) -> None:
+    restarts = metrics(faulty_service.url)["sidecar_worker_restarts_total"]
+    response, received = stream_until_broken(
+        faulty_service.url, {"input_text": f"{EXIT} Tell me a story."}
+    )
+    assert received
+    line = request_line(faulty_service, response.headers["x-request-id"])
+    assert line["outcome"] == "error"
+    assert "exited unexpectedly (exit code 3)" in faulty_service.log()
+    deadline = time.monotonic() + 60
+    while httpx.get(faulty_service.url + "/readyz", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, faulty_service.log()
+        time.sleep(0.1)
+    assert metrics(faulty_service.url)["sidecar_worker_restarts_total"] == restarts + 1
+    assert predict(faulty_service.url, {"input_text": "Hi"}).status_code == 200
+
+
+def test_the_worker_does_not_outlive_a_killed_web_process(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    with servers.sidecar(tiny_model_dir, tmp_path / "sidecar.log") as service:
+        worker = model_worker(service)
+        service.process.kill()  # SIGKILL: no shutdown code runs
+        service.process.wait()
+        worker.wait(timeout=30)  # it noticed the closed pipe and exited by itself
+
+
+def test_sigterm_to_the_process_group_shuts_down_cleanly(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # What servers.stop does (`docker stop` signals the web process alone): the web process
+    # shuts down gracefully and stops the worker, which the signal does not reach directly.
+    with servers.sidecar(tiny_model_dir, tmp_path / "sidecar.log") as service:
+        worker = model_worker(service)
+        assert os.getpgid(worker.pid) != os.getpgid(service.process.pid)
+        os.killpg(service.process.pid, signal.SIGTERM)
+        assert service.process.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+        worker.wait(timeout=30)
+    assert "Traceback" not in service.log()
+
+
+def model_worker(service: Service) -> psutil.Process:
+    """The model worker among the children (multiprocessing also starts a resource tracker)."""
+    (worker,) = [
+        child
+        for child in psutil.Process(service.process.pid).children()
+        if any("spawn_main" in part for part in child.cmdline())
+    ]
+    return worker

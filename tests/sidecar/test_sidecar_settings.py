@@ -1,0 +1,176 @@
+"""Settings: read once from the environment into one typed object; bad values fail clearly.
+Also the two process-level promises: telemetry off before onnxruntime-genai is imported, and
+the web process never imports it at all."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from sidecar.app import create_app
+from sidecar.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+NAMES = [name.upper() for name in Settings.model_fields]
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in NAMES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    settings = Settings()
+    assert (settings.host, settings.port) == ("0.0.0.0", 8000)
+    assert settings.max_length is None  # the model's context length
+    assert (settings.max_concurrency, settings.queue_size) == (1, 8)
+    assert settings.max_new_tokens == 1024
+    assert settings.max_body_bytes == 64 * 1024
+    assert (settings.log_level, settings.log_prompts) == ("info", False)
+    assert settings.model_download is False
+    assert settings.model_repo_id == "microsoft/Phi-3-mini-4k-instruct-onnx"
+    assert settings.model_subfolder == "cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4"
+
+
+def test_every_setting_comes_from_its_environment_variable(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    values = {
+        "MODEL_PATH": str(tmp_path),
+        "HOST": "127.0.0.1",
+        "PORT": "9000",
+        "MAX_LENGTH": "2048",
+        "MAX_NEW_TOKENS": "64",
+        "NUM_THREADS": "2",
+        "MAX_CONCURRENCY": "3",
+        "QUEUE_SIZE": "0",
+        "MAX_BODY_BYTES": "4096",
+        "LOG_LEVEL": "DEBUG",
+        "LOG_PROMPTS": "1",
+        "MODEL_DOWNLOAD": "true",
+        "MODEL_REPO_ID": "me/model",
+        "MODEL_SUBFOLDER": "cpu",
+    }
+    for name, value in values.items():
+        clean_env.setenv(name, value)
+    settings = Settings()
+    assert settings.model_path == tmp_path
+    assert (settings.host, settings.port, settings.max_length) == ("127.0.0.1", 9000, 2048)
+    assert (settings.max_new_tokens, settings.num_threads) == (64, 2)
+    assert (settings.max_concurrency, settings.queue_size, settings.max_body_bytes) == (3, 0, 4096)
+    assert (settings.log_level, settings.log_prompts) == ("debug", True)
+    assert (settings.model_download, settings.model_repo_id, settings.model_subfolder) == (
+        True,
+        "me/model",
+        "cpu",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("PORT", "0"),
+        ("PORT", "http"),
+        ("MAX_LENGTH", "4"),
+        ("MAX_CONCURRENCY", "0"),
+        ("QUEUE_SIZE", "-1"),
+        ("MAX_BODY_BYTES", "10"),
+        ("LOG_LEVEL", "verbose"),
+        ("LOG_PROMPTS", "maybe"),
+        ("ENGINE_FACTORY", "no colon"),
+    ],
+)
+def test_bad_values_are_refused(clean_env: pytest.MonkeyPatch, name: str, value: str) -> None:
+    clean_env.setenv(name, value)
+    with pytest.raises(ValidationError):
+        Settings()
+
+
+def test_settings_are_frozen(clean_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError):
+        Settings().port = 1  # type: ignore[misc]
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO / "phi3-sidecar",
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_bad_setting_stops_the_service_with_a_clear_line() -> None:
+    result = run_python("from sidecar.__main__ import main; main()", PORT="http")
+    assert result.returncode == 2
+    (line,) = [json.loads(x) for x in result.stderr.splitlines()]
+    assert (line["msg"], line["setting"]) == ("invalid setting", "PORT")
+
+
+def test_telemetry_is_off_before_onnxruntime_genai_is_imported() -> None:
+    result = run_python(
+        """
+        import builtins, os
+        seen = {}
+        real_import = builtins.__import__
+        def spy(name, *args, **kwargs):
+            if name == "onnxruntime_genai" and "at_import" not in seen:
+                seen["at_import"] = os.environ.get("ORT_DISABLE_TELEMETRY")
+            return real_import(name, *args, **kwargs)
+        builtins.__import__ = spy
+        import sidecar.engine
+        print(seen["at_import"])
+        """
+    )
+    assert result.stdout.strip() == "1", result.stderr
+
+
+def test_the_web_process_never_imports_onnxruntime_genai(tiny_model_dir: Path) -> None:
+    result = run_python(
+        f"""
+        import sys, time
+        from fastapi.testclient import TestClient
+        from sidecar.app import create_app
+        from sidecar.settings import Settings
+
+        with TestClient(create_app(Settings(model_path={str(tiny_model_dir)!r}))) as client:
+            while client.get("/readyz").status_code != 200:
+                time.sleep(0.05)
+            assert client.post("/predict", json={{"input_text": "Hi"}}).status_code == 200
+        print("onnxruntime_genai" in sys.modules)
+        """
+    )
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_max_length_and_max_new_tokens_bound_every_reply(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(model_path=tiny_model_dir, max_length=64, max_new_tokens=3)
+    with TestClient(create_app(settings)) as client:
+        deadline = time.monotonic() + 60
+        while (ready := client.get("/readyz")).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert ready.json()["max_length"] == 64
+        with caplog.at_level(logging.INFO, logger="sidecar.request"):
+            reply = client.post("/predict", json={"input_text": "Write a long poem."})
+        assert reply.status_code == 200
+        (record,) = [r for r in caplog.records if r.name == "sidecar.request"]
+        assert record.fields["generated_tokens"] <= 3  # type: ignore[attr-defined]
+        too_long = client.post("/predict", json={"input_text": "more " * 100})
+        assert too_long.status_code == 413
+        assert too_long.json()["error"]["limit_tokens"] == 64
