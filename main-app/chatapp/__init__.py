@@ -1,0 +1,36 @@
+"""The chat app: a Flask page that relays conversations to the Phi-3 sidecar and streams replies.
+
+`create_app(test_config=None)` builds it: defaults from `chatapp.settings`, then the
+environment, then `test_config`. Production runs `chatapp.wsgi:app` under gunicorn
+(`gunicorn.conf.py`); `python -m chatapp` runs Flask's development server.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+
+from chatapp import errors, health, pages, relay, settings
+from chatapp.upstream import Sidecar
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    app = Flask(__name__)
+    app.config.from_mapping(settings.DEFAULTS)
+    app.config.from_mapping(settings.from_environ(os.environ))
+    if test_config is not None:
+        app.config.from_mapping(test_config)
+
+    app.extensions["sidecar"] = Sidecar(
+        app.config["SIDECAR_URL"],
+        connect_timeout=app.config["SIDECAR_CONNECT_TIMEOUT"],
+        read_timeout=app.config["SIDECAR_READ_TIMEOUT"],
+    )
+    errors.register(app)
+    app.register_blueprint(pages.bp)
+    app.register_blueprint(relay.bp)
+    app.register_blueprint(health.bp)
+    return app

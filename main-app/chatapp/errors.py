@@ -1,0 +1,73 @@
+"""Errors: every failure the app answers as JSON `{"error": {"message", "type"}}`.
+
+`ApiError` carries a status, one readable sentence and a short machine type; raise it anywhere
+in a request. `register` installs handlers so that Flask's own errors (404, 405, 413, ...) and
+unexpected exceptions (500) use the same envelope instead of an HTML page or a stack trace.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, Response, current_app, jsonify
+from werkzeug.exceptions import HTTPException
+
+# Flask's own HTTP errors, rephrased for people. Anything else keeps a generic sentence.
+_HTTP_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("The request is not valid.", "invalid_request"),
+    404: ("There is nothing at this address.", "not_found"),
+    405: ("This address does not accept that method.", "method_not_allowed"),
+    413: ("The conversation is too long to send.", "payload_too_large"),
+    415: ("Send the conversation as JSON.", "unsupported_media_type"),
+}
+
+
+class ApiError(Exception):
+    """A failure to report to the client as the JSON error envelope."""
+
+    def __init__(
+        self, status: int, message: str, type: str, *, retry_after: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.retry_after = retry_after
+
+
+def envelope(message: str, type: str) -> dict[str, dict[str, str]]:
+    return {"error": {"message": message, "type": type}}
+
+
+def error_response(
+    status: int, message: str, type: str, headers: dict[str, str] | None = None
+) -> Response:
+    response = jsonify(envelope(message, type))
+    response.status_code = status
+    response.headers.update(headers or {})
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _api_error(error: ApiError) -> Response:
+    headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
+    return error_response(error.status, error.message, error.type, headers)
+
+
+def _http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    message, type = _HTTP_ERRORS.get(status, ("The request could not be handled.", "http_error"))
+    # Keep headers such as Allow (405) or Retry-After, but not the HTML content type.
+    headers = {k: v for k, v in error.get_headers() if k.lower() != "content-type"}
+    return error_response(status, message, type, headers)
+
+
+def _unexpected(error: Exception) -> Response:
+    if isinstance(error, HTTPException):  # e.g. raised from a handler outside a request route
+        return _http_error(error)
+    current_app.logger.exception("unhandled error")
+    return error_response(500, "Something went wrong in the chat app.", "internal_error")
+
+
+def register(app: Flask) -> None:
+    app.register_error_handler(ApiError, _api_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)

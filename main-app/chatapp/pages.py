@@ -1,0 +1,42 @@
+"""`GET /`: the chat page (HTML, CSS and JavaScript served from this package, no CDN).
+
+Every response also gets headers that keep a browser from doing anything the page does not
+need: the page loads only its own script, style and icon, and model output that somehow ended
+up as markup could not run a script.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, render_template
+
+bp = Blueprint("pages", __name__)
+
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "connect-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+
+
+@bp.get("/")
+def index() -> str:
+    return render_template(
+        "chat/index.html",
+        max_request_bytes=current_app.config["MAX_CONTENT_LENGTH"],
+        max_messages=current_app.config["MAX_MESSAGES"],
+    )
+
+
+@bp.after_app_request
+def security_headers(response: Response) -> Response:
+    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    return response

@@ -1,0 +1,139 @@
+"""The relay: `POST /chat` forwards the conversation to the sidecar and streams the reply back.
+
+The sidecar answers with a plain UTF-8 text stream; the relay turns each chunk into a `delta`
+line of the browser wire format (see `chatapp.wire`) as soon as it arrives. An incremental UTF-8
+decoder keeps characters whole when the sidecar's chunks split them. While the sidecar is silent
+the relay writes a heartbeat line every `HEARTBEAT_INTERVAL` seconds: a WSGI app only learns
+that the browser left when a write fails, and then the server closes the response, which closes
+the upstream connection so the sidecar stops generating.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import time
+from collections.abc import Generator, Iterator
+from typing import Any
+
+from flask import Blueprint, Response, current_app, request
+
+from chatapp import wire
+from chatapp.errors import ApiError
+from chatapp.upstream import Broken, End, ReplyStream, Sidecar
+
+bp = Blueprint("relay", __name__)
+log = logging.getLogger(__name__)
+
+
+class Relay:
+    """The response body: NDJSON lines from one sidecar reply. Closing it drops the upstream."""
+
+    def __init__(self, reply: ReplyStream, started: float, heartbeat: float, stall: float) -> None:
+        self._reply = reply
+        self._lines = self._relay(started, heartbeat, stall)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._lines
+
+    def close(self) -> None:
+        # Called by the WSGI server when the response ends or the client went away, even if
+        # iteration never started (so the upstream is never left open).
+        self._lines.close()
+        self._reply.close()
+
+    def _relay(
+        self, started: float, heartbeat: float, stall: float
+    ) -> Generator[bytes, None, None]:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pieces = 0
+        first = last = silent_since = started
+        try:
+            while True:
+                event = self._reply.next(timeout=heartbeat)
+                now = time.monotonic()
+                if event is None:
+                    if now - silent_since >= stall:
+                        log.warning("sidecar silent for %s s mid-reply; hanging up", stall)
+                        yield wire.error(
+                            "The model service stopped responding in the middle of the reply.",
+                            "upstream_timeout",
+                        )
+                        return
+                    yield wire.PING
+                    continue
+                if isinstance(event, End):
+                    tail = decoder.decode(b"", final=True)
+                    if tail:
+                        yield wire.delta(tail)
+                    yield wire.done(
+                        pieces,
+                        *_speed(started, first, last, pieces),
+                        prompt_tokens=self._reply.prompt_tokens,
+                        dropped_messages=self._reply.dropped_messages,
+                    )
+                    return
+                if isinstance(event, Broken):
+                    if event.timed_out:
+                        message, type = (
+                            "The model service stopped responding in the middle of the reply.",
+                            "upstream_timeout",
+                        )
+                    else:
+                        message, type = (
+                            "The model service stopped in the middle of the reply.",
+                            "upstream_disconnected",
+                        )
+                    log.warning("reply broke off after %d pieces: %s", pieces, type)
+                    yield wire.error(message, type)
+                    return
+                silent_since = last = now
+                if pieces == 0:
+                    first = now
+                pieces += 1
+                text = decoder.decode(event)
+                if text:
+                    yield wire.delta(text)
+        finally:
+            self._reply.close()
+
+
+def _speed(
+    started: float, first: float, last: float, pieces: int
+) -> tuple[float | None, float | None]:
+    """(ttft_ms, tokens_per_s), None where a value cannot be measured."""
+    ttft_ms = round((first - started) * 1000, 1) if pieces else None
+    tokens_per_s = None
+    if pieces >= 2 and last > first:
+        tokens_per_s = round((pieces - 1) / (last - first), 1)
+    return ttft_ms, tokens_per_s
+
+
+def _sidecar() -> Sidecar:
+    sidecar: Sidecar = current_app.extensions["sidecar"]
+    return sidecar
+
+
+@bp.post("/chat")
+def chat() -> Response:
+    started = time.monotonic()
+    if request.mimetype != "application/json":
+        raise ApiError(
+            415,
+            "Send the conversation as JSON (Content-Type: application/json).",
+            "unsupported_media_type",
+        )
+    body: Any = request.get_json(silent=True)
+    if body is None:
+        raise ApiError(400, "The request body is not valid JSON.", "invalid_request")
+    payload = wire.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    if "max_new_tokens" not in payload and current_app.config["MAX_NEW_TOKENS"]:
+        payload["max_new_tokens"] = current_app.config["MAX_NEW_TOKENS"]
+    reply = _sidecar().predict(payload)
+    config = current_app.config
+    body_iter = Relay(reply, started, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
+    return Response(
+        body_iter,
+        mimetype=wire.MIMETYPE,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,100 @@
+"""Settings: the one home for every knob of the chat app.
+
+`create_app` starts from `DEFAULTS`, then applies `from_environ(os.environ)`, then the test
+config. Nothing here reads the environment at import time. `HOST` and `PORT` are read by the
+servers that run the app (`gunicorn.conf.py`, `python -m chatapp`) through `listen_address`.
+
+Environment variable (default): meaning
+
+- `SIDECAR_URL` (`http://localhost:8000`): base URL of the model service (the sidecar).
+- `SIDECAR_CONNECT_TIMEOUT` (`3`): seconds to open a connection to the sidecar.
+- `SIDECAR_READ_TIMEOUT` (`300`): the longest silence, in seconds, tolerated from the sidecar,
+  before its answer starts and between two pieces of a reply. The prefill of a long prompt on a
+  slow CPU is silence too, hence the generous default.
+- `HEARTBEAT_INTERVAL` (`1`): seconds of sidecar silence after which the relay writes a
+  `{"ping": true}` line, so that a browser that went away is noticed quickly.
+- `MAX_REQUEST_BYTES` (`65536`): the largest accepted `POST /chat` body, else 413. Keep it at
+  most the sidecar's `MAX_BODY_BYTES` (same default). The page drops the oldest turns of a long
+  conversation to stay under it (the sidecar would leave them out of the context anyway).
+- `MAX_MESSAGES` (`200`): the most messages in one conversation, else 413.
+- `MAX_NEW_TOKENS` (unset): sent to the sidecar as `max_new_tokens` when the browser does not
+  send one; unset, the sidecar decides.
+- `HOST` (`0.0.0.0`) and `PORT` (`8080`, where App Service sends outside traffic): the address
+  the server listens on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    "SIDECAR_URL": "http://localhost:8000",
+    "SIDECAR_CONNECT_TIMEOUT": 3.0,
+    "SIDECAR_READ_TIMEOUT": 300.0,
+    "HEARTBEAT_INTERVAL": 1.0,
+    # Flask's own name; the environment says MAX_REQUEST_BYTES. The sidecar's default limit.
+    "MAX_CONTENT_LENGTH": 64 * 1024,
+    "MAX_MESSAGES": 200,
+    "MAX_NEW_TOKENS": None,
+}
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the app cannot use."""
+
+
+def _url(name: str, raw: str) -> str:
+    url = raw.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise SettingsError(f"{name} must start with http:// or https://, got {raw!r}")
+    return url
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise SettingsError(f"{name} must be greater than 0, got {raw!r}")
+    return value
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise SettingsError(f"{name} must be at least 1, got {raw!r}")
+    return value
+
+
+# Environment variable -> (config key, parser).
+_FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "SIDECAR_URL": ("SIDECAR_URL", _url),
+    "SIDECAR_CONNECT_TIMEOUT": ("SIDECAR_CONNECT_TIMEOUT", _positive_float),
+    "SIDECAR_READ_TIMEOUT": ("SIDECAR_READ_TIMEOUT", _positive_float),
+    "HEARTBEAT_INTERVAL": ("HEARTBEAT_INTERVAL", _positive_float),
+    "MAX_REQUEST_BYTES": ("MAX_CONTENT_LENGTH", _positive_int),
+    "MAX_MESSAGES": ("MAX_MESSAGES", _positive_int),
+    "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
+}
+
+
+def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings present in `environ`, parsed; raises SettingsError naming a bad variable."""
+    config: dict[str, Any] = {}
+    for name, (key, parse) in _FROM_ENV.items():
+        raw = environ.get(name, "")
+        if raw.strip():
+            config[key] = parse(name, raw)
+    return config
+
+
+def listen_address(environ: Mapping[str, str]) -> tuple[str, int]:
+    """(HOST, PORT) for the server that runs the app."""
+    host = environ.get("HOST", "").strip() or "0.0.0.0"
+    port = _positive_int("PORT", environ.get("PORT", "").strip() or "8080")
+    return host, port

@@ -1,0 +1,161 @@
+"""The browser wire format: what the page sends to `POST /chat` and what it gets back.
+
+Request
+-------
+`POST /chat` with `Content-Type: application/json` and the whole conversation so far::
+
+    {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
+
+The last message is the user's new turn. Only the first message may be a system message;
+system and user messages must not be blank; no message may contain control characters other
+than tab, newline and carriage return. Optional: `"max_new_tokens"` (a positive integer) and
+`"temperature"` (0 to 2; 0 or absent means greedy), passed on to the model service. The page
+keeps the history and sends all of it each time; the app keeps nothing between requests.
+
+Errors before the reply starts
+------------------------------
+A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`, where
+`message` is one sentence for the person using the page. The types:
+
+- `loading` (503 + `Retry-After`): the model is still loading; try again after that many seconds.
+- `busy` (503 + `Retry-After`): the model service has as many replies queued as it takes.
+- `upstream_unavailable` (503): the model service is not reachable.
+- `model_failed` (503): the model service could not load its model (no point retrying).
+- `context_overflow` (413): the newest message does not fit in the model's context.
+- `payload_too_large` (413), `invalid_request` (400), `unsupported_media_type` (415): the
+  request itself is wrong (too big, malformed, not JSON).
+- `upstream_timeout` (504): the model service did not start answering in time.
+- `upstream_error` (502), `internal_error` (500), `not_found` (404), `method_not_allowed` (405).
+
+The reply stream
+----------------
+`200` with `Content-Type: application/x-ndjson`: UTF-8, one JSON object per line, each line
+ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` only). In order:
+
+- `{"delta": "..."}`: the next piece of the reply, as the model writes it; the reply is the
+  concatenation of the deltas. A delta never ends inside a character. Show it as text, never
+  as HTML.
+- `{"ping": true}`: a heartbeat, written about once a second while the model service is silent
+  (during a long prompt's prefill, say), so that a browser that went away is noticed. Ignore it.
+- Exactly one last line, either
+  - `{"done": true, "tokens": n, "ttft_ms": t, "tokens_per_s": r}`: the reply is complete.
+    `tokens` counts the pieces of text the model service sent: one per generated token while
+    the reader keeps up, fewer when it sends several tokens' text at once or a token only
+    completes a character. `ttft_ms` is the time from the request reaching this app to the
+    first piece; `tokens_per_s` is pieces per second after the first one. Either is `null`
+    when it cannot be measured. Present when the model service reports them:
+    `finish_reason` (`"stop"` or `"length"`), `prompt_tokens` (the prompt's size in tokens)
+    and `dropped_messages` (how many of the oldest messages were left out so that the
+    conversation fits the model's context).
+  - or `{"error": {"message": "...", "type": "..."}}`: the reply broke off after it started;
+    the deltas before it are the part received. Types: `upstream_disconnected` (the model
+    service stopped mid-reply) and `upstream_timeout` (it went silent for longer than
+    `SIDECAR_READ_TIMEOUT`).
+
+A stream that ends without a `done` line (the connection dropped) is cut off, exactly like one
+that ends with an `error` line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from chatapp.errors import ApiError
+
+MIMETYPE = "application/x-ndjson"
+ROLES = ("system", "user", "assistant")
+# What the model service refuses in message text: C0 controls except tab, newline and carriage
+# return; DEL and C1 controls; lone surrogates (possible through JSON \\ud800 escapes).
+_FORBIDDEN = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(400, message, "invalid_request")
+
+
+def parse_chat_request(body: Any, max_messages: int) -> dict[str, Any]:
+    """Check a decoded `POST /chat` body; returns the JSON to send to the sidecar's /predict."""
+    if not isinstance(body, dict):
+        raise _invalid("The request must be a JSON object with a list of messages.")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("The request must contain a non-empty list of messages.")
+    if len(messages) > max_messages:
+        raise ApiError(
+            413,
+            f"The conversation has more than {max_messages} messages; start a new chat.",
+            "payload_too_large",
+        )
+    clean = []
+    for number, message in enumerate(messages, start=1):
+        if not isinstance(message, dict):
+            raise _invalid(f"Message {number} must be an object with a role and a content.")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise _invalid(f"Message {number} has no valid role (system, user or assistant).")
+        if role == "system" and number > 1:
+            raise _invalid("Only the first message may be a system message.")
+        if not isinstance(content, str):
+            raise _invalid(f"Message {number} must have a text content.")
+        if role != "assistant" and not content.strip():
+            raise _invalid(f"Message {number} is empty.")
+        if _FORBIDDEN.search(content):
+            raise _invalid(f"Message {number} contains control characters; remove them.")
+        clean.append({"role": role, "content": content})
+    if clean[-1]["role"] != "user":
+        raise _invalid("The last message must be the user's.")
+    payload: dict[str, Any] = {"messages": clean}
+    max_new_tokens = body.get("max_new_tokens")
+    if max_new_tokens is not None:
+        if type(max_new_tokens) is not int or max_new_tokens < 1:
+            raise _invalid("max_new_tokens must be a positive whole number.")
+        payload["max_new_tokens"] = max_new_tokens
+    temperature = body.get("temperature")
+    if temperature is not None:
+        if type(temperature) not in (int, float) or not 0 <= temperature <= 2:
+            raise _invalid("temperature must be a number from 0 to 2.")
+        payload["temperature"] = float(temperature)
+    return payload
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    # json.dumps escapes control characters such as newlines inside strings, so each object
+    # stays on one line; NEL, U+2028 and U+2029 are escaped too, for readers (such as Python's
+    # str.splitlines) that also end lines there.
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    for char in "\x85\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return (text + "\n").encode("utf-8")
+
+
+def delta(text: str) -> bytes:
+    return _line({"delta": text})
+
+
+PING = _line({"ping": True})
+
+
+def done(
+    tokens: int,
+    ttft_ms: float | None,
+    tokens_per_s: float | None,
+    *,
+    finish_reason: str | None = None,
+    prompt_tokens: int | None = None,
+    dropped_messages: int | None = None,
+) -> bytes:
+    obj: dict[str, Any] = {"done": True}
+    if finish_reason is not None:
+        obj["finish_reason"] = finish_reason
+    obj.update(tokens=tokens, ttft_ms=ttft_ms, tokens_per_s=tokens_per_s)
+    if prompt_tokens is not None:
+        obj["prompt_tokens"] = prompt_tokens
+    if dropped_messages is not None:
+        obj["dropped_messages"] = dropped_messages
+    return _line(obj)
+
+
+def error(message: str, type: str) -> bytes:
+    return _line({"error": {"message": message, "type": type}})

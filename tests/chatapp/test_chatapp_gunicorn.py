@@ -1,0 +1,100 @@
+"""The app as production runs it (gunicorn, gthread) in its own process, against a fake sidecar:
+replies are relayed as they arrive, and a browser that leaves releases the sidecar at once."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.chatapp import fake_sidecar as fs
+from tests.chatapp.fake_sidecar import FakeSidecar, Handler
+from tests.support import servers
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeSidecar]:
+    with FakeSidecar() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def app(fake: FakeSidecar, tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Service]:
+    log = tmp_path_factory.mktemp("logs") / "chatapp.log"
+    with servers.chatapp(fake.url, log, HEARTBEAT_INTERVAL="0.2") as service:
+        yield service
+
+
+@pytest.fixture(autouse=True)
+def reset(fake: FakeSidecar) -> None:
+    fake.requests.clear()
+    fake.client_gone.clear()
+
+
+def test_pieces_are_relayed_as_they_arrive(fake: FakeSidecar, app: servers.Service) -> None:
+    release = threading.Event()
+
+    def held(h: Handler) -> None:
+        fs.start_chunked(h)
+        fs.write_chunk(h, "Première ".encode())
+        release.wait(10)  # the second piece waits until the test saw the first one
+        fs.write_chunk(h, b"partie")
+        h.wfile.write(b"0\r\n\r\n")
+
+    fake.predict = held
+    with httpx.stream("POST", app.url + "/chat", json=CHAT, timeout=10) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        lines = response.iter_lines()
+        assert json.loads(next(lines)) == {"delta": "Première "}
+        release.set()
+        rest = [json.loads(line) for line in lines]
+    assert {"delta": "partie"} in rest
+    assert rest[-1]["done"] is True
+
+
+def test_leaving_during_a_silent_prefill_releases_the_sidecar(
+    fake: FakeSidecar, app: servers.Service
+) -> None:
+    fake.predict = lambda h: (fs.start_chunked(h), fs.wait_until_client_closes(h, 15))
+    with httpx.stream("POST", app.url + "/chat", json=CHAT, timeout=10) as response:
+        assert response.status_code == 200
+        assert json.loads(next(response.iter_lines())) == {"ping": True}
+    left = time.monotonic()
+    # Heartbeats every 0.2 s: the failed write shows the client left, the relay hangs up.
+    assert fake.client_gone.wait(5), app.log()
+    assert time.monotonic() - left < 3
+
+
+def test_sidecar_dying_mid_reply_ends_with_an_error_line(
+    fake: FakeSidecar, app: servers.Service
+) -> None:
+    fake.predict = lambda h: fs.chunked(h, [b"Half ", b"a reply"], end=False)
+    response = httpx.post(app.url + "/chat", json=CHAT, timeout=10)
+    objs = [json.loads(line) for line in response.text.splitlines()]
+    assert "".join(o.get("delta", "") for o in objs) == "Half a reply"
+    assert objs[-1]["error"]["type"] == "upstream_disconnected"
+
+
+def test_errors_are_json(app: servers.Service) -> None:
+    response = httpx.post(app.url + "/chat", content=b"hi", timeout=10)
+    assert response.status_code == 415
+    assert response.json()["error"]["type"] == "unsupported_media_type"
+    response = httpx.get(app.url + "/missing", timeout=10)
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found"
+
+
+def test_development_server(fake: FakeSidecar, tmp_path: Path) -> None:
+    fake.predict = lambda h: fs.chunked(h, [b"dev"])
+    with servers.chatapp(fake.url, tmp_path / "dev.log", gunicorn=False) as dev:
+        assert httpx.get(dev.url + "/", timeout=10).status_code == 200
+        response = httpx.post(dev.url + "/chat", json=CHAT, timeout=10)
+        assert json.loads(response.text.splitlines()[0]) == {"delta": "dev"}

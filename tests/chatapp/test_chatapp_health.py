@@ -1,0 +1,33 @@
+"""GET /healthz: always 200 while the app runs, with the sidecar's readiness in the body."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flask import Flask
+from flask.testing import FlaskClient
+
+from tests.chatapp.fake_sidecar import FakeSidecar
+
+
+def test_ready_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.get_json() == {
+        "status": "ok",
+        "sidecar": {"reachable": True, "ready": True, "detail": {"status": "ready"}},
+    }
+
+
+def test_loading_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
+    fake.readyz = (503, {"status": "loading", "phase": "loading"})
+    body = client.get("/healthz").get_json()
+    assert body["sidecar"]["reachable"] is True
+    assert body["sidecar"]["ready"] is False
+    assert body["sidecar"]["detail"]["phase"] == "loading"
+
+
+def test_sidecar_down(make_app: Callable[..., Flask], down_url: str) -> None:
+    response = make_app(SIDECAR_URL=down_url).test_client().get("/healthz")
+    assert response.status_code == 200
+    assert response.get_json() == {"status": "ok", "sidecar": {"reachable": False, "ready": False}}

@@ -1,0 +1,41 @@
+"""GET /: the chat page and its static files, all served by the app (no CDN)."""
+
+from __future__ import annotations
+
+import re
+
+from flask.testing import FlaskClient
+
+
+def test_page_and_assets(client: FlaskClient) -> None:
+    response = client.get("/")
+    assert response.status_code == 200
+    assert response.mimetype == "text/html"
+    html = response.get_data(as_text=True)
+    assert '<label for="prompt"' in html
+    assert 'aria-live="polite"' in html
+    assert 'id="stop"' in html and 'id="new-chat"' in html
+    assert 'data-max-request-bytes="65536"' in html
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert assets, "the page links its script and stylesheet"
+    for asset in assets:
+        assert asset.startswith("/static/"), f"{asset} is not served by the app"
+        with client.get(asset) as response:
+            assert response.status_code == 200
+
+
+def test_script_never_renders_model_output_as_html(client: FlaskClient) -> None:
+    with client.get("/static/chat.js") as response:
+        script = response.get_data(as_text=True)
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in script
+    assert "TextDecoder" in script and "stream: true" in script
+    assert "AbortController" in script
+
+
+def test_security_headers(client: FlaskClient) -> None:
+    response = client.get("/")
+    policy = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "default-src 'none'" in policy
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert client.get("/nope").headers["X-Content-Type-Options"] == "nosniff"

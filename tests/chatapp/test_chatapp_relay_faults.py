@@ -1,0 +1,254 @@
+"""The relay against a fake sidecar: the faults the real sidecar cannot produce on demand
+(characters split across chunks, dying or stalling mid-reply, busy and loading refusals)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from tests.chatapp import fake_sidecar as fs
+from tests.chatapp.fake_sidecar import FakeSidecar, Handler
+
+CONVERSATION = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Bonjour, ça va ? 😀"},
+        {"role": "assistant", "content": "Oui."},
+        {"role": "user", "content": "中文 and עברית"},
+    ]
+}
+MIXED = "Café — naïve 😀👩‍👩‍👧 中文字符 العربية שלום 🇫🇷 end"
+
+
+def lines(response: Any) -> list[dict[str, Any]]:
+    assert response.status_code == 200
+    assert response.mimetype == "application/x-ndjson"
+    return list(fs.ndjson(response.get_data()))
+
+
+def text_of(objs: list[dict[str, Any]]) -> str:
+    return "".join(obj["delta"] for obj in objs if "delta" in obj)
+
+
+def test_streams_deltas_then_done(client: FlaskClient, fake: FakeSidecar) -> None:
+    fake.predict = lambda h: fs.chunked(h, [b"Hello", b", ", b"world", b"!"])
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    assert [o["delta"] for o in objs if "delta" in o] == ["Hello", ", ", "world", "!"]
+    done = objs[-1]
+    assert done["done"] is True and done["tokens"] == 4
+    assert done["ttft_ms"] >= 0 and done["tokens_per_s"] > 0
+    assert fake.requests == [CONVERSATION]
+
+
+def test_sends_generation_options(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
+    client = make_app(MAX_NEW_TOKENS=32).test_client()
+    lines(client.post("/chat", json=CONVERSATION))
+    lines(client.post("/chat", json={**CONVERSATION, "max_new_tokens": 5, "temperature": 0}))
+    assert fake.requests[0]["max_new_tokens"] == 32
+    assert fake.requests[1]["max_new_tokens"] == 5
+    assert fake.requests[1]["temperature"] == 0.0
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_multibyte_characters_split_across_chunks(
+    client: FlaskClient, fake: FakeSidecar, size: int
+) -> None:
+    data = MIXED.encode()
+    fake.predict = lambda h: fs.chunked(h, [data[i : i + size] for i in range(0, len(data), size)])
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    assert text_of(objs) == MIXED
+    assert all("\ufffd" not in o["delta"] for o in objs if "delta" in o)
+    assert objs[-1]["done"] is True
+
+
+def test_newlines_and_quotes_stay_inside_one_line(client: FlaskClient, fake: FakeSidecar) -> None:
+    reply = 'line one\nline "two"\r\n\ttab \\ backslash \u2028 \u2029 \x85 \x0b end'
+    fake.predict = lambda h: fs.chunked(h, [reply.encode()])
+    response = client.post("/chat", json=CONVERSATION)
+    body = response.get_data(as_text=True)
+    assert len(body.splitlines()) == 2  # one delta line, one done line, however one splits
+    assert text_of(lines(response)) == reply
+
+
+def test_sidecar_down(make_app: Callable[..., Flask], down_url: str) -> None:
+    response = make_app(SIDECAR_URL=down_url).test_client().post("/chat", json=CONVERSATION)
+    assert response.status_code == 503
+    assert response.get_json()["error"] == {
+        "message": "The model service is not reachable; it may be starting or stopped.",
+        "type": "upstream_unavailable",
+    }
+
+
+def sidecar_error(type: str, message: str) -> dict[str, Any]:
+    """The sidecar's error envelope (phi3-sidecar/sidecar/errors.py)."""
+    return {"error": {"message": message, "type": type}}
+
+
+@pytest.mark.parametrize(
+    ("body", "type"),
+    [
+        (sidecar_error("not_ready", "the model is not ready (loading)"), "loading"),
+        (sidecar_error("not_ready", "the model is not ready (warming_up)"), "loading"),
+        (sidecar_error("overloaded", "too many requests are waiting"), "busy"),
+        ({"detail": "queue full"}, "busy"),  # an unknown 503: retry as asked
+    ],
+)
+def test_loading_and_busy_pass_retry_after(
+    client: FlaskClient, fake: FakeSidecar, body: Any, type: str
+) -> None:
+    fake.predict = lambda h: fs.refuse(h, 503, body, {"Retry-After": "7"})
+    response = client.post("/chat", json=CONVERSATION)
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "7"
+    error = response.get_json()["error"]
+    assert error["type"] == type
+    assert "7 s" in error["message"]
+
+
+def test_model_that_failed_to_load_is_not_retried(client: FlaskClient, fake: FakeSidecar) -> None:
+    body = sidecar_error("not_ready", "the model is not ready (failed: no genai_config.json)")
+    fake.predict = lambda h: fs.refuse(h, 503, body, {"Retry-After": "5"})
+    response = client.post("/chat", json=CONVERSATION)
+    assert response.status_code == 503
+    assert "Retry-After" not in response.headers
+    assert response.get_json()["error"]["type"] == "model_failed"
+
+
+@pytest.mark.parametrize(
+    ("kind", "type"),
+    [("context_length_exceeded", "context_overflow"), ("body_too_large", "payload_too_large")],
+)
+def test_too_long(client: FlaskClient, fake: FakeSidecar, kind: str, type: str) -> None:
+    fake.predict = lambda h: fs.refuse(h, 413, sidecar_error(kind, "too long"))
+    response = client.post("/chat", json=CONVERSATION)
+    assert response.status_code == 413
+    assert response.get_json()["error"]["type"] == type
+
+
+def test_sidecar_validation_message_is_passed_on(client: FlaskClient, fake: FakeSidecar) -> None:
+    body = sidecar_error("invalid_request", "temperature: Input should be less than or equal to 2")
+    fake.predict = lambda h: fs.refuse(h, 422, body)
+    response = client.post("/chat", json=CONVERSATION)
+    assert response.status_code == 400
+    assert response.get_json()["error"] == {
+        "message": "The model service refused the conversation "
+        "(temperature: Input should be less than or equal to 2).",
+        "type": "invalid_request",
+    }
+
+
+def test_sidecar_error_is_a_sentence_not_internals(client: FlaskClient, fake: FakeSidecar) -> None:
+    fake.predict = lambda h: fs.refuse(h, 500, sidecar_error("internal_error", "Traceback: boom"))
+    response = client.post("/chat", json=CONVERSATION)
+    assert response.status_code == 502
+    assert response.get_json()["error"] == {
+        "message": "The model service could not answer this message.",
+        "type": "upstream_error",
+    }
+
+
+def test_body_is_sent_as_utf8(client: FlaskClient, fake: FakeSidecar) -> None:
+    lines(client.post("/chat", json=CONVERSATION))
+    expected = json.dumps(CONVERSATION, ensure_ascii=False, separators=(",", ":"))
+    assert fake.raw_bodies[0].decode("utf-8") == expected
+
+
+def test_done_line_reports_the_sidecars_prompt_counts(
+    client: FlaskClient, fake: FakeSidecar
+) -> None:
+    def reply(h: Handler) -> None:
+        h.send_response(200)
+        h.send_header("Transfer-Encoding", "chunked")
+        h.send_header("X-Prompt-Tokens", "42")
+        h.send_header("X-Dropped-Messages", "2")
+        h.end_headers()
+        fs.write_chunk(h, b"ok")
+        h.wfile.write(b"0\r\n\r\n")
+
+    fake.predict = reply
+    done = lines(client.post("/chat", json=CONVERSATION))[-1]
+    assert done["prompt_tokens"] == 42 and done["dropped_messages"] == 2
+
+
+def test_read_timeout_before_the_reply(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
+    fake.predict = lambda h: fs.wait_until_client_closes(h, 5)
+    client = make_app(SIDECAR_READ_TIMEOUT=0.5).test_client()
+    response = client.post("/chat", json=CONVERSATION)
+    assert response.status_code == 504
+    assert response.get_json()["error"]["type"] == "upstream_timeout"
+    assert fake.client_gone.wait(2)
+
+
+def test_sidecar_dies_mid_reply(client: FlaskClient, fake: FakeSidecar) -> None:
+    # The last piece ends inside "é": the half character must not be shown.
+    fake.predict = lambda h: fs.chunked(h, [b"Part ", b"of it ", b"caf" + b"\xc3"], end=False)
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    assert text_of(objs) == "Part of it caf"
+    assert objs[-1] == {
+        "error": {
+            "message": "The model service stopped in the middle of the reply.",
+            "type": "upstream_disconnected",
+        }
+    }
+    assert not any("done" in o for o in objs)
+
+
+def test_sidecar_stalls_mid_reply(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
+    def stall(h: Handler) -> None:
+        fs.start_chunked(h)
+        fs.write_chunk(h, b"The start")
+        fs.wait_until_client_closes(h, 10)
+
+    fake.predict = stall
+    client = make_app(SIDECAR_READ_TIMEOUT=1.0, HEARTBEAT_INTERVAL=0.2).test_client()
+    started = time.monotonic()
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    assert time.monotonic() - started < 5
+    assert text_of(objs) == "The start"
+    assert {"ping": True} in objs
+    assert objs[-1]["error"]["type"] == "upstream_timeout"
+    assert fake.client_gone.wait(2)  # the relay hung up on the stalled sidecar
+
+
+def test_heartbeat_while_the_sidecar_is_silent(client: FlaskClient, fake: FakeSidecar) -> None:
+    def slow_prefill(h: Handler) -> None:
+        fs.start_chunked(h)
+        time.sleep(1.0)
+        fs.write_chunk(h, b"Finally")
+        h.wfile.write(b"0\r\n\r\n")
+
+    fake.predict = slow_prefill
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    first_delta = next(i for i, o in enumerate(objs) if "delta" in o)
+    assert objs[:first_delta].count({"ping": True}) >= 3
+    assert objs[-1]["done"] is True and objs[-1]["tokens"] == 1
+    assert objs[-1]["ttft_ms"] >= 900
+
+
+def endless(h: Handler) -> None:
+    fs.start_chunked(h)
+    while True:
+        fs.write_chunk(h, b"more ")
+        time.sleep(0.02)
+
+
+def test_closing_the_response_drops_the_upstream(client: FlaskClient, fake: FakeSidecar) -> None:
+    fake.predict = endless
+    response = client.post("/chat", json=CONVERSATION, buffered=False)
+    first = next(iter(response.response))
+    assert json.loads(first) == {"delta": "more "}
+    response.close()
+    assert fake.client_gone.wait(2)
+
+
+def test_closing_before_reading_drops_the_upstream(client: FlaskClient, fake: FakeSidecar) -> None:
+    fake.predict = endless
+    response = client.post("/chat", json=CONVERSATION, buffered=False)
+    response.close()
+    assert fake.client_gone.wait(2)

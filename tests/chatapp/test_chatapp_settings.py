@@ -1,0 +1,96 @@
+"""Settings: defaults, then the environment, then test_config; bad values name their variable."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+from chatapp import create_app
+from chatapp.settings import SettingsError, from_environ, listen_address
+
+APP_DIR = Path(__file__).resolve().parents[2] / "main-app"
+ENV_NAMES = [
+    "SIDECAR_URL",
+    "SIDECAR_CONNECT_TIMEOUT",
+    "SIDECAR_READ_TIMEOUT",
+    "HEARTBEAT_INTERVAL",
+    "MAX_REQUEST_BYTES",
+    "MAX_MESSAGES",
+    "MAX_NEW_TOKENS",
+    "HOST",
+    "PORT",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults() -> None:
+    config = create_app().config
+    assert config["SIDECAR_URL"] == "http://localhost:8000"
+    assert config["SIDECAR_CONNECT_TIMEOUT"] == 3.0
+    assert config["SIDECAR_READ_TIMEOUT"] == 300.0
+    assert config["HEARTBEAT_INTERVAL"] == 1.0
+    assert config["MAX_CONTENT_LENGTH"] == 64 * 1024
+    assert config["MAX_MESSAGES"] == 200
+    assert config["MAX_NEW_TOKENS"] is None
+    assert listen_address({}) == ("0.0.0.0", 8080)
+
+
+def test_environment_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIDECAR_URL", "http://127.0.0.1:9001/")
+    monkeypatch.setenv("SIDECAR_READ_TIMEOUT", "12.5")
+    monkeypatch.setenv("MAX_REQUEST_BYTES", "1000")
+    monkeypatch.setenv("MAX_NEW_TOKENS", "64")
+    monkeypatch.setenv("HEARTBEAT_INTERVAL", "")  # empty means unset
+    app = create_app()
+    assert app.config["SIDECAR_URL"] == "http://127.0.0.1:9001"
+    assert app.config["SIDECAR_READ_TIMEOUT"] == 12.5
+    assert app.config["MAX_CONTENT_LENGTH"] == 1000
+    assert app.config["MAX_NEW_TOKENS"] == 64
+    assert app.config["HEARTBEAT_INTERVAL"] == 1.0
+    assert app.extensions["sidecar"].base_url == "http://127.0.0.1:9001"
+
+
+def test_test_config_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIDECAR_URL", "http://from-env:1")
+    app = create_app({"SIDECAR_URL": "http://from-test:2", "TESTING": True})
+    assert app.config["SIDECAR_URL"] == "http://from-test:2"
+    assert app.testing
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SIDECAR_URL", "localhost:8000"),
+        ("SIDECAR_CONNECT_TIMEOUT", "soon"),
+        ("SIDECAR_READ_TIMEOUT", "0"),
+        ("HEARTBEAT_INTERVAL", "-1"),
+        ("MAX_REQUEST_BYTES", "1.5"),
+        ("MAX_MESSAGES", "0"),
+    ],
+)
+def test_bad_values_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=name):
+        from_environ({name: value})
+
+
+def test_listen_address_from_environment() -> None:
+    assert listen_address({"HOST": "127.0.0.1", "PORT": "9000"}) == ("127.0.0.1", 9000)
+    with pytest.raises(SettingsError, match="PORT"):
+        listen_address({"PORT": "http"})
+
+
+def test_gunicorn_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = runpy.run_path(str(APP_DIR / "gunicorn.conf.py"))
+    assert config["bind"] == "0.0.0.0:8080"
+    assert config["worker_class"] == "gthread"
+    assert config["threads"] > 1
+    monkeypatch.setenv("HOST", "::")
+    monkeypatch.setenv("PORT", "9090")
+    assert runpy.run_path(str(APP_DIR / "gunicorn.conf.py"))["bind"] == "[::]:9090"
