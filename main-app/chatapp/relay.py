@@ -127,8 +127,10 @@ def chat() -> Response:
     if body is None:
         raise ApiError(400, "The request body is not valid JSON.", "invalid_request")
     payload = wire.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
-    if "max_new_tokens" not in payload and current_app.config["MAX_NEW_TOKENS"]:
-        payload["max_new_tokens"] = current_app.config["MAX_NEW_TOKENS"]
+    default = current_app.config["MAX_NEW_TOKENS"]
+    if "max_new_tokens" not in payload and default:
+        # The app's default never undercuts a minimum the request asked for.
+        payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
     reply = _sidecar().predict(payload)
     config = current_app.config
     body_iter = Relay(reply, started, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])

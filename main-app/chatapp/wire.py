@@ -8,8 +8,10 @@ Request
 
 The last message is the user's new turn. Only the first message may be a system message;
 system and user messages must not be blank; no message may contain control characters other
-than tab, newline and carriage return. Optional: `"max_new_tokens"` (a positive integer) and
-`"temperature"` (0 to 2; 0 or absent means greedy), passed on to the model service. The page
+than tab, newline and carriage return. Optional: `"max_new_tokens"` (a positive integer),
+`"min_new_tokens"` (a whole number, at most `max_new_tokens`: the end of the reply is held off
+until then; benchmarks use it to pin the length) and `"temperature"` (0 to 2; 0 or absent
+means greedy), passed on to the model service. The page
 keeps the history and sends all of it each time; the app keeps nothing between requests.
 
 Errors before the reply starts
@@ -107,11 +109,14 @@ def parse_chat_request(body: Any, max_messages: int) -> dict[str, Any]:
     if clean[-1]["role"] != "user":
         raise _invalid("The last message must be the user's.")
     payload: dict[str, Any] = {"messages": clean}
-    max_new_tokens = body.get("max_new_tokens")
-    if max_new_tokens is not None:
-        if type(max_new_tokens) is not int or max_new_tokens < 1:
-            raise _invalid("max_new_tokens must be a positive whole number.")
-        payload["max_new_tokens"] = max_new_tokens
+    for name, least in (("max_new_tokens", 1), ("min_new_tokens", 0)):
+        value = body.get(name)
+        if value is not None:
+            if type(value) is not int or value < least:
+                raise _invalid(f"{name} must be a whole number of at least {least}.")
+            payload[name] = value
+    if "max_new_tokens" in payload and payload.get("min_new_tokens", 0) > payload["max_new_tokens"]:
+        raise _invalid("min_new_tokens must not exceed max_new_tokens.")
     temperature = body.get("temperature")
     if temperature is not None:
         if type(temperature) not in (int, float) or not 0 <= temperature <= 2:

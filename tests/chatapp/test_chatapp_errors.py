@@ -99,6 +99,9 @@ def test_413_when_too_many_messages(make_app: Callable[..., Flask]) -> None:
         {"messages": [USER], "max_new_tokens": True},
         {"messages": [USER], "temperature": "hot"},
         {"messages": [USER], "temperature": -1},
+        {"messages": [USER], "min_new_tokens": -1},
+        {"messages": [USER], "min_new_tokens": 1.5},
+        {"messages": [USER], "min_new_tokens": 6, "max_new_tokens": 5},
     ],
 )
 def test_400_for_bad_conversations(client: FlaskClient, fake: Any, body: Any) -> None:

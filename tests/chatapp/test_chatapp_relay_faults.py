@@ -53,6 +53,9 @@ def test_sends_generation_options(make_app: Callable[..., Flask], fake: FakeSide
     assert fake.requests[0]["max_new_tokens"] == 32
     assert fake.requests[1]["max_new_tokens"] == 5
     assert fake.requests[1]["temperature"] == 0.0
+    lines(client.post("/chat", json={**CONVERSATION, "min_new_tokens": 40}))
+    assert fake.requests[2]["min_new_tokens"] == 40
+    assert fake.requests[2]["max_new_tokens"] == 40  # the default of 32 would undercut it
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
