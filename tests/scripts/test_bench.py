@@ -1,0 +1,46 @@
+"""scripts/bench.py end to end on the tiny model: every variant runs and every output is written.
+
+No timing is asserted (this machine is noisy); the point is that the benchmark keeps working.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.servers import REPO
+
+
+def test_quick_bench_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    args = ["--quick", "--model", str(tiny_model_dir), "--prompt-tokens", "40"]
+    args += ["--new-tokens", "12", "--reps", "1", "--concurrency", "1,3", "--out", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    (json_path,) = out.glob("bench-*.json")
+    data = json.loads(json_path.read_text())
+    assert {s["variant"] for s in data["samples"]} == {"engine", "sidecar", "app"}
+    assert all(s["tokens"] == 12 and s["status"] == 200 for s in data["samples"])
+    assert data["prompt_tokens"] >= 40
+    assert [row["n"] for row in data["concurrency"]] == [1, 3]
+    # The queue has room for the largest burst, so nothing is turned away.
+    assert all(row["accepted"] == row["n"] for row in data["concurrency"])
+    assert set(data["peak_rss_bytes"]) == {
+        "sidecar (web + model worker)",
+        "main-app (gunicorn)",
+        "engine alone (this script)",
+    }
+    assert all(rss > 0 for rss in data["peak_rss_bytes"].values())
+    assert (out / json_path.name.replace(".json", ".png")).stat().st_size > 10_000
+    table = (out / "latest.md").read_text()
+    for row in ("| engine |", "| sidecar |", "| app |", "| 3 | 3 | 0 |"):
+        assert row in table
+    assert table in result.stdout
