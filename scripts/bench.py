@@ -80,13 +80,13 @@ def make_messages(engine: RawEngine, prompt_tokens: int) -> list[dict[str, str]]
             return messages
 
 
-def peak_rss_bytes(pid: int) -> int:
-    """Kernel-tracked peak RSS (VmHWM) of a process and all its children, summed."""
+def peak_rss_bytes(pid: int, *, children: bool = True) -> int:
+    """Kernel-tracked peak RSS (VmHWM) of a process and (optionally) its children, summed."""
     import psutil
 
     total = 0
     root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in [root, *(root.children(recursive=True) if children else [])]:
         status = Path(f"/proc/{proc.pid}/status").read_text()
         kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
         total += int(kib) * 1024
@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             rss = {
                 "sidecar (web + model worker)": peak_rss_bytes(sidecar.process.pid),
                 "main-app (gunicorn)": peak_rss_bytes(app.process.pid),
-                "engine alone (this script)": peak_rss_bytes(os.getpid()),
+                # Not its children: they are the two services above.
+                "engine alone (this script)": peak_rss_bytes(os.getpid(), children=False),
             }
     result = {
         "machine": machine(),

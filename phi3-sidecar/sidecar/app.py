@@ -1,6 +1,7 @@
 """The app factory: settings in, FastAPI app out; the model worker starts in the lifespan.
 
-Routes here are the probes and metrics; /predict lives in predict.py.
+Routes here are the probes and metrics; /predict lives in predict.py, /v1/chat/completions in
+openai_api.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sidecar import errors
 from sidecar.deps import Worker
 from sidecar.logs import RequestLogMiddleware
 from sidecar.metrics import Gauges, Metrics
+from sidecar.openai_api import router as openai_router
 from sidecar.predict import router as predict_router
 from sidecar.settings import Settings
 from sidecar.worker_client import WorkerClient
@@ -82,4 +84,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return PlainTextResponse(metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
     app.include_router(predict_router)
+    app.include_router(openai_router)
     return app

@@ -70,6 +70,7 @@ class RequestRecord:
     method: str
     path: str
     status: int | None = None
+    stream: bool | None = None  # /v1/chat/completions only: false = one JSON body at the end
     outcome: str | None = None  # eos, length, cancelled, error, rejected, ok
     error_type: str | None = None
     prompt_tokens: int | None = None

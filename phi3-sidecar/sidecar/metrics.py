@@ -10,6 +10,10 @@ if TYPE_CHECKING:
     from sidecar.logs import RequestRecord
 
 
+# The routes that generate; their requests are counted (whichever way they end).
+GENERATION_PATHS = frozenset({"/predict", "/v1/chat/completions"})
+
+
 @dataclass
 class Gauges:
     ready: bool
@@ -19,28 +23,29 @@ class Gauges:
 
 class Metrics:
     def __init__(self) -> None:
-        self.predict_outcomes: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
         self.generated_tokens = 0
         self.prompt_tokens = 0
         self.tokens_after_disconnect = 0
         self.worker_restarts = 0
 
     def observe(self, record: RequestRecord) -> None:
-        if record.path != "/predict":
+        if record.path not in GENERATION_PATHS:
             return
-        self.predict_outcomes[record.outcome or "unknown"] += 1
+        self.outcomes[record.outcome or "unknown"] += 1
         self.generated_tokens += record.generated_tokens or 0
         self.prompt_tokens += record.prompt_tokens or 0
         self.tokens_after_disconnect += record.tokens_after_disconnect or 0
 
     def render(self, gauges: Gauges) -> str:
         lines = [
-            "# HELP sidecar_requests_total Finished /predict requests by outcome.",
+            "# HELP sidecar_requests_total Finished generation requests (/predict and "
+            "/v1/chat/completions together) by outcome.",
             "# TYPE sidecar_requests_total counter",
         ]
         for outcome in ("eos", "length", "cancelled", "error", "rejected"):
-            self.predict_outcomes.setdefault(outcome, 0)
-        for outcome, count in sorted(self.predict_outcomes.items()):
+            self.outcomes.setdefault(outcome, 0)
+        for outcome, count in sorted(self.outcomes.items()):
             lines.append(f'sidecar_requests_total{{outcome="{outcome}"}} {count}')
         for name, kind, help_text, value in (
             ("generated_tokens_total", "counter", "Tokens generated.", self.generated_tokens),

@@ -1,6 +1,7 @@
 """The /predict request body, validated strictly (no type coercion, no unknown fields).
 
-The original sample's body, {"input_text": "..."}, is still valid as it was.
+The original sample's body, {"input_text": "..."}, is still valid as it was. The message rules
+and the option types are shared with /v1/chat/completions (openai_schemas.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,22 @@ def _not_blank(value: str) -> str:
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS), AfterValidator(_clean_text)]
 NonBlankText = Annotated[Text, AfterValidator(_not_blank)]
 
+# The generation options, shared with /v1/chat/completions (openai_schemas.py).
+NewTokens = Annotated[int, Field(ge=1, le=131072)]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 or absent: greedy")]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+TopK = Annotated[int, Field(ge=1, le=1_000_000)]
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
+MAX_MESSAGES = 1000
+
+
+def check_roles(roles: list[Role]) -> None:
+    """The conversation rules: system only first, the last turn from the user."""
+    if roles[-1] != "user":
+        raise ValueError("the last message must have role 'user'")
+    if "system" in roles[1:]:
+        raise ValueError("only the first message may have role 'system'")
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -54,14 +71,14 @@ class PredictRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     input_text: NonBlankText | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1000)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
     system: NonBlankText | None = None
-    max_new_tokens: int | None = Field(None, ge=1, le=131072)
+    max_new_tokens: NewTokens | None = None
     min_new_tokens: int | None = Field(None, ge=0, le=131072, description="EOS is held back")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 or absent: greedy")
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=1, le=1_000_000)
-    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
 
     @model_validator(mode="after")
     def _one_conversation(self) -> Self:
@@ -75,10 +92,7 @@ class PredictRequest(BaseModel):
             raise ValueError("give either input_text or messages")
         if self.messages is not None:
             roles = [m.role for m in self.messages]
-            if roles[-1] != "user":
-                raise ValueError("the last message must have role 'user'")
-            if "system" in roles[1:]:
-                raise ValueError("only the first message may have role 'system'")
+            check_roles(roles)
             if self.system is not None and roles[0] == "system":
                 raise ValueError("give the system message either in system or in messages")
         return self

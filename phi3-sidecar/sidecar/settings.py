@@ -57,7 +57,7 @@ class Settings(BaseSettings):
         default=64 * 1024,
         ge=1024,
         le=16 * 1024 * 1024,
-        description="Largest /predict body; beyond: 413.",
+        description="Largest request body (/predict, /v1/chat/completions); beyond: 413.",
     )
     log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
     log_prompts: bool = Field(

@@ -1,9 +1,15 @@
-"""The reply stream: 200 text/plain, each chunk the text of one or more new tokens.
+"""The reply of a generation that the worker has started: its text, as it comes.
 
-Pieces are sent as soon as they arrive (several at once when the client reads slower than the
-model writes). The client's disconnect is watched the whole time: it cancels the generation
-in the worker. An error after the first byte ends the stream without its final chunk, so the
-client sees an incomplete response rather than a normal end; no error text is sent.
+The 200 goes out at once, then pieces are sent as soon as they arrive (several at once when the
+client reads slower than the model writes). The client's disconnect is watched the whole time:
+it cancels the generation in the worker. An error after the first byte ends the stream without
+its final chunk, so the client sees an incomplete response rather than a normal end; no error
+text is sent.
+
+How the text is written is a ReplyFormat: /predict's plain text (the base class), or the
+OpenAI formats (openai_api.py): server-sent events, or one JSON body sent when the reply is
+complete (`buffered`: nothing goes out before the end, so a failed generation gets an error
+status instead, and a client that left gets nothing; the disconnect is watched all the same).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sidecar import ipc
+from sidecar.errors import ApiError, error_response, not_ready
 from sidecar.logs import RequestRecord
 from sidecar.worker_client import Reply, WorkerClient
 
@@ -24,23 +31,43 @@ async def wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
-class ReplyResponse(Response):
-    media_type = "text/plain"
+class ReplyFormat:
+    """/predict's format: text/plain, each piece of text as it comes, nothing around it."""
 
+    media_type = "text/plain"
+    buffered = False  # True: nothing is sent before the end; tail() is then the whole body
+
+    def head(self) -> bytes:
+        """Sent right after the headers."""
+        return b""
+
+    def piece(self, text: str) -> bytes:
+        return text.encode()
+
+    def tail(self, end: ipc.End, prompt_tokens: int) -> bytes:
+        """Sent last, when the generation ended normally (eos or length)."""
+        return b""
+
+
+class ReplyResponse(Response):
     def __init__(
         self,
         reply: Reply,
         worker: WorkerClient,
         record: RequestRecord,
         started: ipc.Started,
+        reply_format: ReplyFormat,
         *,
         keep_text: bool = False,
     ) -> None:
         self.status_code = 200
         self.background = None
+        self.media_type = reply_format.media_type
+        self._format = reply_format
         self._reply = reply
         self._worker = worker
         self._record = record
+        self._prompt_tokens = started.prompt_tokens
         self._text: list[str] | None = [] if keep_text else None
         self.init_headers(
             {
@@ -52,7 +79,11 @@ class ReplyResponse(Response):
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        buffered = self._format.buffered
+        if not buffered:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            if head := self._format.head():
+                await send({"type": "http.response.body", "body": head, "more_body": True})
         pump = asyncio.create_task(self._pump(send))
         gone = asyncio.create_task(wait_for_disconnect(receive))
         try:
@@ -69,14 +100,44 @@ class ReplyResponse(Response):
             # the stream as incomplete (returning quietly: a re-raise only adds a traceback).
             self._worker.cancel(self._reply.key)
             self._record.outcome = "cancelled"
+            if buffered:
+                await self._error(not_ready("stopping", None), scope, receive, send)
             return
         finally:
             gone.cancel()
             pump.cancel()
         self._finish(end, outcome)
-        if end.finish != "error":
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if buffered:
+            await self._send_whole(end, outcome, scope, receive, send)
+        elif end.finish != "error":
+            tail = self._format.tail(end, self._prompt_tokens) if outcome != "cancelled" else b""
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
         # else: return without the final chunk; the server closes the connection.
+
+    async def _send_whole(
+        self, end: ipc.End, outcome: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        if outcome == "cancelled":
+            return  # nobody is listening
+        if end.finish == "error":  # logged by the worker (or the worker died): nothing was sent
+            phase = self._worker.phase
+            if phase.name != "ready":
+                error = not_ready(phase.name, phase.reason)
+            else:
+                error = ApiError(500, "internal_error", "the generation failed; see the log")
+            await self._error(error, scope, receive, send)
+            return
+        body = self._format.tail(end, self._prompt_tokens)
+        headers = [*self.raw_headers, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _error(self, error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+        self._record.error_type = error.kind
+        response = error_response(
+            error.status, error.kind, error.message, error.headers, error.extra
+        )
+        await response(scope, receive, send)
 
     async def _pump(self, send: Send) -> ipc.End:
         pieces = self._reply.pieces
@@ -91,7 +152,8 @@ class ReplyResponse(Response):
                     self._record.ttft_ms = round(elapsed * 1000, 1)
                 if self._text is not None:
                     self._text.append(text)
-                await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+                if body := self._format.piece(text):
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
             if isinstance(batch[-1], ipc.End):
                 return batch[-1]
 
