@@ -1,0 +1,389 @@
+"""POST /v1/chat/completions (OpenAI's Chat Completions API) against real sidecar processes on
+the generated models: the same replies as /predict, in OpenAI's shapes (JSON and server-sent
+events), OpenAI's usage and finish reasons, the same validation, errors and cancellation."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from scripts.make_model import EOS_PROMPT, LONG_PROMPT
+from tests.sidecar import reference
+from tests.sidecar.faults import RAISE, SECRET
+from tests.sidecar.support import assert_error, metrics, predict, request_line
+from tests.support import servers
+from tests.support.servers import Service
+
+PATH = "/v1/chat/completions"
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Hello there"},
+    {"role": "assistant", "content": "Hi! How can I help?"},
+    {"role": "user", "content": "Bonjour, ça va ?"},
+]
+
+
+def user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def chat(url: str, body: dict[str, Any], timeout: float = 60.0) -> httpx.Response:
+    return httpx.post(url + PATH, json=body, timeout=timeout)
+
+
+def sse_events(response: httpx.Response) -> list[str]:
+    """The data of each server-sent event (strictly: only `data:` lines, blank-line separated)."""
+    assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+    text = response.text
+    assert text.endswith("\n\n"), text[-200:]
+    events = []
+    for block in text[:-2].split("\n\n"):
+        lines = block.split("\n")
+        assert all(line.startswith("data: ") for line in lines), block
+        events.append("\n".join(line.removeprefix("data: ") for line in lines))
+    return events
+
+
+def stream(url: str, body: dict[str, Any]) -> tuple[httpx.Response, list[dict[str, Any]]]:
+    """A streamed completion: the response and its chunks; checks the frame around them."""
+    response = chat(url, {**body, "stream": True})
+    assert response.status_code == 200, response.text
+    *data, done = sse_events(response)
+    assert done == "[DONE]"
+    chunks = [json.loads(d) for d in data]
+    rid = response.headers["x-request-id"]
+    for chunk in chunks:
+        assert chunk["object"] == "chat.completion.chunk"
+        assert chunk["id"] == f"chatcmpl-{rid}"
+        assert (chunk["created"], chunk["model"]) == (chunks[0]["created"], chunks[0]["model"])
+    first, *middle = [c for c in chunks if c["choices"]]
+    assert first["choices"] == [
+        {"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
+    ]
+    *content, last = middle
+    for chunk in content:
+        (choice,) = chunk["choices"]
+        assert set(choice["delta"]) == {"content"} and choice["delta"]["content"]
+        assert choice["finish_reason"] is None
+    assert last["choices"][0]["delta"] == {}
+    assert last["choices"][0]["finish_reason"] in ("stop", "length")
+    return response, chunks
+
+
+def streamed_text(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+
+
+def finish_reason(chunks: list[dict[str, Any]]) -> str:
+    return str([c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"])
+
+
+def test_a_completion_is_the_predict_reply_with_usage(
+    sidecar_service: Service, tiny_model_dir: Path
+) -> None:
+    expected = reference.generate(tiny_model_dir, CONVERSATION, 40)
+    before = metrics(sidecar_service.url)
+    body = {"model": "any-name/v1", "messages": CONVERSATION, "max_tokens": 40}
+    response = chat(sidecar_service.url, body)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    completion = response.json()
+    rid = response.headers["x-request-id"]
+    assert completion["id"] == f"chatcmpl-{rid}"
+    assert completion["object"] == "chat.completion"
+    assert completion["model"] == "any-name/v1"
+    assert abs(completion["created"] - time.time()) < 60
+    assert completion["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": expected.text},
+            "logprobs": None,
+            "finish_reason": "stop" if expected.eos else "length",
+        }
+    ]
+    usage = completion["usage"]
+    line = request_line(sidecar_service, rid)
+    after = metrics(sidecar_service.url)
+    assert usage["completion_tokens"] == line["generated_tokens"] == len(expected.tokens)
+    assert (
+        usage["prompt_tokens"] == line["prompt_tokens"] == int(response.headers["x-prompt-tokens"])
+    )
+    assert usage["prompt_tokens"] == len(reference.prompt_ids(tiny_model_dir, CONVERSATION))
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert (line["path"], line["stream"], line["status"]) == (PATH, False, 200)
+    assert line["outcome"] == ("eos" if expected.eos else "length")
+    outcome = f'sidecar_requests_total{{outcome="{line["outcome"]}"}}'
+    assert after[outcome] == before[outcome] + 1
+    tokens = after["sidecar_generated_tokens_total"] - before["sidecar_generated_tokens_total"]
+    assert tokens == usage["completion_tokens"]
+    body = {"messages": CONVERSATION, "max_new_tokens": 40}
+    assert predict(sidecar_service.url, body).text == expected.text
+
+
+def test_the_model_name_defaults_to_the_model_folder(
+    sidecar_service: Service, tiny_model_dir: Path
+) -> None:
+    response = chat(sidecar_service.url, {"messages": user("Hi"), "max_tokens": 2})
+    assert response.json()["model"] == tiny_model_dir.name
+
+
+def test_the_stream_has_the_same_text_and_ends_with_done(
+    small_service: Service, small_model_dir: Path
+) -> None:
+    prompt = reference.long_reply_prompt(small_model_dir, 150)
+    body = {"messages": user(prompt), "max_completion_tokens": 150}
+    whole = chat(small_service.url, body).json()
+    response, chunks = stream(small_service.url, body)
+    assert len(chunks) > 4  # the role, several content deltas, the finish
+    assert streamed_text(chunks) == whole["choices"][0]["message"]["content"]
+    assert streamed_text(chunks) == reference.generate(small_model_dir, user(prompt), 150).text
+    assert finish_reason(chunks) == "length"
+    assert all("usage" not in chunk for chunk in chunks)
+    line = request_line(small_service, response.headers["x-request-id"])
+    assert (line["stream"], line["outcome"], line["generated_tokens"]) == (True, "length", 150)
+
+
+def test_include_usage_adds_a_usage_chunk(sidecar_service: Service) -> None:
+    body = {"messages": CONVERSATION, "max_tokens": 30}
+    whole = chat(sidecar_service.url, body).json()
+    options = {"stream_options": {"include_usage": True}}
+    response, chunks = stream(sidecar_service.url, {**body, **options})
+    *with_choices, last = chunks
+    assert last["choices"] == [] and last["usage"] == whole["usage"]
+    assert all(chunk["usage"] is None for chunk in with_choices)
+    assert streamed_text(chunks) == whole["choices"][0]["message"]["content"]
+    line = request_line(sidecar_service, response.headers["x-request-id"])
+    assert last["usage"]["completion_tokens"] == line["generated_tokens"]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "sse"])
+def test_finish_reason_stop_at_the_end_token_and_length_at_the_limit(
+    sidecar_service: Service, tiny_model_dir: Path, streamed: bool
+) -> None:
+    ended = reference.generate(tiny_model_dir, user(EOS_PROMPT), 32)
+    cut = reference.generate(tiny_model_dir, user(LONG_PROMPT), 5)
+    assert ended.eos and not cut.eos
+    cases = [
+        (EOS_PROMPT, {"max_tokens": 32}, "stop", ended),
+        (LONG_PROMPT, {"max_tokens": 5}, "length", cut),
+    ]
+    for prompt, limit, reason, expected in cases:
+        body = {"messages": user(prompt), **limit}
+        if streamed:
+            _, chunks = stream(sidecar_service.url, body)
+            assert (streamed_text(chunks), finish_reason(chunks)) == (expected.text, reason)
+        else:
+            completion = chat(sidecar_service.url, body).json()
+            choice = completion["choices"][0]
+            assert (choice["message"]["content"], choice["finish_reason"]) == (
+                expected.text,
+                reason,
+            )
+            assert completion["usage"]["completion_tokens"] == len(expected.tokens)
+
+
+def test_text_parts_are_joined_with_newlines(sidecar_service: Service) -> None:
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
+    as_parts = chat(sidecar_service.url, {"messages": [{"role": "user", "content": parts}]})
+    as_text = chat(sidecar_service.url, {"messages": user("Hello\nthere")})
+    assert as_parts.status_code == 200
+    assert as_parts.json()["choices"] == as_text.json()["choices"]
+    assert as_parts.json()["usage"] == as_text.json()["usage"]
+
+
+def test_sampling_options_are_predicts(sidecar_service: Service) -> None:
+    options = {"temperature": 1.5, "top_p": 0.9, "top_k": 50, "seed": 7}
+    text = predict(
+        sidecar_service.url, {"input_text": "Tell me a story.", "max_new_tokens": 30, **options}
+    ).text
+    body = {"messages": user("Tell me a story."), "max_tokens": 30, **options}
+    assert chat(sidecar_service.url, body).json()["choices"][0]["message"]["content"] == text
+
+
+def test_fields_that_change_nothing_are_accepted(sidecar_service: Service) -> None:
+    body = {
+        "messages": user("Hi"),
+        "max_tokens": 3,
+        "n": 1,
+        "stop": None,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logprobs": False,
+        "top_logprobs": None,
+        "logit_bias": {},
+        "tools": [],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "store": False,
+        "user": "user-1234",
+        "stream": False,
+    }
+    assert chat(sidecar_service.url, body).status_code == 200
+
+
+HI = user("Hi")
+INVALID: dict[str, dict[str, Any]] = {
+    "n-2": {"messages": HI, "n": 2},
+    "bad-role": {"messages": [{"role": "tool", "content": "Hi"}]},
+    "image-part": {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Hi"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            }
+        ]
+    },
+    "part-with-a-number": {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]
+    },
+    "stream-not-bool": {"messages": HI, "stream": "true"},
+    "stream-options-without-stream": {"messages": HI, "stream_options": {"include_usage": True}},
+    "include-usage-not-bool": {
+        "messages": HI,
+        "stream": True,
+        "stream_options": {"include_usage": 1},
+    },
+    "stop": {"messages": HI, "stop": ["\n"]},
+    "presence-penalty": {"messages": HI, "presence_penalty": 0.5},
+    "logprobs": {"messages": HI, "logprobs": True},
+    "tools": {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
+    "json-mode": {"messages": HI, "response_format": {"type": "json_object"}},
+    "unknown-field": {"messages": HI, "max_new_tokens": 5},
+    "max-tokens-zero": {"messages": HI, "max_tokens": 0},
+    "two-different-limits": {"messages": HI, "max_tokens": 5, "max_completion_tokens": 6},
+    "temperature-too-high": {"messages": HI, "temperature": 2.5},
+    "no-messages": {"model": "x"},
+    "last-not-user": {"messages": [*HI, {"role": "assistant", "content": "Hi"}]},
+    "blank-user": {"messages": user("  ")},
+    "model-not-a-string": {"messages": HI, "model": 3},
+}
+
+
+@pytest.mark.parametrize("body", INVALID.values(), ids=INVALID.keys())
+def test_invalid_requests_are_422(sidecar_service: Service, body: dict[str, Any]) -> None:
+    message = assert_error(chat(sidecar_service.url, body), 422, "invalid_request")
+    assert "Hi" not in message  # the input is not echoed
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (INVALID["n-2"], "n: "),
+        (INVALID["image-part"], "type 'text'"),
+        (INVALID["stop"], "stop sequences are not supported"),
+        (INVALID["stream-not-bool"], "stream: "),
+    ],
+    ids=["n", "image", "stop", "stream"],
+)
+def test_refusals_name_the_reason(
+    sidecar_service: Service, body: dict[str, Any], says: str
+) -> None:
+    assert says in assert_error(chat(sidecar_service.url, body), 422)
+
+
+def test_the_body_and_context_errors_are_predicts(sidecar_service: Service) -> None:
+    url = sidecar_service.url + PATH
+    assert_error(
+        httpx.post(url, content=b'{"messages": ', headers={"content-type": "application/json"}),
+        400,
+        "invalid_json",
+    )
+    assert_error(httpx.post(url, content=b"{}", headers={"content-type": "text/plain"}), 415)
+    big = {"messages": user("x" * 100_000)}
+    assert_error(chat(sidecar_service.url, big), 413, "body_too_large")
+    response = chat(sidecar_service.url, {"messages": user("tell me more " * 3000)})
+    assert_error(response, 413, "context_length_exceeded")
+    assert response.json()["error"]["limit_tokens"] == 4096
+    assert_error(httpx.get(url, timeout=10), 405, "method_not_allowed")
+
+
+def test_not_ready_is_503_with_retry_after(tmp_path: Path) -> None:
+    with servers.sidecar(tmp_path / "no-model", tmp_path / "sidecar.log", wait=False) as service:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(service.url + "/readyz", timeout=10).json()["phase"] == "failed":
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, service.log()
+            time.sleep(0.05)
+        for streamed in (False, True):
+            response = chat(service.url, {"messages": HI, "stream": streamed})
+            assert "is not a folder" in assert_error(response, 503, "not_ready")
+            assert int(response.headers["retry-after"]) > 0
+
+
+def test_a_disconnect_mid_stream_stops_the_generation_within_one_token(
+    small_service: Service, small_model_dir: Path
+) -> None:
+    prompt = reference.long_reply_prompt(small_model_dir, 300)
+    body = {"messages": user(prompt), "max_tokens": 3000, "stream": True}
+    with httpx.stream("POST", small_service.url + PATH, json=body, timeout=60) as response:
+        rid = response.headers["x-request-id"]
+        events = 0
+        for line in response.iter_lines():
+            events += line.startswith("data: ")
+            if events >= 5:
+                break  # leaving the block closes the connection
+    line = request_line(small_service, rid)
+    assert (line["outcome"], line["stream"]) == ("cancelled", True)
+    assert line["tokens_after_disconnect"] <= 1
+    assert line["generated_tokens"] < 300
+
+
+def test_a_disconnect_while_waiting_for_the_whole_reply_stops_it_too(
+    small_service: Service, small_model_dir: Path
+) -> None:
+    prompt = reference.long_reply_prompt(small_model_dir, 300)
+    body = json.dumps({"messages": user(prompt), "max_tokens": 3000}).encode()
+    host, port = small_service.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"X-Request-Id: whole-then-gone\r\nContent-Length: %d\r\n\r\n%s"
+            % (PATH.encode(), len(body), body)
+        )
+        deadline = time.monotonic() + 30
+        while metrics(small_service.url)["sidecar_active_generations"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    line = request_line(small_service, "whole-then-gone")
+    assert (line["outcome"], line["stream"]) == ("cancelled", False)
+    assert line["tokens_after_disconnect"] <= 1
+    assert line["generated_tokens"] < 300
+    assert metrics(small_service.url)["sidecar_active_generations"] == 0
+
+
+def test_an_error_after_the_first_byte_aborts_the_stream(faulty_service: Service) -> None:
+    body = {"messages": user(f"{RAISE} Tell me a story."), "stream": True}
+    received = b""
+    broken = pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read")
+    with httpx.stream("POST", faulty_service.url + PATH, json=body, timeout=60) as response, broken:
+        for chunk in response.iter_raw():
+            received += chunk
+    assert response.status_code == 200
+    assert received.startswith(b"data: ")  # the role chunk went out before the error
+    assert b"[DONE]" not in received and b'finish_reason":"' not in received
+    assert SECRET.encode() not in received
+    line = request_line(faulty_service, response.headers["x-request-id"])
+    assert (line["status"], line["outcome"], line["stream"]) == (200, "error", True)
+    assert chat(faulty_service.url, {"messages": HI, "stream": True}).status_code == 200
+
+
+def test_a_failed_generation_without_stream_is_a_500(faulty_service: Service) -> None:
+    response = chat(faulty_service.url, {"messages": user(f"{RAISE} Tell me a story.")})
+    message = assert_error(response, 500, "internal_error")
+    assert SECRET not in response.text and "see the log" in message
+    line = request_line(faulty_service, response.headers["x-request-id"])
+    assert (line["status"], line["outcome"], line["error_type"]) == (500, "error", "internal_error")
+    assert chat(faulty_service.url, {"messages": HI}).status_code == 200
