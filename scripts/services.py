@@ -40,6 +40,11 @@ class Service:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_lines(self) -> list[str]:
+        """The log's complete lines so far: the process may be writing the last one now."""
+        text = self.log()
+        return text[: text.rfind("\n") + 1].splitlines()
+
 
 def wait_for(url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
     """Poll `url` until it answers 200, failing early if the process has died."""

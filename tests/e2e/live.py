@@ -61,7 +61,7 @@ def wait_until(predicate: Any, timeout: float, what: str) -> None:
 def request_logs(sidecar: servers.Service) -> list[dict[str, Any]]:
     """The sidecar's per-request log records for /predict (JSON lines)."""
     records = []
-    for line in sidecar.log().splitlines():
+    for line in sidecar.log_lines():
         with_braces = line.strip()
         if with_braces.startswith("{") and '"/predict"' in with_braces:
             record = json.loads(with_braces)

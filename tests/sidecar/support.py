@@ -21,7 +21,7 @@ def predict(url: str, body: dict[str, Any], timeout: float = 60.0) -> httpx.Resp
 def request_lines(service: Service) -> list[dict[str, Any]]:
     """The per-request log lines the service has written so far."""
     lines = []
-    for line in service.log().splitlines():
+    for line in service.log_lines():
         if line.startswith("{"):
             data = json.loads(line)
             if data.get("logger") == "sidecar.request":

@@ -40,7 +40,7 @@ def test_an_error_after_the_first_byte_aborts_the_stream(faulty_service: Service
     assert (line["status"], line["outcome"]) == (200, "error")
     worker_lines = [
         json.loads(text)
-        for text in faulty_service.log().splitlines()
+        for text in faulty_service.log_lines()
         if text.startswith("{") and '"generation failed"' in text
     ]
     assert [w["request_id"] for w in worker_lines] == [rid]

@@ -97,7 +97,7 @@ def test_a_missing_or_broken_model_folder_is_explained_once(
         assert says in assert_error(refused, 503, "not_ready")
         assert int(refused.headers["retry-after"]) > 0
         time.sleep(0.3)
-        lines = [json.loads(line) for line in service.log().splitlines() if line[:1] == "{"]
+        lines = [json.loads(line) for line in service.log_lines() if line[:1] == "{"]
         assert [line["level"] for line in lines if reason in line.values()] == ["error"]
         assert service.process.poll() is None
 
