@@ -225,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{stop} received; both services stopped")
         return 0
     except subprocess.CalledProcessError as error:
-        say(f"{Path(str(error.cmd[1])).name} failed with exit status {error.returncode}")
+        script = Path(str(error.cmd[1])).name
+        say(f"{script} failed with exit status {error.returncode}")
+        if script == "download_model.py":
+            say("no internet? `make run MODEL=tiny` runs everything on a generated model")
         return 1
     except (RuntimeError, TimeoutError) as error:  # a service did not come up
         say(f"a service did not start: {error}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -127,3 +128,17 @@ def test_port_in_use(models_dir: Path, tmp_path: Path) -> None:
         )  # fmt: skip
     assert result.returncode == 1
     assert f"port {port} is already in use" in result.stdout
+
+
+def test_the_real_model_without_network_says_what_to_do(tmp_path: Path) -> None:
+    # The hub client is pointed at a local port where nothing listens: no internet is needed.
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{servers.free_port()}"}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "run_local.py"), "--model", "phi3",
+         "--models-dir", str(tmp_path), "--port", str(servers.free_port()),
+         "--sidecar-port", str(servers.free_port())],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "make run MODEL=tiny" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
