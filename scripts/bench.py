@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions per variant")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
     parser.add_argument("--concurrency", default="1,2,4,8", help="simultaneous streams to try")
+    parser.add_argument("--pause", type=float, default=None, help="idle seconds between runs")
     parser.add_argument("--out", default=str(REPO / "bench-results"), help="results folder")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -54,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.prompt_tokens = args.prompt_tokens or (256 if quick else 128)
     args.new_tokens = args.new_tokens or (24 if quick else 32)
     args.reps = args.reps or (2 if quick else 3)
+    args.pause = (0.2 if quick else 1.0) if args.pause is None else args.pause
     args.concurrency = [int(n) for n in args.concurrency.split(",")]
     return args
 
@@ -217,14 +219,20 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
-def interleave(runs: dict[str, Callable[[int], Sample]], reps: int, warmup: int) -> list[Sample]:
+def interleave(
+    runs: dict[str, Callable[[int], Sample]], reps: int, warmup: int, pause: float
+) -> list[Sample]:
+    """Each variant in turn, `pause` seconds apart: onnxruntime's worker threads spin for a
+    while after a run, and would otherwise slow down whichever variant comes next."""
     for rep in range(warmup):
         for run in runs.values():
             run(-1 - rep)
+            time.sleep(pause)
     samples: list[Sample] = []
     for rep in range(reps):
         for name, run in runs.items():
             sample = run(rep)
+            time.sleep(pause)
             print(
                 f"  {name:8s} rep {rep}: ttft {sample.ttft_s * 1000:7.1f} ms, "
                 f"decode {sample.decode_tps:6.2f} tok/s",
@@ -260,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 "app": lambda rep: via_app(client, app.url, messages, args.new_tokens, rep),
             }
             print(f"interleaved runs ({args.warmup} warm-up, {args.reps} timed each):")
-            samples = interleave(runs, args.reps, args.warmup)
+            samples = interleave(runs, args.reps, args.warmup, args.pause)
             print("concurrent streams through the sidecar:", flush=True)
             concurrency = [run_concurrent(sidecar.url, messages, args, n) for n in args.concurrency]
             rss = {
