@@ -20,7 +20,26 @@ keepalive = 5
 # No control socket: it would be one shared path ($HOME/.gunicorn/gunicorn.ctl) for every
 # gunicorn on the machine, and nothing here uses gunicornc.
 control_socket_disable = True
-accesslog = "-"
+# No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.
+accesslog = None
 errorlog = "-"
-# Log lines without query strings or bodies: never the conversation.
-access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(B)s %(M)sms'
+# gunicorn's own lines (start, workers, errors) as JSON on stderr too, like the app's.
+_log_level = (os.environ.get("LOG_LEVEL", "").strip() or "info").upper()
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "chatapp.logs.JsonFormatter"}},
+    "handlers": {
+        "json": {
+            "class": "logging.StreamHandler",
+            "formatter": "json",
+            "stream": "ext://sys.stderr",
+        }
+    },
+    "root": {"level": _log_level, "handlers": ["json"]},
+    "loggers": {
+        "gunicorn.error": {"level": _log_level, "handlers": [], "propagate": True},
+        # logconfig_dict turns gunicorn's access log back on; this keeps it silent.
+        "gunicorn.access": {"level": "CRITICAL", "handlers": [], "propagate": False},
+    },
+}

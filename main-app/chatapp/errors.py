@@ -47,6 +47,14 @@ def error_response(
     return response
 
 
+def type_of(response: Response) -> str:
+    """The `type` of an error envelope response, for the request log ("error" if none)."""
+    body = response.get_json(silent=True) if response.is_json else None
+    error = body.get("error") if isinstance(body, dict) else None
+    type = error.get("type") if isinstance(error, dict) else None
+    return type if isinstance(type, str) else "error"
+
+
 def _api_error(error: ApiError) -> Response:
     headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
     return error_response(error.status, error.message, error.type, headers)

@@ -6,6 +6,9 @@ decoder keeps characters whole when the sidecar's chunks split them. While the s
 the relay writes a heartbeat line every `HEARTBEAT_INTERVAL` seconds: a WSGI app only learns
 that the browser left when a write fails, and then the server closes the response, which closes
 the upstream connection so the sidecar stops generating.
+
+Each chat logs one line (`chatapp.logs.ChatRecord`): a refused one when its error answer goes
+out (`_tag_and_log_refusal`), a streamed one when the server closes the stream (`Relay.close`).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, current_app, g, request
 
-from chatapp import wire
+from chatapp import errors, wire
 from chatapp.errors import ApiError
+from chatapp.logs import ChatRecord, request_id
 from chatapp.upstream import Broken, End, ReplyStream, Sidecar
 
 bp = Blueprint("relay", __name__)
@@ -27,11 +31,16 @@ log = logging.getLogger(__name__)
 
 
 class Relay:
-    """The response body: NDJSON lines from one sidecar reply. Closing it drops the upstream."""
+    """The response body: NDJSON lines from one sidecar reply. Closing it drops the upstream
+    and logs the chat's line."""
 
-    def __init__(self, reply: ReplyStream, started: float, heartbeat: float, stall: float) -> None:
+    def __init__(
+        self, reply: ReplyStream, record: ChatRecord, heartbeat: float, stall: float
+    ) -> None:
         self._reply = reply
-        self._lines = self._relay(started, heartbeat, stall)
+        self._record = record
+        self._outcome = "client_gone"  # unless the relay reaches an end of its own
+        self._lines = self._relay(heartbeat, stall)
 
     def __iter__(self) -> Iterator[bytes]:
         return self._lines
@@ -41,12 +50,12 @@ class Relay:
         # iteration never started (so the upstream is never left open).
         self._lines.close()
         self._reply.close()
+        self._record.finish(200, self._outcome)
 
-    def _relay(
-        self, started: float, heartbeat: float, stall: float
-    ) -> Generator[bytes, None, None]:
+    def _relay(self, heartbeat: float, stall: float) -> Generator[bytes, None, None]:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        pieces = 0
+        record = self._record
+        started = record.started
         first = last = silent_since = started
         try:
             while True:
@@ -55,6 +64,7 @@ class Relay:
                 if event is None:
                     if now - silent_since >= stall:
                         log.warning("sidecar silent for %s s mid-reply; hanging up", stall)
+                        self._outcome = "upstream_timeout"
                         yield wire.error(
                             "The model service stopped responding in the middle of the reply.",
                             "upstream_timeout",
@@ -66,9 +76,10 @@ class Relay:
                     tail = decoder.decode(b"", final=True)
                     if tail:
                         yield wire.delta(tail)
+                    self._outcome = "done"
                     yield wire.done(
-                        pieces,
-                        *_speed(started, first, last, pieces),
+                        record.pieces,
+                        *_speed(started, first, last, record.pieces),
                         prompt_tokens=self._reply.prompt_tokens,
                         dropped_messages=self._reply.dropped_messages,
                     )
@@ -84,18 +95,20 @@ class Relay:
                             "The model service stopped in the middle of the reply.",
                             "upstream_disconnected",
                         )
-                    log.warning("reply broke off after %d pieces: %s", pieces, type)
+                    log.warning("reply broke off after %d pieces: %s", record.pieces, type)
+                    self._outcome = type
                     yield wire.error(message, type)
                     return
                 silent_since = last = now
-                if pieces == 0:
+                if record.pieces == 0:
                     first = now
-                pieces += 1
+                record.pieces += 1
                 text = decoder.decode(event)
                 if text:
                     yield wire.delta(text)
         finally:
             self._reply.close()
+            record.ttft_ms, record.tokens_per_s = _speed(started, first, last, record.pieces)
 
 
 def _speed(
@@ -114,9 +127,25 @@ def _sidecar() -> Sidecar:
     return sidecar
 
 
+@bp.before_request
+def _open_record() -> None:
+    g.chat = ChatRecord(request_id(request.headers.get("X-Request-Id")))
+
+
+@bp.after_request
+def _tag_and_log_refusal(response: Response) -> Response:
+    """Every answer to /chat carries the request id. An error answer (ApiError, Flask's own
+    413 and the like) ends the chat: its line is logged here; a stream logs it when it ends."""
+    record: ChatRecord = g.chat
+    response.headers["X-Request-Id"] = record.request_id
+    if not response.is_streamed:
+        record.finish(response.status_code, errors.type_of(response))
+    return response
+
+
 @bp.post("/chat")
 def chat() -> Response:
-    started = time.monotonic()
+    record: ChatRecord = g.chat
     if request.mimetype != "application/json":
         raise ApiError(
             415,
@@ -127,13 +156,16 @@ def chat() -> Response:
     if body is None:
         raise ApiError(400, "The request body is not valid JSON.", "invalid_request")
     payload = wire.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    record.messages = len(payload["messages"])
     default = current_app.config["MAX_NEW_TOKENS"]
     if "max_new_tokens" not in payload and default:
         # The app's default never undercuts a minimum the request asked for.
         payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
-    reply = _sidecar().predict(payload)
+    reply = _sidecar().predict(payload, record.request_id)
+    record.prompt_tokens = reply.prompt_tokens
+    record.dropped_messages = reply.dropped_messages
     config = current_app.config
-    body_iter = Relay(reply, started, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
+    body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
     return Response(
         body_iter,
         mimetype=wire.MIMETYPE,

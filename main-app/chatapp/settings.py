@@ -19,6 +19,8 @@ Environment variable (default): meaning
 - `MAX_MESSAGES` (`200`): the most messages in one conversation, else 413.
 - `MAX_NEW_TOKENS` (unset): sent to the sidecar as `max_new_tokens` when the browser does not
   send one; unset, the sidecar decides.
+- `LOG_LEVEL` (`info`): `debug`, `info`, `warning` or `error`; the app's JSON log lines from
+  that level up (one `info` line per chat, see `chatapp.logs`).
 - `HOST` (`0.0.0.0`) and `PORT` (`8080`, where App Service sends outside traffic): the address
   the server listens on.
 """
@@ -37,7 +39,10 @@ DEFAULTS: dict[str, Any] = {
     "MAX_CONTENT_LENGTH": 64 * 1024,
     "MAX_MESSAGES": 200,
     "MAX_NEW_TOKENS": None,
+    "LOG_LEVEL": "info",
 }
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class SettingsError(ValueError):
@@ -71,6 +76,13 @@ def _positive_int(name: str, raw: str) -> int:
     return value
 
 
+def _log_level(name: str, raw: str) -> str:
+    level = raw.strip().lower()
+    if level not in LOG_LEVELS:
+        raise SettingsError(f"{name} must be one of {', '.join(LOG_LEVELS)}, got {raw!r}")
+    return level
+
+
 # Environment variable -> (config key, parser).
 _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SIDECAR_URL": ("SIDECAR_URL", _url),
@@ -80,6 +92,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_REQUEST_BYTES": ("MAX_CONTENT_LENGTH", _positive_int),
     "MAX_MESSAGES": ("MAX_MESSAGES", _positive_int),
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
+    "LOG_LEVEL": ("LOG_LEVEL", _log_level),
 }
 
 

@@ -174,8 +174,11 @@ class Sidecar:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
 
-    def predict(self, payload: dict[str, Any]) -> ReplyStream:
-        """Start a streamed reply; raises ApiError if the sidecar does not start one."""
+    def predict(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
+        """Start a streamed reply; raises ApiError if the sidecar does not start one.
+
+        `request_id` goes along as `X-Request-Id`, so the sidecar's log line carries it too.
+        """
         try:
             response = requests.post(
                 self.base_url + "/predict",
@@ -183,7 +186,11 @@ class Sidecar:
                 data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode(),
                 stream=True,
                 timeout=(self.connect_timeout, self.read_timeout),
-                headers={"Content-Type": "application/json", "Accept": "text/plain"},
+                headers={
+                    "Content-Type": "application/json",
+                    "Accept": "text/plain",
+                    "X-Request-Id": request_id,
+                },
             )
         except requests.ConnectTimeout:
             raise ApiError(503, NOT_REACHABLE, "upstream_unavailable") from None

@@ -1,14 +1,8 @@
 """The WSGI entry point for gunicorn: `gunicorn -c gunicorn.conf.py chatapp.wsgi:app`."""
 
-import logging
-
 from chatapp import create_app
-
-# The app's own warnings (sidecar unreachable, a reply that broke off) in gunicorn's format.
-logging.basicConfig(
-    level=logging.INFO,
-    format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
-    datefmt="%Y-%m-%d %H:%M:%S %z",
-)
+from chatapp.logs import configure_logging
 
 app = create_app()
+# JSON lines: the app's warnings and its one line per chat (gunicorn's own, see its config).
+configure_logging(app.config["LOG_LEVEL"])

@@ -2,8 +2,8 @@
 
 Each test sets `fake.predict` to a function that writes the whole raw HTTP answer to
 `POST /predict` (helpers below: `chunked`, `refuse`). The fake records request bodies and
-notices when the client (the relay) closes the connection, which is how tests check that the
-relay drops its upstream request.
+headers, and notices when the client (the relay) closes the connection, which is how tests
+check that the relay drops its upstream request.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -39,6 +40,7 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length)
         fake.raw_bodies.append(body)
+        fake.headers.append(self.headers)
         fake.requests.append(json.loads(body or b"null"))
         try:
             fake.predict(self)
@@ -56,6 +58,7 @@ class FakeSidecar:
     def __init__(self) -> None:
         self.requests: list[Any] = []
         self.raw_bodies: list[bytes] = []
+        self.headers: list[Message] = []
         self.client_gone = threading.Event()
         self.readyz: tuple[int, dict[str, Any]] = (200, {"status": "ready"})
         self.predict: Callable[[Handler], None] = lambda h: chunked(h, [b"ok"])

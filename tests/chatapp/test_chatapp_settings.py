@@ -19,6 +19,7 @@ ENV_NAMES = [
     "MAX_REQUEST_BYTES",
     "MAX_MESSAGES",
     "MAX_NEW_TOKENS",
+    "LOG_LEVEL",
     "HOST",
     "PORT",
 ]
@@ -39,6 +40,7 @@ def test_defaults() -> None:
     assert config["MAX_CONTENT_LENGTH"] == 64 * 1024
     assert config["MAX_MESSAGES"] == 200
     assert config["MAX_NEW_TOKENS"] is None
+    assert config["LOG_LEVEL"] == "info"
     assert listen_address({}) == ("0.0.0.0", 8080)
 
 
@@ -48,12 +50,14 @@ def test_environment_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("MAX_REQUEST_BYTES", "1000")
     monkeypatch.setenv("MAX_NEW_TOKENS", "64")
     monkeypatch.setenv("HEARTBEAT_INTERVAL", "")  # empty means unset
+    monkeypatch.setenv("LOG_LEVEL", "WARNING")
     app = create_app()
     assert app.config["SIDECAR_URL"] == "http://127.0.0.1:9001"
     assert app.config["SIDECAR_READ_TIMEOUT"] == 12.5
     assert app.config["MAX_CONTENT_LENGTH"] == 1000
     assert app.config["MAX_NEW_TOKENS"] == 64
     assert app.config["HEARTBEAT_INTERVAL"] == 1.0
+    assert app.config["LOG_LEVEL"] == "warning"
     assert app.extensions["sidecar"].base_url == "http://127.0.0.1:9001"
 
 
@@ -73,6 +77,7 @@ def test_test_config_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> N
         ("HEARTBEAT_INTERVAL", "-1"),
         ("MAX_REQUEST_BYTES", "1.5"),
         ("MAX_MESSAGES", "0"),
+        ("LOG_LEVEL", "loud"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
@@ -91,6 +96,7 @@ def test_gunicorn_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config["bind"] == "0.0.0.0:8080"
     assert config["worker_class"] == "gthread"
     assert config["threads"] > 1
+    assert config["accesslog"] is None  # the app logs one richer line per chat
     monkeypatch.setenv("HOST", "::")
     monkeypatch.setenv("PORT", "9090")
     assert runpy.run_path(str(APP_DIR / "gunicorn.conf.py"))["bind"] == "[::]:9090"

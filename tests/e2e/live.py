@@ -68,3 +68,14 @@ def request_logs(sidecar: servers.Service) -> list[dict[str, Any]]:
             if record.get("msg") == "request":
                 records.append(record)
     return records
+
+
+def chat_logs(app: servers.Service) -> list[dict[str, Any]]:
+    """The app's one log record per POST /chat (JSON lines, logger chatapp.request)."""
+    records = []
+    for line in app.log_lines():
+        if line.startswith("{") and '"chatapp.request"' in line:
+            record = json.loads(line)
+            if record.get("logger") == "chatapp.request":
+                records.append(record)
+    return records

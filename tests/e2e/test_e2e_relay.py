@@ -6,10 +6,12 @@ produced by the real sidecar (slowed down where a test must act mid-reply).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -58,6 +60,37 @@ def test_conversation_in_many_scripts(
     assert objs[-1]["done"] is True
     assert live.text_of(objs) == direct(sidecar_service, messages)
     assert objs[-1]["prompt_tokens"] > 0 and objs[-1]["dropped_messages"] == 0
+
+
+def test_app_and_sidecar_log_lines_share_the_request_id(
+    live_app: servers.Service, sidecar_service: servers.Service
+) -> None:
+    secret = "Zorglub-5127"
+    body = {"messages": [{"role": "user", "content": f"Hello {secret}"}]}
+    response = httpx.post(live_app.url + "/chat", json=body, timeout=60)
+    response.raise_for_status()
+    rid = response.headers["X-Request-Id"]  # the browser sent none: the app made one up
+    done = [json.loads(line) for line in response.text.splitlines()][-1]
+    assert done["done"] is True
+
+    def line_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+        found = [record for record in records if record.get("request_id") == rid]
+        assert len(found) <= 1, found
+        return found[0] if found else None
+
+    live.wait_until(
+        lambda: line_of(live.chat_logs(live_app)) and line_of(live.request_logs(sidecar_service)),
+        5,
+        f"both services' log lines for {rid}",
+    )
+    app_line = line_of(live.chat_logs(live_app))
+    sidecar_line = line_of(live.request_logs(sidecar_service))
+    assert app_line is not None and sidecar_line is not None
+    assert app_line["outcome"] == "done" and app_line["status"] == 200
+    assert sidecar_line["status"] == 200 and sidecar_line["outcome"] in ("eos", "length")
+    assert app_line["prompt_tokens"] == sidecar_line["prompt_tokens"] == done["prompt_tokens"]
+    assert app_line["pieces"] == done["tokens"]
+    assert secret not in live_app.log() and secret not in sidecar_service.log()
 
 
 def test_stop_cancels_generation_in_the_sidecar(

@@ -1,0 +1,96 @@
+"""Logs: JSON lines, and one structured line per `POST /chat` joined to the sidecar's by its id.
+
+Every line is one JSON object: `ts` (ISO-8601 UTC, milliseconds), `level`, `logger`, `msg`,
+then the fields passed as `extra={"fields": {...}}`; the sidecar's lines have the same shape
+(phi3-sidecar/sidecar/logs.py). Each chat gets a request id: the browser's `X-Request-Id` when
+it is a sane token (the sidecar's rule), else a new one. The app sends it to the sidecar and
+back to the browser, and logs one `chatapp.request` line when the chat ends (`ChatRecord`).
+Message and reply text are never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+request_log = logging.getLogger("chatapp.request")
+
+# What the sidecar takes as X-Request-Id (phi3-sidecar/sidecar/logs.py), so the id is the same.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            data.update(fields)
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str) -> None:
+    """JSON lines on stderr for every logger, from `level` up (the servers call this)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def request_id(incoming: str | None) -> str:
+    """The caller's id when it is a sane token, else a new one."""
+    if incoming and _REQUEST_ID.fullmatch(incoming):
+        return incoming
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass
+class ChatRecord:
+    """What the one line of a chat says; the route and the relay fill in what they learn."""
+
+    request_id: str
+    messages: int | None = None
+    prompt_tokens: int | None = None
+    dropped_messages: int | None = None
+    pieces: int = 0
+    ttft_ms: float | None = None
+    tokens_per_s: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    _logged: bool = field(default=False, repr=False)
+
+    def finish(self, status: int, outcome: str) -> None:
+        """Log the line: `status` as sent, `outcome` `done`, an error type or `client_gone`.
+        Only the first call logs."""
+        if self._logged:
+            return
+        self._logged = True
+        fields: dict[str, Any] = {
+            "request_id": self.request_id,
+            "status": status,
+            "outcome": outcome,
+            "messages": self.messages,
+            "prompt_tokens": self.prompt_tokens,
+            "dropped_messages": self.dropped_messages,
+            "pieces": self.pieces,
+            "ttft_ms": self.ttft_ms,
+            "tokens_per_s": self.tokens_per_s,
+            "duration_ms": round((time.monotonic() - self.started) * 1000, 1),
+        }
+        known = {k: v for k, v in fields.items() if v is not None}
+        request_log.info("chat", extra={"fields": known})
