@@ -147,10 +147,11 @@ def markdown(result: dict[str, Any]) -> str:
     summary = result["summary"]
     base = summary["engine"]
     lines = [
-        f"Machine: {result['machine']}",
-        f"Model: {result['model']} ({result['weights_bytes'] / 2**30:.2f} GiB of weights); prompt "
-        f"{result['prompt_tokens']} tokens, {result['new_tokens']} new tokens, greedy, "
-        f"{result['reps']} repetitions each, interleaved.",
+        f"Machine: {result['machine']}.",
+        "",
+        f"Model: `{Path(result['model']).name}` ({result['weights_bytes']:,} bytes in its .onnx "
+        f"files); prompt {result['prompt_tokens']} tokens, {result['new_tokens']} new tokens, "
+        f"greedy, {result['reps']} repetitions each, interleaved.",
         "",
         "| variant | TTFT (ms) | vs engine (ms) | decode tok/s | vs engine | total (s) |",
         "|---|---:|---:|---:|---:|---:|",
@@ -175,7 +176,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {row['aggregate_tps']:.2f} | {med} | {worst} |"
         )
     weights = result["weights_bytes"]
-    lines += ["", "| process | peak RSS (MiB) | ratio to weights file |", "|---|---:|---:|"]
+    lines += ["", "| process | peak RSS (MiB) | ratio to model files |", "|---|---:|---:|"]
     for name, rss in result["peak_rss_bytes"].items():
         lines.append(f"| {name} | {rss / 2**20:.0f} | {rss / weights:.2f} |")
     return "\n".join(lines)
