@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Deploy the chat pair to Azure App Service with the az CLI alone (no azd, no local Docker
 # unless a model is baked in): infra/main.bicep, both images built in the registry with
-# `az acr build`, then a smoke test. See infra/README-deploy.md.
+# `az acr build`, then a smoke test. See README.md, "Containers and deployment".
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
