@@ -2,6 +2,12 @@
 
 It runs in the model worker process only (see worker.py), so the GIL that every Generator call
 holds never stalls the web process's event loop.
+
+A generation reads its prompt in chunks (PREFILL_CHUNK tokens, one chunk per step) before it
+generates a token per step: one append of a long prompt is minutes of Phi-3-mini on a CPU, and
+the worker can act only between steps, so a cancellation would wait for the whole prefill and
+the other generations' replies would freeze meanwhile. Chunked, a cancellation lands within one
+chunk and the others' tokens interleave with the chunks. The greedy tokens are the same.
 """
 
 from __future__ import annotations
@@ -26,7 +32,17 @@ from sidecar.settings import Settings
 class Engine:
     """One loaded model and tokenizer; hands out independent generations."""
 
-    def __init__(self, path: Path, *, num_threads: int = 0, max_length: int | None = None):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        num_threads: int = 0,
+        max_length: int | None = None,
+        prefill_chunk: int = 64,
+    ):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
         genai_config = read_genai_config(path)
         self.context_length = int(genai_config["model"]["context_length"])
         self.max_length = min(max_length or self.context_length, self.context_length)
@@ -65,8 +81,10 @@ class Engine:
         return Generation(self, prompt, request)
 
     def warm_up(self) -> None:
+        """Read a short prompt and generate one token."""
         generation = self.start(Generate("warm-up", (("user", "Hi"),), max_new_tokens=1))
-        generation.step()
+        while generation.step() is None:
+            pass
 
 
 class _TemplateTokenizer:
@@ -110,17 +128,27 @@ class Generation:
         params.set_search_options(**options)
         self._generator = og.Generator(engine.model, params)
         self._stream = engine.tokenizer.create_stream()
-        self._pending_prompt: list[int] | None = prompt.ids
+        self._chunk = engine.prefill_chunk
+        self._appended = 0  # prompt tokens appended so far
 
-    def step(self) -> str:
-        """Compute one token (the first call also runs the prefill); returns its new text.
+    @property
+    def prefilling(self) -> bool:
+        """True while part of the prompt is still to be appended."""
+        return self._appended < len(self.prompt.ids)
+
+    def step(self) -> str | None:
+        """One bounded piece of work: while the prompt is not all appended, append its next
+        chunk (at most PREFILL_CHUNK tokens) and return None, no token made; after that,
+        generate one token and return its new text.
 
         The text is '' while a character is still incomplete; the stream never yields half a
         character, so a reply cut off by the length limit ends on a whole character.
         """
-        if self._pending_prompt is not None:
-            self._generator.append_tokens(self._pending_prompt)
-            self._pending_prompt = None
+        if self.prefilling:
+            end = self._appended + self._chunk
+            self._generator.append_tokens(self.prompt.ids[self._appended : end])
+            self._appended = min(end, len(self.prompt.ids))
+            return None
         self._generator.generate_next_token()
         token = int(self._generator.get_next_tokens()[0])
         self.generated += 1
@@ -145,5 +173,8 @@ class Generation:
 
 def load_engine(settings: Settings) -> Engine:
     return Engine(
-        settings.model_path, num_threads=settings.num_threads, max_length=settings.max_length
+        settings.model_path,
+        num_threads=settings.num_threads,
+        max_length=settings.max_length,
+        prefill_chunk=settings.prefill_chunk,
     )

@@ -50,6 +50,17 @@ class Settings(BaseSettings):
         description="Generations that run at once (each has its own KV cache of about 0.75 MiB "
         "per token for Phi-3-mini); they take turns token by token.",
     )
+    prefill_chunk: int = Field(
+        default=64,
+        ge=16,
+        le=131072,
+        description="Prompt tokens appended per worker step. The worker reads cancellations and "
+        "gives the other generations their turn between steps, so a prefill is cut into chunks: "
+        "a cancellation lands within one chunk, and other replies get a token per chunk while a "
+        "long prompt is read. 64: on 2 CPU cores a Phi-3-mini chunk takes ~3.7 s (128: ~7.8 s) "
+        "and the prefill runs as fast as in one call (17.7 vs 17.6 tokens/s; chunks of 16 cost "
+        "~3%, 8 ~7%). 0 is refused; a value over the prompt's length appends it in one call.",
+    )
     queue_size: int = Field(
         default=8, ge=0, le=4096, description="Requests that may wait for a free slot; beyond: 503."
     )

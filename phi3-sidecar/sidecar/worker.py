@@ -1,15 +1,20 @@
-"""The model worker process: loads the model, then runs generations one token step at a time.
+"""The model worker process: loads the model, then runs generations one bounded step at a time.
 
 Why a process: every onnxruntime-genai Generator call holds the GIL for its whole duration (a
-prefill can take seconds, a Phi-3-mini decode step ~170 ms on CPU). In the web process that
-would freeze the event loop, so /healthz and every other stream would stall. A thread cannot
-avoid it, and chunking the prefill only shortens the stalls. In a separate process the model
-can hold its own GIL as long as it likes; the web process only relays small messages.
+prefill chunk can take seconds, a Phi-3-mini decode step ~170 ms on CPU). In the web process
+that would freeze the event loop, so /healthz and every other stream would stall. A thread
+cannot avoid it, and smaller prefill chunks would only shorten the stalls. In a separate process
+the model can hold its own GIL as long as it likes; the web process only relays small messages.
 
 Scheduling: up to MAX_CONCURRENCY generations are active (the web process admits no more);
-they take turns, one token step each, and pending messages (new requests, cancellations) are
-read between any two steps, so a cancellation stops a reply within one token. A prefill cannot
-be interrupted, so a cancellation that arrives during one lands right after it.
+they take turns, one step each, and pending messages (new requests, cancellations) are read
+between any two steps. A step is bounded: while a generation's prompt is being read it appends
+one chunk of PREFILL_CHUNK tokens (no token comes out of it), then it generates one token. So a
+cancellation stops a reply within one token, or within one chunk during a prefill (a prefill
+of a long conversation is minutes of Phi-3-mini on a CPU: it would otherwise run to its end for
+nobody), and a long prompt arriving does not freeze the replies already streaming: they get a
+token between its chunks. Prefill steps are not tokens: they are not counted as generated, nor
+as made after a disconnect.
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ class Generation(Protocol):
     generated: int
     finish: ipc.Finish | None
 
-    def step(self) -> str: ...
+    def step(self) -> str | None:
+        """Append the next chunk of the prompt and return None while the prompt is not all
+        appended; then generate one token and return its new text ('' while incomplete)."""
+        ...
 
     def tokens_per_s(self) -> float | None: ...
 
@@ -55,7 +63,8 @@ class Engine(Protocol):
 class _Job:
     request_id: str
     generation: Generation
-    # When recent tokens were finished, to count those made after a disconnect was noticed.
+    # When recent tokens were finished (prefill steps are not tokens), to count those made
+    # after a disconnect was noticed.
     finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=8))
 
 
@@ -196,9 +205,10 @@ class Scheduler:
             del self._jobs[key]
             self._end(key, job, "error")
             return
-        job.finished_at.append(time.monotonic())
-        if text:
-            self._outbox.send(ipc.Piece(key, text))
+        if text is not None:  # None: a chunk of the prompt was appended, no token yet
+            job.finished_at.append(time.monotonic())
+            if text:
+                self._outbox.send(ipc.Piece(key, text))
         if job.generation.finish is not None:
             del self._jobs[key]
             self._end(key, job, job.generation.finish)

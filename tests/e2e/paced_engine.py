@@ -27,8 +27,9 @@ class PacedGeneration:
     def __getattr__(self, name: str) -> Any:  # prompt, generated, finish, tokens_per_s, ...
         return getattr(self._real, name)
 
-    def step(self) -> str:
-        time.sleep(self._pace)
+    def step(self) -> str | None:
+        if not self._real.prefilling:  # the wait is per token; prompt chunks run at full speed
+            time.sleep(self._pace)
         return self._real.step()
 
 
