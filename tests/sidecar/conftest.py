@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import paced
 from tests.support import servers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,6 +21,31 @@ def small_service(
     queueing and responsiveness (one token takes milliseconds, a long prefill seconds)."""
     log = tmp_path_factory.mktemp("logs") / "sidecar-small.log"
     with servers.sidecar(small_model_dir, log, MAX_CONCURRENCY="1", QUEUE_SIZE="2") as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def chunked_service(
+    small_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[servers.Service]:
+    """The `small` model, two generations at once, prompts read 32 tokens per worker step: a
+    long prompt's prefill is a hundred steps, which other generations' steps interleave with."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-chunked.log"
+    with servers.sidecar(
+        small_model_dir, log, MAX_CONCURRENCY="2", QUEUE_SIZE="2", PREFILL_CHUNK="32"
+    ) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def paced_small_service(
+    small_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[servers.Service]:
+    """The small model at 50 ms a token, as slow as Phi-3-mini on a CPU, for "stops within one
+    token" tests: at the small model's own ~2 ms a token, a few ms of scheduling delay on a busy
+    machine would already be several tokens, and the test would measure the machine."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-paced-small.log"
+    with servers.sidecar(small_model_dir, log, MAX_CONCURRENCY="1", **paced(0.05)) as service:
         yield service
 
 

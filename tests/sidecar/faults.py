@@ -36,12 +36,14 @@ class FaultyGeneration:
     def finish(self) -> ipc.Finish | None:
         return self._real.finish
 
-    def step(self) -> str:
+    def step(self) -> str | None:
         if self._real.generated >= 1 and self._fault == RAISE:
             raise RuntimeError(f"injected failure: {SECRET}")
         if self._real.generated >= 1 and self._fault == EXIT:
             os._exit(3)
         text = self._real.step()
+        if text is None:  # a chunk of the prompt: no token yet
+            return None
         return text or "x"  # the first piece must not be empty, so the client gets a byte
 
     def tokens_per_s(self) -> float | None:

@@ -324,29 +324,31 @@ def test_not_ready_is_503_with_retry_after(tmp_path: Path) -> None:
 
 
 def test_a_disconnect_mid_stream_stops_the_generation_within_one_token(
-    small_service: Service, small_model_dir: Path
+    paced_small_service: Service, small_model_dir: Path
 ) -> None:
+    service = paced_small_service  # 50 ms a token: see tests/sidecar/conftest.py
     prompt = reference.long_reply_prompt(small_model_dir, 300)
     body = {"messages": user(prompt), "max_tokens": 3000, "stream": True}
-    with httpx.stream("POST", small_service.url + PATH, json=body, timeout=60) as response:
+    with httpx.stream("POST", service.url + PATH, json=body, timeout=60) as response:
         rid = response.headers["x-request-id"]
         events = 0
         for line in response.iter_lines():
             events += line.startswith("data: ")
             if events >= 5:
                 break  # leaving the block closes the connection
-    line = request_line(small_service, rid)
+    line = request_line(service, rid)
     assert (line["outcome"], line["stream"]) == ("cancelled", True)
     assert line["tokens_after_disconnect"] <= 1
     assert line["generated_tokens"] < 300
 
 
 def test_a_disconnect_while_waiting_for_the_whole_reply_stops_it_too(
-    small_service: Service, small_model_dir: Path
+    paced_small_service: Service, small_model_dir: Path
 ) -> None:
+    service = paced_small_service  # 50 ms a token: see tests/sidecar/conftest.py
     prompt = reference.long_reply_prompt(small_model_dir, 300)
     body = json.dumps({"messages": user(prompt), "max_tokens": 3000}).encode()
-    host, port = small_service.url.removeprefix("http://").split(":")
+    host, port = service.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
             b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -354,14 +356,14 @@ def test_a_disconnect_while_waiting_for_the_whole_reply_stops_it_too(
             % (PATH.encode(), len(body), body)
         )
         deadline = time.monotonic() + 30
-        while metrics(small_service.url)["sidecar_active_generations"] != 1:
+        while metrics(service.url)["sidecar_active_generations"] != 1:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    line = request_line(small_service, "whole-then-gone")
+    line = request_line(service, "whole-then-gone")
     assert (line["outcome"], line["stream"]) == ("cancelled", False)
     assert line["tokens_after_disconnect"] <= 1
     assert line["generated_tokens"] < 300
-    assert metrics(small_service.url)["sidecar_active_generations"] == 0
+    assert metrics(service.url)["sidecar_active_generations"] == 0
 
 
 def test_an_error_after_the_first_byte_aborts_the_stream(faulty_service: Service) -> None:

@@ -35,6 +35,7 @@ def test_defaults(clean_env: pytest.MonkeyPatch) -> None:
     assert (settings.host, settings.port) == ("0.0.0.0", 8000)
     assert settings.max_length is None  # the model's context length
     assert (settings.max_concurrency, settings.queue_size) == (1, 8)
+    assert settings.prefill_chunk == 64
     assert settings.max_new_tokens == 1024
     assert settings.max_body_bytes == 64 * 1024
     assert (settings.log_level, settings.log_prompts) == ("info", False)
@@ -55,6 +56,7 @@ def test_every_setting_comes_from_its_environment_variable(
         "NUM_THREADS": "2",
         "MAX_CONCURRENCY": "3",
         "QUEUE_SIZE": "0",
+        "PREFILL_CHUNK": "16",
         "MAX_BODY_BYTES": "4096",
         "LOG_LEVEL": "DEBUG",
         "LOG_PROMPTS": "1",
@@ -69,6 +71,7 @@ def test_every_setting_comes_from_its_environment_variable(
     assert (settings.host, settings.port, settings.max_length) == ("127.0.0.1", 9000, 2048)
     assert (settings.max_new_tokens, settings.num_threads) == (64, 2)
     assert (settings.max_concurrency, settings.queue_size, settings.max_body_bytes) == (3, 0, 4096)
+    assert settings.prefill_chunk == 16
     assert (settings.log_level, settings.log_prompts) == ("debug", True)
     assert (settings.model_download, settings.model_repo_id, settings.model_subfolder) == (
         True,
@@ -85,6 +88,10 @@ def test_every_setting_comes_from_its_environment_variable(
         ("MAX_LENGTH", "4"),
         ("MAX_CONCURRENCY", "0"),
         ("QUEUE_SIZE", "-1"),
+        ("PREFILL_CHUNK", "0"),
+        ("PREFILL_CHUNK", "15"),
+        ("PREFILL_CHUNK", "131073"),
+        ("PREFILL_CHUNK", "all"),
         ("MAX_BODY_BYTES", "10"),
         ("LOG_LEVEL", "verbose"),
         ("LOG_PROMPTS", "maybe"),
@@ -95,6 +102,12 @@ def test_bad_values_are_refused(clean_env: pytest.MonkeyPatch, name: str, value:
     clean_env.setenv(name, value)
     with pytest.raises(ValidationError):
         Settings()
+
+
+@pytest.mark.parametrize("value", ["16", "131072"])
+def test_prefill_chunk_bounds_are_inclusive(clean_env: pytest.MonkeyPatch, value: str) -> None:
+    clean_env.setenv("PREFILL_CHUNK", value)
+    assert Settings().prefill_chunk == int(value)
 
 
 def test_settings_are_frozen(clean_env: pytest.MonkeyPatch) -> None:
