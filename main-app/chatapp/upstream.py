@@ -109,32 +109,34 @@ def _retry_after(response: requests.Response) -> int:
         return DEFAULT_RETRY_AFTER
 
 
-def _error_body(response: requests.Response) -> tuple[str, str]:
-    """(message, type) from the sidecar's error envelope; empty strings if there is none."""
+def _error_body(response: requests.Response) -> tuple[str, str, str]:
+    """(message, type, phase) from the sidecar's error envelope; empty strings where absent."""
     try:
         error = response.json().get("error", {})
-        message, type = error.get("message", ""), error.get("type", "")
+        fields = error.get("message", ""), error.get("type", ""), error.get("phase", "")
     except (ValueError, AttributeError):
-        return "", ""
-    return (message if isinstance(message, str) else ""), (type if isinstance(type, str) else "")
+        return "", "", ""
+    message, type, phase = (field if isinstance(field, str) else "" for field in fields)
+    return message, type, phase
 
 
 def _refusal(response: requests.Response) -> ApiError:
     """The ApiError for a sidecar answer that is not a 200 stream.
 
-    The sidecar's error types (phi3-sidecar/sidecar/errors.py): `not_ready` (503, the model is
-    starting, loading, warming up, or failed to load), `overloaded` (503, its queue is full),
+    The sidecar's error types (phi3-sidecar/sidecar/errors.py): `not_ready` (503, with the
+    `phase`: starting, downloading, loading, warming_up, or failed), `overloaded` (503, its queue
+    is full),
     `context_length_exceeded` and `body_too_large` (413), `invalid_request` and others (4xx).
     """
     status = response.status_code
-    message, type = _error_body(response)
+    message, type, phase = _error_body(response)
     if status == 503:
         seconds = _retry_after(response)
-        if type == "not_ready" and "failed" in message:
+        if type == "not_ready" and phase == "failed":
             return ApiError(
                 503, "The model service could not load the model; see its log.", "model_failed"
             )
-        if type in ("not_ready", "loading"):
+        if type == "not_ready":
             return ApiError(
                 503,
                 f"The model is still loading; trying again in {seconds} s.",

@@ -45,6 +45,7 @@ def not_ready(phase: str, reason: str | None) -> ApiError:
         "not_ready",
         f"the model is not ready ({detail})",
         headers={"Retry-After": str(RETRY_NOT_READY_S)},
+        extra={"phase": phase},  # for clients: "failed" will not heal by waiting, "loading" will
     )
 
 

@@ -88,16 +88,22 @@ def test_sidecar_down(make_app: Callable[..., Flask], down_url: str) -> None:
     }
 
 
-def sidecar_error(type: str, message: str) -> dict[str, Any]:
+def sidecar_error(type: str, message: str, **extra: str) -> dict[str, Any]:
     """The sidecar's error envelope (phi3-sidecar/sidecar/errors.py)."""
-    return {"error": {"message": message, "type": type}}
+    return {"error": {"message": message, "type": type, **extra}}
 
 
 @pytest.mark.parametrize(
     ("body", "type"),
     [
-        (sidecar_error("not_ready", "the model is not ready (loading)"), "loading"),
-        (sidecar_error("not_ready", "the model is not ready (warming_up)"), "loading"),
+        (
+            sidecar_error("not_ready", "the model is not ready (loading)", phase="loading"),
+            "loading",
+        ),
+        (
+            sidecar_error("not_ready", "the model is not ready (warming_up)", phase="warming_up"),
+            "loading",
+        ),
         (sidecar_error("overloaded", "too many requests are waiting"), "busy"),
         ({"detail": "queue full"}, "busy"),  # an unknown 503: retry as asked
     ],
@@ -115,7 +121,9 @@ def test_loading_and_busy_pass_retry_after(
 
 
 def test_model_that_failed_to_load_is_not_retried(client: FlaskClient, fake: FakeSidecar) -> None:
-    body = sidecar_error("not_ready", "the model is not ready (failed: no genai_config.json)")
+    body = sidecar_error(
+        "not_ready", "the model is not ready (failed: no genai_config.json)", phase="failed"
+    )
     fake.predict = lambda h: fs.refuse(h, 503, body, {"Retry-After": "5"})
     response = client.post("/chat", json=CONVERSATION)
     assert response.status_code == 503

@@ -95,6 +95,7 @@ def test_a_missing_or_broken_model_folder_is_explained_once(
         assert httpx.get(service.url + "/healthz", timeout=10).status_code == 200
         refused = predict(service.url, {"input_text": "Hi"})
         assert says in assert_error(refused, 503, "not_ready")
+        assert refused.json()["error"]["phase"] == "failed"  # clients need not parse the text
         assert int(refused.headers["retry-after"]) > 0
         time.sleep(0.3)
         lines = [json.loads(line) for line in service.log_lines() if line[:1] == "{"]
@@ -126,6 +127,7 @@ def test_while_downloading_the_port_is_open_and_readyz_says_so(
             assert httpx.get(service.url + "/healthz", timeout=10).status_code == 200
             refused = predict(service.url, {"input_text": "Hi"})
             assert "downloading" in assert_error(refused, 503, "not_ready")
+            assert refused.json()["error"]["phase"] == "downloading"
 
 
 def test_a_failed_download_shows_in_readyz(env_without_hf: None, tmp_path: Path) -> None:
