@@ -172,33 +172,14 @@ def run(args: argparse.Namespace) -> int:
     model_path = ensure_model(args.model, args.models_dir.resolve())
     args.log_dir.mkdir(parents=True, exist_ok=True)
     sidecar_log, app_log = args.log_dir / "sidecar.log", args.log_dir / "chatapp.log"
-    sidecar_url = f"http://127.0.0.1:{args.sidecar_port}"
     with contextlib.ExitStack() as stack:
         stack.enter_context(followed(sidecar_log, "[sidecar] "))
         stack.enter_context(followed(app_log, "[chatapp] "))
+        # The model loads in the background; the app is up at once and says so on the page.
         sidecar = stack.enter_context(
-            services.run_service(
-                [sys.executable, "-m", "sidecar"],
-                cwd=services.SIDECAR_DIR,
-                env={"MODEL_PATH": str(model_path), "HOST": "127.0.0.1",
-                     "PORT": str(args.sidecar_port)},
-                ready_path="/readyz",
-                port=args.sidecar_port,
-                log_path=sidecar_log,
-                wait=False,
-            )
-        )  # fmt: skip
-        app = stack.enter_context(
-            services.run_service(
-                [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "chatapp.wsgi:app"],
-                cwd=services.APP_DIR,
-                env={"SIDECAR_URL": sidecar_url, "HOST": "127.0.0.1", "PORT": str(args.port)},
-                ready_path="/healthz",
-                port=args.port,
-                log_path=app_log,
-                timeout=30,
-            )
+            services.sidecar(model_path, sidecar_log, port=args.sidecar_port, wait=False)
         )
+        app = stack.enter_context(services.chatapp(sidecar.url, app_log, port=args.port))
         say(f"chat page: http://localhost:{args.port}  (Ctrl+C stops both services)")
         if args.model in GENERATED:
             say(f"the {args.model} model has random weights: its replies are gibberish by design")

@@ -100,10 +100,15 @@ def stop(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
 
 
 def sidecar(
-    model_dir: Path | str, log_path: Path, *, wait: bool = True, **settings: str
+    model_dir: Path | str,
+    log_path: Path,
+    *,
+    port: int | None = None,
+    wait: bool = True,
+    **settings: str,
 ) -> contextlib.AbstractContextManager[Service]:
-    """`python -m sidecar` on a free port; waits for /readyz unless wait=False."""
-    port = free_port()
+    """`python -m sidecar` on `port` (default: a free one); waits for /readyz unless wait=False."""
+    port = port or free_port()
     env = {"MODEL_PATH": str(model_dir), "HOST": "127.0.0.1", "PORT": str(port), **settings}
     return run_service(
         [sys.executable, "-m", "sidecar"],
@@ -117,10 +122,16 @@ def sidecar(
 
 
 def chatapp(
-    sidecar_url: str, log_path: Path, *, gunicorn: bool = True, **settings: str
+    sidecar_url: str,
+    log_path: Path,
+    *,
+    port: int | None = None,
+    gunicorn: bool = True,
+    **settings: str,
 ) -> contextlib.AbstractContextManager[Service]:
-    """The Flask app as production runs it (gunicorn + gthread config), on a free port."""
-    port = free_port()
+    """The Flask app as production runs it (gunicorn + gthread config), on `port` (default: a
+    free one); waits for /healthz."""
+    port = port or free_port()
     env = {"SIDECAR_URL": sidecar_url, "HOST": "127.0.0.1", "PORT": str(port), **settings}
     cmd = (
         [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "chatapp.wsgi:app"]
