@@ -11,10 +11,6 @@ token), decode (first token to end). Prints count, p50, p99 and max per phase.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,37 +21,13 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts import services  # one home for starting the services
+
+REPO = services.REPO
+
 PHRASE = "The quick brown fox jumps over the lazy dog. "  # about 11 tokens
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_sidecar(model: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "MODEL_PATH": str(model), "HOST": "127.0.0.1", "PORT": str(port)}
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sidecar"],
-            cwd=REPO / "phi3-sidecar",
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"the sidecar exited:\n{log.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return process
-        time.sleep(0.1)
-    sys.exit(f"the sidecar did not become ready:\n{log.read_text()}")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -124,18 +96,10 @@ def main() -> None:
                 check=True,
                 capture_output=True,
             )  # fmt: skip
-        port = free_port()
-        process = start_sidecar(model, port, Path(tmp) / "sidecar.log")
-        try:
+        with services.sidecar(model, Path(tmp) / "sidecar.log") as sidecar:
             phases = measure(
-                f"http://127.0.0.1:{port}",
-                args.prompt_repeats,
-                args.max_new_tokens,
-                args.idle_seconds,
+                sidecar.url, args.prompt_repeats, args.max_new_tokens, args.idle_seconds
             )
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
     print(f"{'phase':8} {'probes':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for name, latencies in phases.items():
         if latencies:
