@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -24,6 +23,8 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+
+from tests.support.servers import free_port
 
 T = TypeVar("T")
 
@@ -243,7 +244,7 @@ def alone(
 ) -> Iterator[tuple[str, str]]:
     """One container on its own, its port published; yields (name, url). Removed on exit."""
     name = unique_name("phi3-test")
-    host_port = _free_port()
+    host_port = free_port()
     try:
         run_detached(
             image,
@@ -271,12 +272,6 @@ def poll(probe: Callable[[], T | None], timeout: float, interval: float = 0.5) -
         if result is not None or time.monotonic() >= deadline:
             return result
         time.sleep(interval)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_ready(url: str, timeout: float, logs: Callable[[], str]) -> dict[str, object]:
