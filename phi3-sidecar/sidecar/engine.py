@@ -17,16 +17,20 @@ import os
 os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home otherwise
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import onnxruntime_genai as og
 
+from sidecar.cpus import cpu_budget
 from sidecar.ipc import Finish, Generate
 from sidecar.model_folder import ModelFolderError, read_genai_config, read_json
 from sidecar.prompt import Prompt, PromptBuilder, added_tokens_of
 from sidecar.settings import Settings
+
+log = logging.getLogger("sidecar.engine")
 
 
 class Engine:
@@ -37,6 +41,7 @@ class Engine:
         path: Path,
         *,
         num_threads: int = 0,
+        thread_spinning: bool = True,
         max_length: int | None = None,
         prefill_chunk: int = 64,
     ):
@@ -47,11 +52,9 @@ class Engine:
         self.context_length = int(genai_config["model"]["context_length"])
         self.max_length = min(max_length or self.context_length, self.context_length)
         config = og.Config(str(path))
-        if num_threads:
-            overlay = {
-                "model": {"decoder": {"session_options": {"intra_op_num_threads": num_threads}}}
-            }
-            config.overlay(json.dumps(overlay))
+        self.session_options = session_options(num_threads, thread_spinning)
+        overlay = {"model": {"decoder": {"session_options": self.session_options}}}
+        config.overlay(json.dumps(overlay))
         try:
             self.model = og.Model(config)
             self.tokenizer = og.Tokenizer(self.model)
@@ -85,6 +88,23 @@ class Engine:
         generation = self.start(Generate("warm-up", (("user", "Hi"),), max_new_tokens=1))
         while generation.step() is None:
             pass
+
+
+def session_options(num_threads: int, thread_spinning: bool) -> dict[str, Any]:
+    """The decoder's onnxruntime session options (genai_config.json's `session_options`).
+
+    onnxruntime-genai's default thread count is half the machine's cores (one thread on a
+    2-vCPU plan: half speed), so the count is always set; `num_threads` 0 means the CPUs this
+    process may really use (cpus.py). Spinning: idle pool threads busy-wait for the next
+    operator; off, they sleep, which costs decode speed (see THREAD_SPINNING in settings.py).
+    Keys not known to onnxruntime-genai go to onnxruntime as session config entries.
+    """
+    spin = "1" if thread_spinning else "0"
+    return {
+        "intra_op_num_threads": num_threads or cpu_budget().count,
+        "session.intra_op.allow_spinning": spin,
+        "session.inter_op.allow_spinning": spin,
+    }
 
 
 class _TemplateTokenizer:
@@ -171,10 +191,26 @@ class Generation:
         return (self.generated - 1) / elapsed if elapsed > 0 else None
 
 
+def thread_count(settings: Settings) -> tuple[int, str]:
+    """NUM_THREADS if set, else the CPUs this process may use; and where the number came from."""
+    if settings.num_threads:
+        return settings.num_threads, "NUM_THREADS"
+    budget = cpu_budget()
+    return budget.count, budget.source
+
+
 def load_engine(settings: Settings) -> Engine:
+    threads, source = thread_count(settings)
+    log.info(
+        "onnxruntime threads",
+        extra={
+            "fields": {"threads": threads, "source": source, "spinning": settings.thread_spinning}
+        },
+    )
     return Engine(
         settings.model_path,
-        num_threads=settings.num_threads,
+        num_threads=threads,
+        thread_spinning=settings.thread_spinning,
         max_length=settings.max_length,
         prefill_chunk=settings.prefill_chunk,
     )

@@ -41,7 +41,19 @@ class Settings(BaseSettings):
         default=1024, ge=1, le=131072, description="Reply length when a request does not say."
     )
     num_threads: int = Field(
-        default=0, ge=0, le=256, description="onnxruntime intra-op threads; 0 = one per core."
+        default=0,
+        ge=0,
+        le=256,
+        description="onnxruntime intra-op threads; 0 = the CPUs this process may use: its CPU "
+        "affinity or its cgroup CPU quota, whichever is smaller (cpus.py). onnxruntime-genai's "
+        "own default, half the cores, runs at half speed on a 2-vCPU plan.",
+    )
+    thread_spinning: bool = Field(
+        default=True,
+        description="Let onnxruntime's pool threads busy-wait for the next operator instead of "
+        "sleeping: faster decode at a small cost to other processes on the same CPUs, and no "
+        "cost when idle (docs/benchmarks.md, 'Spinning'). Off for plans where other busy "
+        "processes share the CPUs.",
     )
     max_concurrency: int = Field(
         default=1,
