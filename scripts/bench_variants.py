@@ -8,9 +8,11 @@ from just before the request to the arrival of the last piece of text.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import time
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import httpx
@@ -38,14 +40,26 @@ def _sample(variant: str, rep: int, start: float, first: float, last: float, tok
 
 
 class RawEngine:
-    """onnxruntime-genai in this process, no HTTP: the ceiling the services are held to."""
+    """onnxruntime-genai in this process, no HTTP: the ceiling the services are held to.
 
-    def __init__(self, model_dir: str) -> None:
+    `session_options` None: onnxruntime-genai's defaults (what the sidecar ran with before it
+    chose its own thread count); otherwise a genai_config `session_options` overlay, the
+    sidecar's own (sidecar.engine.session_options) for the honest ceiling.
+    """
+
+    def __init__(
+        self, model_dir: str, session_options: dict[str, Any] | None, variant: str = "engine"
+    ) -> None:
         os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before the import, as in the sidecar
         import onnxruntime_genai as og
 
         self._og = og
-        self.model = og.Model(model_dir)
+        self.variant = variant
+        config = og.Config(model_dir)
+        if session_options:
+            overlay = {"model": {"decoder": {"session_options": session_options}}}
+            config.overlay(json.dumps(overlay))
+        self.model = og.Model(config)
         self.tokenizer = og.Tokenizer(self.model)
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> Any:
@@ -71,7 +85,41 @@ class RawEngine:
             last = time.perf_counter()
             if count == 1:
                 first = last
-        return _sample("engine", rep, start, first, last, count)
+        return _sample(self.variant, rep, start, first, last, count)
+
+
+class EngineProcess:
+    """A RawEngine in a child process: a second configuration beside the in-process one,
+    without two sets of onnxruntime thread pools in one process or its memory in this one's
+    peak RSS."""
+
+    def __init__(self, model_dir: str, session_options: dict[str, Any] | None, variant: str):
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=_serve, args=(child, model_dir, session_options, variant), daemon=True
+        )
+        self._process.start()
+        child.close()
+        self._conn.recv()  # loaded
+
+    def run(self, messages: list[dict[str, str]], new_tokens: int, rep: int) -> Sample:
+        self._conn.send((messages, new_tokens, rep))
+        sample: Sample = self._conn.recv()
+        return sample
+
+    def close(self) -> None:
+        self._conn.send(None)
+        self._process.join(10)
+
+
+def _serve(
+    conn: Connection, model_dir: str, session_options: dict[str, Any] | None, variant: str
+) -> None:
+    engine = RawEngine(model_dir, session_options, variant)
+    conn.send("ready")
+    while (job := conn.recv()) is not None:
+        conn.send(engine.run(*job))
 
 
 def _options(new_tokens: int) -> dict[str, int]:

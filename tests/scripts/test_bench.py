@@ -27,7 +27,8 @@ def test_quick_bench_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> 
 
     (json_path,) = out.glob("bench-*.json")
     data = json.loads(json_path.read_text())
-    assert {s["variant"] for s in data["samples"]} == {"engine", "sidecar", "app"}
+    variants = {"engine-default", "engine", "sidecar", "app"}
+    assert {s["variant"] for s in data["samples"]} == variants
     assert all(s["tokens"] == 12 and s["status"] == 200 for s in data["samples"])
     assert data["prompt_tokens"] >= 40
     assert [row["n"] for row in data["concurrency"]] == [1, 3]
@@ -41,6 +42,9 @@ def test_quick_bench_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> 
     assert all(rss > 0 for rss in data["peak_rss_bytes"].values())
     assert (out / json_path.name.replace(".json", ".png")).stat().st_size > 10_000
     table = (out / "latest.md").read_text()
-    for row in ("| engine |", "| sidecar |", "| app |", "| 3 | 3 | 0 |"):
+    for row in ("| engine-default |", "| engine |", "| sidecar |", "| app |", "| 3 | 3 | 0 |"):
         assert row in table
+    # The tuned configuration is the sidecar's, and the run says what it was.
+    assert "intra-op threads" in data["tuned_configuration"]
+    assert data["tuned_configuration"] in table
     assert table in result.stdout
