@@ -61,7 +61,13 @@ __all__ = [
 ]
 
 
-def make_model(shape: Shape, out: Path, seed: int = 0, graph_only: bool = False) -> int:
+def make_model(
+    shape: Shape,
+    out: Path,
+    seed: int = 0,
+    graph_only: bool = False,
+    prune_lm_head: bool = False,
+) -> int:
     """Write the model folder; returns the size of the weights file (written or not)."""
     out.mkdir(parents=True, exist_ok=True)
     tokens = write_tokenizer(out, shape.vocab)
@@ -73,7 +79,7 @@ def make_model(shape: Shape, out: Path, seed: int = 0, graph_only: bool = False)
     partial = data_path.with_name(data_path.name + ".partial")
     data = DataFile(None if graph_only else partial, data_path.name, seed)
     try:
-        model = build_graph(shape, data, tokens)
+        model = build_graph(shape, data, tokens, prune_lm_head=prune_lm_head)
     finally:
         data.close()
     onnx.save_model(model, out / FILENAME)
@@ -88,6 +94,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Shape]:
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--graph-only", action="store_true", help="skip the weights file")
+    p.add_argument(
+        "--prune-lm-head",
+        action="store_true",
+        help="logits for the last position only (the official builder's prune_lm_head; "
+        "the published Phi-3 model computes them for every prompt token)",
+    )
     for flag, field in FLAGS.items():
         p.add_argument(flag, type=int, dest=field, help=f"override the preset's {field}")
     args = p.parse_args(argv)
@@ -118,7 +130,7 @@ FLAGS = {
 def main(argv: list[str] | None = None) -> int:
     args, shape = parse_args(argv)
     began = time.perf_counter()
-    size = make_model(shape, args.out, args.seed, args.graph_only)
+    size = make_model(shape, args.out, args.seed, args.graph_only, args.prune_lm_head)
     took = time.perf_counter() - began
     what = "graph only, weights file would be" if args.graph_only else "weights file"
     print(f"wrote {args.out} ({args.preset}: {shape}; {what} {size:,} bytes) in {took:.1f} s")

@@ -36,7 +36,12 @@ def rotary_caches(shape: Shape) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def build_graph(shape: Shape, data: DataFile, tokens: list[str]) -> onnx.ModelProto:
+def build_graph(
+    shape: Shape, data: DataFile, tokens: list[str], *, prune_lm_head: bool = False
+) -> onnx.ModelProto:
+    """The decoder graph. `prune_lm_head`: the official builder's option of that name, which
+    applies the LM head to the last position only (a prefill then computes one row of logits
+    instead of one per prompt token); the published Phi-3 model does not have it."""
     h, kv, hd = shape.hidden, shape.kv_heads, shape.head_size
     nodes: list[onnx.NodeProto] = []
     weights: list[TensorProto] = []
@@ -153,7 +158,11 @@ def build_graph(shape: Shape, data: DataFile, tokens: list[str]) -> onnx.ModelPr
         epsilon=EPS,
     )
     eos = special_ids(shape.vocab)["<|end|>"]
-    matmul(out[0], "/lm_head/MatMul", h, shape.vocab, lm_head_row_scales(tokens, eos))
+    hidden = out[0]
+    if prune_lm_head:  # as the builder does it: Gather(axis=1, index -1), then Unsqueeze(1)
+        last = node("Gather", [hidden, "minus_one"], "/lm_head/prune/Gather", axis=1)[0]
+        hidden = node("Unsqueeze", [last, "one_1d"], "/lm_head/prune/Unsqueeze")[0]
+    matmul(hidden, "/lm_head/MatMul", h, shape.vocab, lm_head_row_scales(tokens, eos))
 
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     past: list[str | int] = ["batch_size", kv, "past_sequence_length", hd]
@@ -164,8 +173,9 @@ def build_graph(shape: Shape, data: DataFile, tokens: list[str]) -> onnx.ModelPr
             "attention_mask", i64, ["batch_size", "total_sequence_length"]
         ),
     ]
+    logits_rows: str | int = 1 if prune_lm_head else "sequence_length"
     outputs = [
-        helper.make_tensor_value_info("logits", f32, ["batch_size", "sequence_length", shape.vocab])
+        helper.make_tensor_value_info("logits", f32, ["batch_size", logits_rows, shape.vocab])
     ]
     for i in range(shape.layers):
         for kind in ("key", "value"):
@@ -175,6 +185,8 @@ def build_graph(shape: Shape, data: DataFile, tokens: list[str]) -> onnx.ModelPr
         helper.make_tensor("one_1d", i64, [1], [1]),
         helper.make_tensor("one", i64, [], [1]),
     ]
+    if prune_lm_head:
+        constants.append(helper.make_tensor("minus_one", i64, [], [-1]))
     graph = helper.make_graph(nodes, "main_graph", inputs, outputs, weights + constants)
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="phi3-chat make_model")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pytest
 
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before the import: telemetry is on otherwise
@@ -102,3 +103,18 @@ def test_encode_adds_no_bos_and_parses_special_token_strings(tiny: Model) -> Non
     assert list(tokenizer.encode("<|end|>")) == [ids["<|end|>"]]  # text becomes the marker
     assert int(tokenizer.encode("Hi")[0]) != 1  # no <s> in front
     assert tokenizer.decode([ids["<|user|>"], *tokenizer.encode("Hi")]) == "Hi"  # specials skipped
+
+
+def test_pruned_lm_head_gives_the_same_replies(tiny: Model, tmp_path: Path) -> None:
+    """--prune-lm-head (the builder's prune_lm_head: logits of the last position only) loads in
+    onnxruntime-genai, says so in its graph, and generates exactly the unpruned model's tokens."""
+    pruned_dir = tmp_path / "pruned"
+    assert make_model.main(["--preset", "tiny", "--out", str(pruned_dir), "--prune-lm-head"]) == 0
+    graph = onnx.load(str(pruned_dir / make_model.FILENAME), load_external_data=False)
+    assert "/lm_head/prune/Gather" in [n.name for n in graph.graph.node]
+    (logits,) = [o for o in graph.graph.output if o.name == "logits"]
+    assert logits.type.tensor_type.shape.dim[1].dim_value == 1
+    model = og.Model(str(pruned_dir))
+    pruned = (model, og.Tokenizer(model), tiny[2])
+    for prompt in (make_model.LONG_PROMPT, "Hi"):
+        assert greedy(pruned, prompt, 24)[0] == greedy(tiny, prompt, 24)[0]
