@@ -8,7 +8,7 @@ MODEL ?= phi3
 
 .PHONY: run test lint venv clean
 
-$(VENV)/.installed: requirements-dev.txt phi3-sidecar/requirements.txt main-app/requirements.txt
+$(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==25.3
 	$(PY) -m pip install --quiet -r requirements-dev.txt

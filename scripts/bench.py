@@ -27,12 +27,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from scripts import services
 from scripts.bench_variants import EngineProcess, RawEngine, Sample, via_app, via_sidecar
-
-sys.path.insert(0, str(services.SIDECAR_DIR))
 from sidecar.cpus import cpu_budget
 from sidecar.engine import session_options
 

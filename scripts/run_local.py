@@ -7,7 +7,7 @@
    (scripts/make_model.py) into MODELS_DIR/<name>. Generated models have random weights, so
    their replies are gibberish by design; they exist to run everything without a download.
 2. Starts the sidecar (`python -m sidecar`, port 8000) and the chat app (gunicorn with
-   main-app/gunicorn.conf.py, port 8080), both on 127.0.0.1, and prints their logs here.
+   chatapp.gunicorn_conf, port 8080), both on 127.0.0.1, and prints their logs here.
 3. Prints the address to open. Ctrl+C or SIGTERM stops both; if either one dies, the other is
    stopped too and this script exits with status 1.
 """
@@ -29,11 +29,9 @@ from types import FrameType
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from scripts import services  # one home for starting the services
 
-from scripts import services  # noqa: E402  (one home for starting the services)
-
+REPO = services.REPO
 PHI3_FOLDER = "phi3-mini-4k-int4-cpu"
 GENERATED = ("tiny", "small")
 

@@ -134,7 +134,7 @@ def chatapp(
     port = port or free_port()
     env = {"SIDECAR_URL": sidecar_url, "HOST": "127.0.0.1", "PORT": str(port), **settings}
     cmd = (
-        [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "chatapp.wsgi:app"]
+        [sys.executable, "-m", "gunicorn", "-c", "python:chatapp.gunicorn_conf", "chatapp.wsgi:app"]
         if gunicorn
         else [sys.executable, "-m", "chatapp"]
     )

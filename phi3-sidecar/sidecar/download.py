@@ -1,6 +1,11 @@
 """Fetch an onnxruntime-genai model folder from the Hugging Face Hub.
 
-Used by scripts/download_model.py and, with MODEL_DOWNLOAD=1, by the sidecar on first start.
+Used by the sidecar on first start (MODEL_DOWNLOAD=1) and as a command of its own:
+
+    phi3-download [--out DIR] [--repo-id ID --subfolder PATH] [--revision REV]
+
+(also `python scripts/download_model.py` in a checkout). It prints the folder that holds
+genai_config.json: the sidecar's MODEL_PATH.
 Every failure becomes a `DownloadError` whose message is one sentence a person can act on.
 The Hub client honours HF_TOKEN, HF_HOME and HF_ENDPOINT by itself; an interrupted download
 resumes from the partial files it keeps under `<out_dir>/.cache/huggingface`.
@@ -8,7 +13,10 @@ resumes from the partial files it keeps under `<out_dir>/.cache/huggingface`.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +24,7 @@ from typing import Any
 
 DEFAULT_REPO_ID = "microsoft/Phi-3-mini-4k-instruct-onnx"
 DEFAULT_SUBFOLDER = "cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4"
-DEFAULT_OUT_DIR = Path("models/phi3-mini-4k-int4-cpu")
+DEFAULT_OUT_DIR = Path("models/phi3-mini-4k-int4-cpu")  # relative to where the command runs
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -127,3 +135,48 @@ def _silent_tqdm() -> Any:
             super().__init__(*args, **{**kwargs, "disable": True})
 
     return Silent
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Download an onnxruntime-genai model folder from the Hugging Face Hub (by "
+        "default Phi-3-mini-4k-instruct int4 CPU, about 2.7 GB). Resumes an interrupted "
+        "download; does nothing when the folder is already complete. Honours HF_TOKEN, HF_HOME "
+        "and HF_ENDPOINT."
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR, help="download into this folder")
+    p.add_argument("--repo-id", default=DEFAULT_REPO_ID, help="Hub repository (owner/name)")
+    p.add_argument(
+        "--subfolder", default=DEFAULT_SUBFOLDER, help="folder of the repo with genai_config.json"
+    )
+    p.add_argument("--revision", help="branch, tag or commit to pin (default: main)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
+        p.error(f"--repo-id must look like owner/name, not {args.repo_id!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # The Hub client logs warnings (e.g. "no files matched") that would repeat our own message.
+    from huggingface_hub.utils import logging
+
+    logging.set_verbosity_error()
+    try:
+        folder = download_model(
+            args.repo_id,
+            args.subfolder,
+            args.out,
+            revision=args.revision,
+            token=os.environ.get("HF_TOKEN") or None,
+            progress=not args.quiet,
+        )
+    except DownloadError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted; run the same command again to resume.\n")
+        return 130
+    sys.stdout.write(f"{folder}\n")
+    return 0

@@ -1,19 +1,18 @@
-"""Gunicorn settings for the chat app: `gunicorn -c gunicorn.conf.py chatapp.wsgi:app`.
+"""Gunicorn settings for the chat app: `gunicorn -c python:chatapp.gunicorn_conf chatapp.wsgi:app`.
 
 gthread workers: each request runs on a thread, so a long streamed reply holds one thread and
 neither blocks other requests nor trips the worker timeout (the worker's main loop keeps
-reporting in while threads stream). HOST and PORT match `chatapp.settings.listen_address`.
+reporting in while threads stream). HOST, PORT, LOG_LEVEL, WEB_CONCURRENCY and
+GUNICORN_THREADS are parsed by `chatapp.settings`, as everywhere else in the app.
 """
 
 import os
 
-_host = os.environ.get("HOST", "").strip() or "0.0.0.0"
-_port = os.environ.get("PORT", "").strip() or "8080"
-bind = f"[{_host}]:{_port}" if ":" in _host else f"{_host}:{_port}"
+from chatapp import settings
 
+bind = settings.bind_address(os.environ)
+workers, threads = settings.server_size(os.environ)
 worker_class = "gthread"
-workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-threads = int(os.environ.get("GUNICORN_THREADS", "16"))
 timeout = 60  # worker heartbeat, not a limit on how long a reply may stream
 graceful_timeout = 20  # on SIGTERM, let replies in flight finish for this long
 keepalive = 5
@@ -24,7 +23,7 @@ control_socket_disable = True
 accesslog = None
 errorlog = "-"
 # gunicorn's own lines (start, workers, errors) as JSON on stderr too, like the app's.
-_log_level = (os.environ.get("LOG_LEVEL", "").strip() or "info").upper()
+_log_level = settings.log_level(os.environ).upper()
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
