@@ -29,8 +29,8 @@ import httpx
 
 from scripts import services
 from scripts.bench_variants import EngineProcess, RawEngine, Sample, via_app, via_sidecar
-from sidecar.cpus import cpu_budget
-from sidecar.engine import session_options
+from sidecar.model.cpus import cpu_budget
+from sidecar.model.engine import session_options
 
 REPO = services.REPO
 PRESET_DIRS = {"phi3-mini": REPO / "models" / "generated-phi3-mini", "small": None, "tiny": None}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from sidecar.download import main
+from sidecar.model.download import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -99,7 +99,7 @@ class Settings(BaseSettings):
         default=PHI3_SUBFOLDER, description="Folder inside that repository which holds the model."
     )
     engine_factory: str = Field(
-        default="sidecar.engine:load_engine",
+        default="sidecar.model.engine:load_engine",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="module:function that builds the engine in the model worker (tests use it "
         "to inject faults).",

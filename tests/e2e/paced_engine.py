@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from sidecar import ipc
-from sidecar.engine import Engine, Generation
-from sidecar.engine import load_engine as load_real_engine
+from sidecar.model.engine import Engine, Generation
+from sidecar.model.engine import load_engine as load_real_engine
 from sidecar.settings import Settings
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 
 from sidecar import ipc
-from sidecar.engine import Engine, Generation
-from sidecar.engine import load_engine as load_real_engine
-from sidecar.prompt import Prompt
+from sidecar.model.engine import Engine, Generation
+from sidecar.model.engine import load_engine as load_real_engine
+from sidecar.model.prompt import Prompt
 from sidecar.settings import Settings
 
 RAISE = "[[fault:raise]]"  # the second token step raises (an error after the first byte)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.admission import Admission, QueueFull
+from sidecar.web.admission import Admission, QueueFull
 from tests.sidecar import reference
 from tests.sidecar.support import (
     assert_error,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cpus import cpu_budget
-from sidecar.engine import session_options, thread_count
+from sidecar.model.cpus import cpu_budget
+from sidecar.model.engine import session_options, thread_count
 from sidecar.settings import Settings
 from tests.support import servers
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from sidecar import ipc
-from sidecar.engine import load_engine
+from sidecar.model.engine import load_engine
 from sidecar.settings import Settings
 from tests.sidecar import reference
 from tests.sidecar.support import predict, request_line

@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from sidecar.app import create_app
 from sidecar.settings import Settings
+from sidecar.web.app import create_app
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = [name.upper() for name in Settings.model_fields]
@@ -144,7 +144,7 @@ def test_telemetry_is_off_before_onnxruntime_genai_is_imported() -> None:
                 seen["at_import"] = os.environ.get("ORT_DISABLE_TELEMETRY")
             return real_import(name, *args, **kwargs)
         builtins.__import__ = spy
-        import sidecar.engine
+        import sidecar.model.engine
         print(seen["at_import"])
         """
     )
@@ -156,7 +156,7 @@ def test_the_web_process_never_imports_onnxruntime_genai(tiny_model_dir: Path) -
         f"""
         import sys, time
         from fastapi.testclient import TestClient
-        from sidecar.app import create_app
+        from sidecar.web.app import create_app
         from sidecar.settings import Settings
 
         with TestClient(create_app(Settings(model_path={str(tiny_model_dir)!r}))) as client:

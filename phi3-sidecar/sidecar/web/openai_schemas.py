@@ -13,7 +13,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sidecar.ipc import Role
-from sidecar.schemas import (
+from sidecar.web.messages import (
     MAX_MESSAGES,
     ChatMessage,
     NewTokens,

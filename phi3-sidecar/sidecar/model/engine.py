@@ -24,13 +24,13 @@ from typing import Any
 
 import onnxruntime_genai as og
 
-from sidecar.cpus import cpu_budget
 from sidecar.ipc import Finish, Generate
-from sidecar.model_folder import ModelFolderError, read_genai_config, read_json
-from sidecar.prompt import Prompt, PromptBuilder, added_tokens_of
+from sidecar.model.cpus import cpu_budget
+from sidecar.model.folder import ModelFolderError, read_genai_config, read_json
+from sidecar.model.prompt import Prompt, PromptBuilder, added_tokens_of
 from sidecar.settings import Settings
 
-log = logging.getLogger("sidecar.engine")
+log = logging.getLogger("sidecar.model.engine")
 
 
 class Engine:

@@ -6,7 +6,7 @@ it cancels the generation in the worker. An error after the first byte ends the 
 its final chunk, so the client sees an incomplete response rather than a normal end; no error
 text is sent.
 
-How the text is written is a ReplyFormat: /predict's plain text (the base class), or the
+How the text is written is a ReplyFormat: /predict's plain text (predict_api.py), or the
 OpenAI formats (openai_api.py): server-sent events, or one JSON body sent when the reply is
 complete (`buffered`: nothing goes out before the end, so a failed generation gets an error
 status instead, and a client that left gets nothing; the disconnect is watched all the same).
@@ -21,9 +21,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sidecar import ipc
-from sidecar.errors import ApiError, error_response, not_ready
-from sidecar.logs import RequestRecord
-from sidecar.worker_client import Reply, WorkerClient
+from sidecar.web.errors import ApiError, error_response, not_ready
+from sidecar.web.model_client import ModelClient, Reply
+from sidecar.web.record import RequestRecord
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -32,9 +32,10 @@ async def wait_for_disconnect(receive: Receive) -> None:
 
 
 class ReplyFormat:
-    """/predict's format: text/plain, each piece of text as it comes, nothing around it."""
+    """How a reply is written: PlainText (predict_api.py), EventStream and Completion
+    (openai_api.py). The defaults send nothing around the pieces."""
 
-    media_type = "text/plain"
+    media_type: str
     buffered = False  # True: nothing is sent before the end; tail() is then the whole body
 
     def head(self) -> bytes:
@@ -42,7 +43,8 @@ class ReplyFormat:
         return b""
 
     def piece(self, text: str) -> bytes:
-        return text.encode()
+        """Sent for each piece of text as it comes ('' sends nothing)."""
+        raise NotImplementedError
 
     def tail(self, end: ipc.End, prompt_tokens: int) -> bytes:
         """Sent last, when the generation ended normally (eos or length)."""
@@ -53,7 +55,7 @@ class ReplyResponse(Response):
     def __init__(
         self,
         reply: Reply,
-        worker: WorkerClient,
+        model: ModelClient,
         record: RequestRecord,
         started: ipc.Started,
         reply_format: ReplyFormat,
@@ -65,7 +67,7 @@ class ReplyResponse(Response):
         self.media_type = reply_format.media_type
         self._format = reply_format
         self._reply = reply
-        self._worker = worker
+        self._model = model
         self._record = record
         self._prompt_tokens = started.prompt_tokens
         self._text: list[str] | None = [] if keep_text else None
@@ -92,13 +94,13 @@ class ReplyResponse(Response):
                 end = pump.result()
                 outcome: str = end.finish
             else:
-                self._worker.cancel(self._reply.key)
+                self._model.cancel(self._reply.key)
                 end = await self._reply.end
                 outcome = "cancelled"  # even if the model had finished: the client did not get it
         except asyncio.CancelledError:
             # The server is stopping and its grace period is over: stop the generation and end
             # the stream as incomplete (returning quietly: a re-raise only adds a traceback).
-            self._worker.cancel(self._reply.key)
+            self._model.cancel(self._reply.key)
             self._record.outcome = "cancelled"
             if buffered:
                 await self._error(not_ready("stopping", None), scope, receive, send)
@@ -120,11 +122,11 @@ class ReplyResponse(Response):
         if outcome == "cancelled":
             return  # nobody is listening
         if end.finish == "error":  # logged by the worker (or the worker died): nothing was sent
-            phase = self._worker.phase
+            phase = self._model.phase
             if phase.name != "ready":
                 error = not_ready(phase.name, phase.reason)
             else:
-                error = ApiError(500, "internal_error", "the generation failed; see the log")
+                error = ApiError("generation_failed", "the generation failed; see the log")
             await self._error(error, scope, receive, send)
             return
         body = self._format.tail(end, self._prompt_tokens)

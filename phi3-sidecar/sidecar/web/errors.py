@@ -1,4 +1,5 @@
-"""One error shape for every failure: {"error": {"message": ..., "type": ...}}.
+"""Every refusal's status and type (REFUSALS), and one error shape for every failure:
+{"error": {"message": ..., "type": ...}}.
 
 Handlers are registered in the factory, so no path answers with FastAPI's {"detail": ...} or
 with a stack trace; exception text never reaches a client.
@@ -7,6 +8,7 @@ with a stack trace; exception text never reaches a client.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,25 +16,62 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-log = logging.getLogger("sidecar.errors")
+log = logging.getLogger("sidecar.web.errors")
 
 RETRY_NOT_READY_S = 5
 RETRY_OVERLOADED_S = 2
 
 
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    type: str
+
+
+# Every reason the sidecar refuses a request for, and its answer: the one place where an
+# error status is decided. Routes and the pipeline raise ApiError(reason, ...); the model worker
+# reports ipc.Rejected(reason, ...) (ipc.Refusal); Starlette's and FastAPI's own errors are
+# mapped by the handlers below.
+REFUSALS: dict[str, Answer] = {
+    # the request body (pipeline.read_body)
+    "unsupported_media_type": Answer(415, "unsupported_media_type"),
+    "body_too_large": Answer(413, "body_too_large"),
+    "body_cut_off": Answer(400, "invalid_request"),
+    "invalid_encoding": Answer(400, "invalid_encoding"),
+    "invalid_json": Answer(400, "invalid_json"),
+    "invalid_field": Answer(422, "invalid_request"),
+    # the path and method (Starlette)
+    "not_found": Answer(404, "not_found"),
+    "method_not_allowed": Answer(405, "method_not_allowed"),
+    # the service's state (pipeline)
+    "not_ready": Answer(503, "not_ready"),
+    "overloaded": Answer(503, "overloaded"),
+    # the model worker (ipc.Refusal) and the generation
+    "context_length_exceeded": Answer(413, "context_length_exceeded"),
+    "unencodable_prompt": Answer(400, "invalid_request"),
+    "start_failed": Answer(500, "internal_error"),
+    "generation_failed": Answer(500, "internal_error"),
+    # anything unexpected
+    "internal_error": Answer(500, "internal_error"),
+}
+
+
 class ApiError(Exception):
+    """A refusal: its reason (a key of REFUSALS) and one sentence for the client."""
+
     def __init__(
         self,
-        status: int,
-        kind: str,
+        reason: str,
         message: str,
         *,
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
-        self.kind = kind
+        answer = REFUSALS[reason]
+        self.reason = reason
+        self.status = answer.status
+        self.kind = answer.type
         self.message = message
         self.headers = headers or {}
         self.extra = extra or {}
@@ -41,7 +80,6 @@ class ApiError(Exception):
 def not_ready(phase: str, reason: str | None) -> ApiError:
     detail = f"{phase}: {reason}" if reason else phase
     return ApiError(
-        503,
         "not_ready",
         f"the model is not ready ({detail})",
         headers={"Retry-After": str(RETRY_NOT_READY_S)},
@@ -51,7 +89,6 @@ def not_ready(phase: str, reason: str | None) -> ApiError:
 
 def overloaded() -> ApiError:
     return ApiError(
-        503,
         "overloaded",
         "too many requests are waiting for the model; retry later",
         headers={"Retry-After": str(RETRY_OVERLOADED_S)},
@@ -72,7 +109,7 @@ def error_response(
     )
 
 
-_HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
+_HTTP_REASONS = {404: "not_found", 405: "method_not_allowed"}
 
 
 def _mark(request: Request, kind: str) -> None:
@@ -89,21 +126,24 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    kind = _HTTP_TYPES.get(exc.status_code, "http_error")
-    _mark(request, kind)
-    message = "no such path" if exc.status_code == 404 else str(exc.detail)
-    return error_response(exc.status_code, kind, message, dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    reason = _HTTP_REASONS.get(exc.status_code)
+    if reason is None:  # another status raised by Starlette: kept, with a generic type
+        _mark(request, "http_error")
+        return error_response(exc.status_code, "http_error", str(exc.detail), headers)
+    message = "no such path" if reason == "not_found" else str(exc.detail)
+    return await _api_error(request, ApiError(reason, message, headers=headers))
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    _mark(request, "invalid_request")
-    return error_response(422, "invalid_request", "the request does not match the API")
+    error = ApiError("invalid_field", "the request does not match the API")
+    return await _api_error(request, error)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    _mark(request, "internal_error")
     log.error("unexpected error", exc_info=exc)
-    return error_response(500, "internal_error", "internal error; see the sidecar log")
+    error = ApiError("internal_error", "internal error; see the sidecar log")
+    return await _api_error(request, error)
 
 
 def install(app: FastAPI) -> None:

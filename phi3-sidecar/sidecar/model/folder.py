@@ -13,7 +13,7 @@ from typing import Any
 
 from sidecar.settings import Settings
 
-log = logging.getLogger("sidecar.model_folder")
+log = logging.getLogger("sidecar.model.folder")
 
 
 class ModelFolderError(Exception):
@@ -67,7 +67,7 @@ def download_if_needed(settings: Settings) -> Path:
     Runs in the model worker, so the web process neither imports huggingface_hub nor spends
     its GIL on the transfer.
     """
-    from sidecar.download import download_model, is_complete
+    from sidecar.model.download import download_model, is_complete
 
     if not settings.model_download or is_complete(settings.model_path):
         return settings.model_path

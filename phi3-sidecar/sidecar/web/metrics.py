@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sidecar.logs import RequestRecord
+    from sidecar.web.record import RequestRecord
 
 
 # The routes that generate; their requests are counted (whichever way they end).
@@ -19,6 +19,7 @@ class Gauges:
     ready: bool
     active: int
     waiting: int
+    worker_restarts: int
 
 
 class Metrics:
@@ -27,7 +28,6 @@ class Metrics:
         self.generated_tokens = 0
         self.prompt_tokens = 0
         self.tokens_after_disconnect = 0
-        self.worker_restarts = 0
 
     def observe(self, record: RequestRecord) -> None:
         if record.path not in GENERATION_PATHS:
@@ -56,7 +56,12 @@ class Metrics:
                 "Tokens generated after a client disconnect was noticed.",
                 self.tokens_after_disconnect,
             ),
-            ("worker_restarts_total", "counter", "Model worker restarts.", self.worker_restarts),
+            (
+                "worker_restarts_total",
+                "counter",
+                "Model worker restarts.",
+                gauges.worker_restarts,
+            ),
             ("ready", "gauge", "1 when the model is ready.", int(gauges.ready)),
             ("active_generations", "gauge", "Generations running.", gauges.active),
             ("queue_depth", "gauge", "Requests waiting for a slot.", gauges.waiting),

@@ -22,12 +22,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from sidecar import ipc, worker
-from sidecar.admission import Admission
-from sidecar.metrics import Metrics
+from sidecar import ipc
 from sidecar.settings import Settings
 
-log = logging.getLogger("sidecar.worker_client")
+log = logging.getLogger("sidecar.web.model_client")
 
 STOP_GRACE_S = 5.0
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -64,11 +62,13 @@ class Reply:
                 self.end.set_result(message)
 
 
-class WorkerClient:
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
-        self.settings = settings
-        self.metrics = metrics
-        self.admission = Admission(settings.max_concurrency, settings.queue_size)
+class ModelClient:
+    """The model worker process, seen from the web process: submit, cancel, its phase."""
+
+    def __init__(self, settings: Settings, on_generation_over: Callable[[], None]) -> None:
+        self._settings = settings
+        self._on_generation_over = on_generation_over  # called once per submitted request
+        self.restarts = 0
         self.phase = PhaseState("starting", None, time.monotonic())
         self._replies: dict[int, Reply] = {}
         self._keys = itertools.count(1)
@@ -111,8 +111,8 @@ class WorkerClient:
         to_worker_r, to_worker_w = context.Pipe(duplex=False)
         from_worker_r, from_worker_w = context.Pipe(duplex=False)
         process = context.Process(
-            target=worker.main,
-            args=(self.settings, to_worker_r, from_worker_w),
+            target=ipc.run,
+            args=(ipc.WORKER_ENTRY, self._settings, to_worker_r, from_worker_w),
             name="model-worker",
             daemon=True,
         )
@@ -183,7 +183,7 @@ class WorkerClient:
             return
         if isinstance(message, ipc.Rejected | ipc.End):
             del self._replies[message.key]
-            self.admission.release()
+            self._on_generation_over()
         reply.deliver(message)
 
     def _set_phase(self, message: ipc.Phase) -> None:
@@ -208,7 +208,7 @@ class WorkerClient:
             return  # the worker reported why and stopped on purpose; a restart would not help
         delay = RESTART_DELAYS_S[min(self._crashes, len(RESTART_DELAYS_S) - 1)]
         self._crashes += 1
-        self.metrics.worker_restarts += 1
+        self.restarts += 1
         self._set_phase(
             ipc.Phase(
                 "failed",
@@ -222,5 +222,5 @@ class WorkerClient:
     def _abort_all(self) -> None:
         replies, self._replies = self._replies, {}
         for key, reply in replies.items():
-            self.admission.release()
+            self._on_generation_over()
             reply.deliver(ipc.End(key, "error", 0, None))

@@ -53,18 +53,20 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from sidecar import ipc, pipeline
-from sidecar.deps import Record, Worker
-from sidecar.openai_schemas import ChatCompletionRequest
-from sidecar.streaming import ReplyFormat
+from sidecar import ipc
+from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
+from sidecar.web.openai_schemas import ChatCompletionRequest
+from sidecar.web.pipeline import read_body
+from sidecar.web.reply import ReplyFormat
 
 router = APIRouter()
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request, worker: Worker, record: Record) -> Response:
-    settings = worker.settings
-    body = await pipeline.read_body(request, settings.max_body_bytes, ChatCompletionRequest)
+async def chat_completions(
+    request: Request, settings: SettingsDep, pipeline: PipelineDep, record: RecordDep
+) -> Response:
+    body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
     record.stream = body.stream
     generate = ipc.Generate(
         record.request_id,
@@ -78,7 +80,7 @@ async def chat_completions(request: Request, worker: Worker, record: Record) -> 
     model = body.model if body.model is not None else settings.model_path.name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
     reply_format = EventStream(ids, body.include_usage) if body.stream else Completion(ids)
-    return await pipeline.run(request, worker, record, generate, reply_format)
+    return await pipeline.run(request, record, generate, reply_format)
 
 
 @dataclass(frozen=True)

@@ -19,26 +19,26 @@ as made after a disconnect.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Protocol
 
 from sidecar import ipc
-from sidecar.logs import configure_logging
-from sidecar.model_folder import ModelFolderError, download_if_needed
-from sidecar.prompt import Prompt, PromptTooLong, UnsafePrompt
+from sidecar.jsonlog import configure_logging
+from sidecar.model.folder import ModelFolderError, download_if_needed
+from sidecar.model.prompt import Prompt, PromptTooLong, UnsafePrompt
 from sidecar.settings import Settings
 
-log = logging.getLogger("sidecar.worker")
+log = logging.getLogger("sidecar.model.worker")
 
 
-class Generation(Protocol):
+class Stepper(Protocol):
+    """What the scheduler needs of a generation (engine.Generation; tests wrap it)."""
+
     prompt: Prompt
     generated: int
     finish: ipc.Finish | None
@@ -51,10 +51,12 @@ class Generation(Protocol):
     def tokens_per_s(self) -> float | None: ...
 
 
-class Engine(Protocol):
+class Backend(Protocol):
+    """What the scheduler needs of a model (engine.Engine; tests wrap it)."""
+
     max_length: int
 
-    def start(self, request: ipc.Generate) -> Generation: ...
+    def start(self, request: ipc.Generate) -> Stepper: ...
 
     def warm_up(self) -> None: ...
 
@@ -62,16 +64,10 @@ class Engine(Protocol):
 @dataclass
 class _Job:
     request_id: str
-    generation: Generation
+    generation: Stepper
     # When recent tokens were finished (prefill steps are not tokens), to count those made
     # after a disconnect was noticed.
     finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=8))
-
-
-def load_factory(path: str) -> Callable[[Settings], Engine]:
-    module, _, name = path.partition(":")
-    factory: Callable[[Settings], Engine] = getattr(importlib.import_module(module), name)
-    return factory
 
 
 def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
@@ -90,14 +86,14 @@ def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
         pass  # the web process is gone: so is the reason to run
 
 
-def _load(settings: Settings, outbox: Connection) -> Engine | None:
+def _load(settings: Settings, outbox: Connection) -> Backend | None:
     try:
         if settings.model_download:
             outbox.send(ipc.Phase("downloading"))
             folder = download_if_needed(settings)
             settings = settings.model_copy(update={"model_path": folder})
         outbox.send(ipc.Phase("loading"))
-        engine = load_factory(settings.engine_factory)(settings)
+        engine: Backend = ipc.resolve(settings.engine_factory)(settings)
         outbox.send(ipc.Phase("warming_up"))
         engine.warm_up()
     except ModelFolderError as exc:
@@ -114,7 +110,7 @@ def _load(settings: Settings, outbox: Connection) -> Engine | None:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, inbox: Connection, outbox: Connection) -> None:
+    def __init__(self, engine: Backend, inbox: Connection, outbox: Connection) -> None:
         self._engine = engine
         self._inbox = inbox
         self._outbox = outbox
@@ -154,7 +150,6 @@ class Scheduler:
             self._outbox.send(
                 ipc.Rejected(
                     request.key,
-                    413,
                     "context_length_exceeded",
                     f"the prompt takes {exc.prompt_tokens} tokens even with all older turns "
                     f"left out; the limit is {exc.limit} tokens for prompt and reply together",
@@ -164,7 +159,7 @@ class Scheduler:
             return
         except UnsafePrompt:
             self._outbox.send(
-                ipc.Rejected(request.key, 400, "invalid_request", "the messages cannot be encoded")
+                ipc.Rejected(request.key, "unencodable_prompt", "the messages cannot be encoded")
             )
             return
         except Exception as exc:
@@ -178,7 +173,7 @@ class Scheduler:
                 },
             )
             self._outbox.send(
-                ipc.Rejected(request.key, 500, "internal_error", "the model failed to start")
+                ipc.Rejected(request.key, "start_failed", "the model failed to start")
             )
             return
         self._jobs[request.key] = _Job(request.request_id, generation)
