@@ -31,6 +31,7 @@ from scripts import services
 from scripts.bench_variants import EngineProcess, RawEngine, Sample, via_app, via_sidecar
 from sidecar.model.cpus import cpu_budget
 from sidecar.model.engine import session_options
+from sidecar.model.folder import is_complete
 
 REPO = services.REPO
 PRESET_DIRS = {"phi3-mini": REPO / "models" / "generated-phi3-mini", "small": None, "tiny": None}
@@ -70,7 +71,7 @@ def ensure_model(args: argparse.Namespace, scratch: Path) -> Path:
     if args.model:
         return Path(args.model)
     out = PRESET_DIRS.get(args.preset) or scratch / args.preset
-    if (out / "genai_config.json").exists():
+    if is_complete(out):
         return out
     print(f"building the generated {args.preset} model into {out} ...", flush=True)
     make = [sys.executable, str(REPO / "scripts" / "make_model.py")]

@@ -22,8 +22,9 @@ from typing import Any
 
 request_log = logging.getLogger("chatapp.request")
 
-# What the sidecar takes as X-Request-Id (its web/request_log.py), so the id is the same.
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+# What the sidecar takes as X-Request-Id (its web/request_log.py; tests/test_contracts.py keeps
+# them equal), so both services log the same id.
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,7 +56,7 @@ def configure_logging(level: str) -> None:
 
 def request_id(incoming: str | None) -> str:
     """The caller's id when it is a sane token, else a new one."""
-    if incoming and _REQUEST_ID.fullmatch(incoming):
+    if incoming and REQUEST_ID.fullmatch(incoming):
         return incoming
     return uuid.uuid4().hex[:16]
 

@@ -14,7 +14,6 @@ resumes from the partial files it keeps under `<out_dir>/.cache/huggingface`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Iterator
@@ -22,33 +21,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-DEFAULT_REPO_ID = "microsoft/Phi-3-mini-4k-instruct-onnx"
-DEFAULT_SUBFOLDER = "cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4"
-DEFAULT_OUT_DIR = Path("models/phi3-mini-4k-int4-cpu")  # relative to where the command runs
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+from sidecar import catalog
+from sidecar.model.folder import is_complete
+
+DEFAULT_REPO_ID = catalog.DEFAULT.repo_id
+DEFAULT_SUBFOLDER = catalog.DEFAULT.subfolder
+DEFAULT_OUT_DIR = Path("models") / catalog.DEFAULT.folder  # relative to where the command runs
 
 
 class DownloadError(Exception):
     """The model could not be fetched; str(error) is one sentence for the user."""
-
-
-def is_complete(folder: Path) -> bool:
-    """True when `folder` holds a loadable model: its config, graph, weights and tokenizer.
-
-    The Hub client writes each file under a temporary name and renames it when complete, so a
-    file that exists with a non-zero size is whole.
-    """
-    try:
-        config = json.loads((folder / "genai_config.json").read_text(encoding="utf-8"))
-        graph = config["model"]["decoder"]["filename"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    names = [graph, f"{graph}.data", *TOKENIZER_FILES]
-    return all(_nonempty(folder / name) for name in names)
-
-
-def _nonempty(path: Path) -> bool:
-    return path.is_file() and path.stat().st_size > 0
 
 
 def download_model(

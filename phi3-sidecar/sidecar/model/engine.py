@@ -26,7 +26,7 @@ import onnxruntime_genai as og
 
 from sidecar.ipc import Finish, Generate
 from sidecar.model.cpus import cpu_budget
-from sidecar.model.folder import ModelFolderError, read_genai_config, read_json
+from sidecar.model.folder import ModelFolderError, first_line, read_genai_config, read_json
 from sidecar.model.prompt import Prompt, PromptBuilder, added_tokens_of
 from sidecar.settings import Settings
 
@@ -59,10 +59,9 @@ class Engine:
             self.model = og.Model(config)
             self.tokenizer = og.Tokenizer(self.model)
         except Exception as exc:
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            first_line = first_line if len(first_line) <= 300 else first_line[:299] + "…"
             raise ModelFolderError(
-                f"onnxruntime-genai could not load the model in {str(path)!r}: {first_line}; "
+                f"onnxruntime-genai could not load the model in {str(path)!r}: "
+                f"{first_line(exc)}; "
                 "check that the folder is complete (download it again)"
             ) from exc
         model_eos = genai_config["model"].get("eos_token_id", [])

@@ -1,8 +1,9 @@
 """The model worker process: loads the model, then runs generations one bounded step at a time.
 
 Why a process: every onnxruntime-genai Generator call holds the GIL for its whole duration (a
-prefill chunk can take seconds, a Phi-3-mini decode step ~170 ms on CPU). In the web process
-that would freeze the event loop, so /healthz and every other stream would stall. A thread
+prefill chunk can take seconds on a CPU, a Phi-3-mini decode step a tenth of one: see
+docs/benchmarks.md). In the web process that would freeze the event loop, so /healthz and
+every other stream would stall. A thread
 cannot avoid it, and smaller prefill chunks would only shorten the stalls. In a separate process
 the model can hold its own GIL as long as it likes; the web process only relays small messages.
 
@@ -29,7 +30,7 @@ from typing import Protocol
 
 from sidecar import ipc
 from sidecar.jsonlog import configure_logging
-from sidecar.model.folder import ModelFolderError, download_if_needed
+from sidecar.model.folder import ModelFolderError, download_if_needed, first_line
 from sidecar.model.prompt import Prompt, PromptTooLong, UnsafePrompt
 from sidecar.settings import Settings
 
@@ -100,10 +101,8 @@ def _load(settings: Settings, outbox: Connection) -> Backend | None:
         outbox.send(ipc.Phase("failed", str(exc)))
         return None
     except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [""])[0][:300]
-        outbox.send(
-            ipc.Phase("failed", f"loading the model failed: {type(exc).__name__}: {reason}")
-        )
+        reason = f"loading the model failed: {type(exc).__name__}: {first_line(exc)}"
+        outbox.send(ipc.Phase("failed", reason))
         return None
     outbox.send(ipc.Phase("ready", context_length=engine.max_length))
     return engine

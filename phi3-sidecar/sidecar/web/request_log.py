@@ -17,7 +17,8 @@ from sidecar.web.record import RequestRecord
 
 request_log = logging.getLogger("sidecar.request")
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+# A caller's X-Request-Id is kept when it is a sane token (the chat app applies the same rule).
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # probes: debug level only
 
 
@@ -41,7 +42,7 @@ class RequestLogMiddleware:
             await self.app(scope, receive, send)
             return
         incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        rid = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex[:16]
+        rid = incoming if REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex[:16]
         record = RequestRecord(rid, scope["method"], scope["path"])
         scope.setdefault("state", {})["record"] = record
 
