@@ -22,7 +22,7 @@ run: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy phi3-sidecar/sidecar main-app/chatapp scripts
+	$(VENV)/bin/mypy phi3-sidecar/sidecar main-app/chatapp scripts tests
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)

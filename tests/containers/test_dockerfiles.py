@@ -108,7 +108,7 @@ def test_dockerignore_lets_in_only_what_the_dockerfile_copies(service: Path) -> 
     ]
     assert patterns[0] == "*", "an allow-list keeps models and venvs out of the context"
     allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
-    copied = set()
+    copied: set[str] = set()
     for kw, args in instructions(service / "Dockerfile"):
         if kw == "COPY" and "--from=" not in args:
             copied.update(src.rstrip("/") for src in args.split()[:-1] if not src.startswith("--"))

@@ -21,12 +21,12 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from scripts import make_model
+from scripts import make_model, services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e import live
-from tests.e2e.conftest import AppFactory, paced
-from tests.support import servers
+from tests.e2e.conftest import AppFactory
+from tests.support.engines import paced
 
 pytestmark = pytest.mark.browser
 
@@ -94,7 +94,7 @@ def reply(page: Page) -> Locator:
 
 
 def test_streamed_reply_and_second_turn(
-    page: Page, live_app: servers.Service, sidecar_service: servers.Service
+    page: Page, live_app: services.Service, sidecar_service: services.Service
 ) -> None:
     page.goto(live_app.url)
     expect(page.locator("#model-status")).to_contain_text("Model ready")
@@ -145,7 +145,7 @@ def test_streamed_reply_and_second_turn(
     expect(reply(page)).to_have_attribute("data-state", "done")
 
 
-def test_phone_sized_screen(browser: Browser, live_app: servers.Service) -> None:
+def test_phone_sized_screen(browser: Browser, live_app: services.Service) -> None:
     context = browser.new_context(viewport={"width": 375, "height": 720}, is_mobile=True)
     page = context.new_page()
     try:
@@ -162,7 +162,7 @@ def test_phone_sized_screen(browser: Browser, live_app: servers.Service) -> None
 
 
 def test_stop_stops_the_reply(
-    page: Page, paced_app: servers.Service, paced_sidecar: servers.Service
+    page: Page, paced_app: services.Service, paced_sidecar: services.Service
 ) -> None:
     cancelled = live.metric(paced_sidecar, "sidecar_requests_total", outcome="cancelled")
     page.goto(paced_app.url)
@@ -189,7 +189,7 @@ def test_stop_stops_the_reply(
 
 
 def test_busy_sidecar_is_retried(
-    page: Page, paced_app: servers.Service, paced_sidecar: servers.Service
+    page: Page, paced_app: services.Service, paced_sidecar: services.Service
 ) -> None:
     body = {"messages": [{"role": "user", "content": make_model.LONG_PROMPT}]}
     started = threading.Event()
@@ -219,7 +219,7 @@ def test_busy_sidecar_is_retried(
 
 
 def test_sidecar_down_shows_a_sentence(page: Page, start_app: AppFactory) -> None:
-    with start_app(f"http://127.0.0.1:{servers.free_port()}") as app:
+    with start_app(f"http://127.0.0.1:{services.free_port()}") as app:
         page.goto(app.url)
         expect(page.locator("#model-status")).to_contain_text("Model service not reachable")
         send(page, "Hello?")
@@ -239,10 +239,10 @@ def test_model_loading_then_ready(
 ) -> None:
     settings = paced(pace=0.0, load_delay=2.0)
     with (
-        servers.sidecar(tiny_model_dir, tmp_path / "sc.log", wait=False, **settings) as sidecar,
+        services.sidecar(tiny_model_dir, tmp_path / "sc.log", wait=False, env=settings) as sidecar,
         start_app(sidecar.url) as app,
     ):
-        servers.wait_for(sidecar.url + "/healthz", sidecar.process, sidecar.log_path, 30)
+        services.wait_for(sidecar.url + "/healthz", sidecar.process, sidecar.log_path, 30)
         page.goto(app.url)
         expect(page.locator("#model-status")).to_contain_text("Model loading")
         send(page, "Hello")
@@ -253,14 +253,14 @@ def test_model_loading_then_ready(
 
 
 @pytest.fixture
-def fake_app(start_app: AppFactory) -> Iterator[tuple[FakeSidecar, servers.Service]]:
+def fake_app(start_app: AppFactory) -> Iterator[tuple[FakeSidecar, services.Service]]:
     """The app in front of a fake sidecar, for replies the real model will not write."""
     with FakeSidecar() as fake, start_app(fake.url) as app:
         yield fake, app
 
 
 def test_model_output_is_shown_as_text(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     hostile = ['<img src=x onerror="alert(1)">', " and <scr", "ipt>alert(2)</script> ", "&amp;"]
@@ -283,7 +283,9 @@ def test_model_output_is_shown_as_text(
     assert dialogs == []
 
 
-def test_cut_off_reply_is_marked(fake_app: tuple[FakeSidecar, servers.Service], page: Page) -> None:
+def test_cut_off_reply_is_marked(
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
+) -> None:
     fake, app = fake_app
     fake.predict = lambda h: fs.chunked(h, [b"The first half ", "and é".encode()], end=False)
     page.goto(app.url)

@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.model.download import DEFAULT_REPO_ID, DEFAULT_SUBFOLDER, download_model, is_complete
 from tests.models.fake_hub import FakeHub
-from tests.support.servers import free_port
+from scripts.services import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "download_model.py"
 GRAPH = "model.onnx"

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from scripts import services
 from scripts.make_model import EOS_PROMPT, LONG_PROMPT
+from scripts.services import Service
 from tests.sidecar import reference
-from tests.sidecar.faults import RAISE, SECRET
 from tests.sidecar.support import assert_error, metrics, predict, request_line
-from tests.support import servers
-from tests.support.servers import Service
+from tests.support.engines import RAISE, SECRET
 
 PATH = "/v1/chat/completions"
 CONVERSATION = [
@@ -307,7 +307,7 @@ def test_the_body_and_context_errors_are_predicts(sidecar_service: Service) -> N
 
 
 def test_not_ready_is_503_with_retry_after(tmp_path: Path) -> None:
-    with servers.sidecar(tmp_path / "no-model", tmp_path / "sidecar.log", wait=False) as service:
+    with services.sidecar(tmp_path / "no-model", tmp_path / "sidecar.log", wait=False) as service:
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -336,10 +336,10 @@ def test_a_disconnect_mid_stream_stops_the_generation_within_one_token(
             events += line.startswith("data: ")
             if events >= 5:
                 break  # leaving the block closes the connection
-    line = request_line(service, rid)
-    assert (line["outcome"], line["stream"]) == ("cancelled", True)
-    assert line["tokens_after_disconnect"] <= 1
-    assert line["generated_tokens"] < 300
+    logged = request_line(service, rid)
+    assert (logged["outcome"], logged["stream"]) == ("cancelled", True)
+    assert logged["tokens_after_disconnect"] <= 1
+    assert logged["generated_tokens"] < 300
 
 
 def test_a_disconnect_while_waiting_for_the_whole_reply_stops_it_too(

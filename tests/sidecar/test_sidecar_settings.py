@@ -112,7 +112,7 @@ def test_prefill_chunk_bounds_are_inclusive(clean_env: pytest.MonkeyPatch, value
 
 def test_settings_are_frozen(clean_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationError):
-        Settings().port = 1  # type: ignore[misc]
+        Settings().port = 1
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
