@@ -28,6 +28,13 @@ class Settings(BaseSettings):
         default=Path("/home/models") / catalog.DEFAULT.folder,
         description="Folder that holds genai_config.json, the ONNX model and the tokenizer.",
     )
+    model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The model's name in /v1/models, /readyz and replies; default: the model "
+        "folder's name (for a downloaded catalog model, the folder it was downloaded into).",
+    )
     host: str = Field(default="0.0.0.0", min_length=1, description="Interface to listen on.")
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
     max_length: int | None = Field(
@@ -103,6 +110,19 @@ class Settings(BaseSettings):
         description="module:function that builds the engine in the model worker (tests use it "
         "to inject faults).",
     )
+
+    @property
+    def served_model_name(self) -> str:
+        """MODEL_NAME, else the model folder's name; for a folder downloaded from the catalog
+        (<root>/<entry folder>/<subfolder>) the name of the folder it was downloaded into."""
+        if self.model_name:
+            return self.model_name
+        path = self.model_path
+        if self.model_subfolder:
+            subfolder = Path(self.model_subfolder.strip("/"))
+            if path.parts[-len(subfolder.parts) :] == subfolder.parts:
+                path = path.parents[len(subfolder.parts) - 1]
+        return path.name or str(path)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -389,3 +389,24 @@ def test_a_failed_generation_without_stream_is_a_500(faulty_service: Service) ->
     line = request_line(faulty_service, response.headers["x-request-id"])
     assert (line["status"], line["outcome"], line["error_type"]) == (500, "error", "internal_error")
     assert chat(faulty_service.url, {"messages": HI}).status_code == 200
+
+
+def test_the_model_list_names_the_served_model(
+    sidecar_service: Service, tiny_model_dir: Path
+) -> None:
+    listed = httpx.get(sidecar_service.url + "/v1/models", timeout=10)
+    assert listed.status_code == 200
+    assert listed.json()["object"] == "list"
+    (model,) = listed.json()["data"]
+    assert model["id"] == tiny_model_dir.name and model["object"] == "model"
+    assert isinstance(model["created"], int) and model["created"] > 0
+    one = httpx.get(f"{sidecar_service.url}/v1/models/{model['id']}", timeout=10)
+    assert one.status_code == 200 and one.json() == model
+    ready = httpx.get(sidecar_service.url + "/readyz", timeout=10).json()
+    assert ready["model"] == model["id"]
+
+
+def test_an_unknown_model_id_is_404(sidecar_service: Service) -> None:
+    response = httpx.get(sidecar_service.url + "/v1/models/gpt-4o", timeout=10)
+    assert response.status_code == 404
+    assert "gpt-4o" in response.json()["error"]["message"]

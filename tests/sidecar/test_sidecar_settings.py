@@ -187,3 +187,26 @@ def test_max_length_and_max_new_tokens_bound_every_reply(
         too_long = client.post("/predict", json={"input_text": "more " * 100})
         assert too_long.status_code == 413
         assert too_long.json()["error"]["limit_tokens"] == 64
+
+
+@pytest.mark.parametrize(
+    ("path", "env", "name"),
+    [
+        ("/m/tiny", {}, "tiny"),
+        # a catalog download: MODEL_PATH is its root, or the folder inside it
+        ("/home/models/phi3-mini-4k-instruct-int4", {}, "phi3-mini-4k-instruct-int4"),
+        (
+            "/home/models/phi3-mini-4k-instruct-int4/cpu_and_mobile/"
+            "cpu-int4-rtn-block-32-acc-level-4",
+            {},
+            "phi3-mini-4k-instruct-int4",
+        ),
+        ("/m/x/cpu/int4", {"model_subfolder": "cpu/int4"}, "x"),
+        ("/m/tiny", {"model_name": "my-model"}, "my-model"),
+    ],
+)
+def test_the_served_model_name(
+    clean_env: pytest.MonkeyPatch, path: str, env: dict[str, str], name: str
+) -> None:
+    settings = Settings(model_path=Path(path), **env)  # type: ignore[arg-type]
+    assert settings.served_model_name == name

@@ -54,12 +54,38 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from sidecar import ipc
+from sidecar.settings import Settings
 from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
+from sidecar.web.errors import ApiError
 from sidecar.web.openai_schemas import ChatCompletionRequest
 from sidecar.web.pipeline import read_body
 from sidecar.web.reply import ReplyFormat
 
 router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(settings: SettingsDep) -> dict[str, Any]:
+    """OpenAI's model list: the one model this sidecar serves."""
+    return {"object": "list", "data": [_model_object(settings)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, settings: SettingsDep) -> dict[str, Any]:
+    if model_id != settings.served_model_name:
+        raise ApiError(
+            "not_found", f"no model {model_id!r} here; GET /v1/models lists the one served"
+        )
+    return _model_object(settings)
+
+
+def _model_object(settings: Settings) -> dict[str, Any]:
+    try:  # when the model folder was written: the closest thing to OpenAI's "created"
+        created = int((settings.model_path / "genai_config.json").stat().st_mtime)
+    except OSError:
+        created = 0
+    name = settings.served_model_name
+    return {"id": name, "object": "model", "created": created, "owned_by": "phi3-sidecar"}
 
 
 @router.post("/v1/chat/completions")
@@ -77,7 +103,7 @@ async def chat_completions(
         top_k=body.top_k,
         seed=body.seed,
     )
-    model = body.model if body.model is not None else settings.model_path.name
+    model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
     reply_format = EventStream(ids, body.include_usage) if body.stream else Completion(ids)
     return await pipeline.run(request, record, generate, reply_format)

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sidecar.web import errors
-from sidecar.web.deps import AdmissionDep, MetricsDep, ModelDep
+from sidecar.web.deps import AdmissionDep, MetricsDep, ModelDep, SettingsDep
 from sidecar.web.metrics import Gauges
 
 router = APIRouter()
@@ -21,7 +21,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(model: ModelDep) -> JSONResponse:
+async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
     """Readiness: 200 once the model is loaded and a warm-up token was generated."""
     phase = model.phase
     ready = phase.name == "ready"
@@ -30,6 +30,7 @@ async def readyz(model: ModelDep) -> JSONResponse:
         "phase": phase.name,
         "reason": phase.reason,
         "phase_seconds": round(time.monotonic() - phase.since, 1),
+        "model": settings.served_model_name,
     }
     if ready:
         body["max_length"] = phase.max_length
