@@ -47,6 +47,9 @@ class Generate:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    # Who may reuse this conversation's cached tokens (model/prompt_cache.py); None: the
+    # shared unscoped pool.
+    cache_scope: str | None = None
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
 
@@ -84,6 +87,7 @@ class Started:
     prompt_tokens: int
     dropped_messages: int
     max_new_tokens: int
+    cached_tokens: int = 0  # leading prompt tokens the conversation cache already held
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,5 +105,14 @@ class End:
     tokens_after_cancel: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """The conversation cache after a change: generators kept, their KV bytes, evictions."""
+
+    entries: int = 0
+    bytes: int = 0
+    evictions: int = 0
+
+
 ToWorker = Generate | Cancel | Stop
-FromWorker = Phase | Rejected | Started | Piece | End
+FromWorker = Phase | Rejected | Started | Piece | End | CacheStats

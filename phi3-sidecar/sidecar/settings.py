@@ -78,6 +78,24 @@ class Settings(BaseSettings):
         "long prompt is read. 64 costs no measurable prefill speed (docs/benchmarks.md, 'Prefill "
         "chunk'). 0 is refused; a value over the prompt's length appends it in one call.",
     )
+    prompt_cache_mb: int = Field(
+        default=2048,
+        ge=0,
+        le=1024 * 1024,
+        description="Memory for the conversation cache, in MiB: the KV caches of the generators "
+        "kept between requests, so that each chat turn reads only its new tokens (in use or "
+        "idle, all count; least recently used go first). 0 turns the cache off. Phi-3-mini's "
+        "KV cache takes 0.75 MiB a token; the default fits a Premium v3 P1v3 plan (8 GB) next "
+        "to the model. README, 'Conversation cache'.",
+    )
+    prompt_cache_exact: bool = Field(
+        default=False,
+        description="Reuse only what a fresh prefill would compute bit for bit, so a greedy "
+        "reply is always the one an uncached run gives; each turn then re-reads the previous "
+        "reply. Off: the next turn of a chat continues after every cached token, as llama.cpp "
+        "does (a reply may differ from an uncached one at rare near-ties). Regenerated replies "
+        "and edited messages are exact either way.",
+    )
     queue_size: int = Field(
         default=8, ge=0, le=4096, description="Requests that may wait for a free slot; beyond: 503."
     )

@@ -62,6 +62,13 @@ class FaultyGeneration:
     def finish(self) -> ipc.Finish | None:
         return self._real.finish
 
+    @property
+    def cached_tokens(self) -> int:
+        return self._real.cached_tokens
+
+    def release(self, reusable: bool) -> None:
+        self._real.release(reusable)
+
     def step(self) -> str | None:
         if self._real.generated >= 1 and self._fault == RAISE:
             raise RuntimeError(f"injected failure: {SECRET}")
@@ -88,6 +95,9 @@ class FaultyEngine:
 
     def warm_up(self) -> None:
         self._real.warm_up()
+
+    def cache_stats(self) -> ipc.CacheStats:
+        return self._real.cache_stats()
 
 
 def load_faulty_engine(settings: Settings) -> FaultyEngine:
@@ -119,6 +129,9 @@ class PacedEngine:
 
     def warm_up(self) -> None:
         self._real.warm_up()
+
+    def cache_stats(self) -> ipc.CacheStats:
+        return self._real.cache_stats()
 
 
 def load_paced_engine(settings: Settings) -> PacedEngine:

@@ -19,15 +19,17 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home o
 import json
 import logging
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import onnxruntime_genai as og
 
-from sidecar.ipc import Finish, Generate
+from sidecar.ipc import CacheStats, Finish, Generate
 from sidecar.model.cpus import cpu_budget
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config, read_json
 from sidecar.model.prompt import Prompt, PromptBuilder, added_tokens_of
+from sidecar.model.prompt_cache import Entry, PromptCache
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.engine")
@@ -44,6 +46,8 @@ class Engine:
         thread_spinning: bool = True,
         max_length: int | None = None,
         prefill_chunk: int = 64,
+        prompt_cache_mb: int = 0,
+        prompt_cache_exact: bool = False,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -51,6 +55,10 @@ class Engine:
         genai_config = read_genai_config(path)
         self.context_length = int(genai_config["model"]["context_length"])
         self.max_length = min(max_length or self.context_length, self.context_length)
+        self.num_layers = int(genai_config["model"]["decoder"]["num_hidden_layers"])
+        # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
+        self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
+        self._cache_budget = prompt_cache_mb * 2**20
         config = og.Config(str(path))
         self.session_options = session_options(num_threads, thread_spinning)
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
@@ -77,16 +85,33 @@ class Engine:
             _TemplateTokenizer(self.tokenizer), added, bos if bos >= 0 else None
         )
 
-    def start(self, request: Generate) -> Generation:
-        """Render and fit the prompt (may raise PromptTooLong), then make a new generator."""
+    def start(self, request: Generate, *, cached: bool = True) -> Generation:
+        """Render and fit the prompt (may raise PromptTooLong), then continue a cached
+        generator that holds the prompt's beginning, or make a new one."""
         prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
-        return Generation(self, prompt, request)
+        return Generation(self, prompt, request, cached=cached)
 
     def warm_up(self) -> None:
-        """Read a short prompt and generate one token."""
-        generation = self.start(Generate("warm-up", (("user", "Hi"),), max_new_tokens=1))
+        """Read a short prompt and generate one token (not cached); size the KV cache's
+        tokens from what the model really allocated."""
+        request = Generate("warm-up", (("user", "Hi"),), max_new_tokens=1)
+        generation = self.start(request, cached=False)
         while generation.step() is None:
             pass
+        self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
+        generation.release(reusable=False)
+        self.cache.budget_bytes = self._cache_budget
+
+    def cache_stats(self) -> CacheStats:
+        return CacheStats(**asdict(self.cache.stats()))
+
+    def _kv_bytes_per_token(self, generation: Generation) -> int:
+        """K and V of every layer for one token, from the first layer's present key (shape
+        [batch, kv_heads, length, head_size], in the model's KV type): 786,432 bytes for
+        Phi-3-mini (fp32)."""
+        key = generation._generator.get_output("present.0.key")
+        per_layer = int(key.shape[1]) * int(key.shape[3]) * int(key.dtype.itemsize)
+        return 2 * self.num_layers * per_layer
 
 
 def session_options(num_threads: int, thread_spinning: bool) -> dict[str, Any]:
@@ -118,37 +143,62 @@ class _TemplateTokenizer:
 
 
 class Generation:
-    """One reply: its own Generator (and KV cache) and its own tokenizer stream."""
+    """One reply: a generator (lent by the conversation cache, or made for it) and its own
+    tokenizer stream."""
 
-    def __init__(self, engine: Engine, prompt: Prompt, request: Generate) -> None:
+    def __init__(self, engine: Engine, prompt: Prompt, request: Generate, *, cached: bool) -> None:
         self.prompt = prompt
         self.generated = 0
         self.finish: Finish | None = None
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self._eos = engine.eos_ids
-        params = og.GeneratorParams(engine.model)
-        # The KV cache is allocated for max_length up front: only what this request can use.
-        options: dict[str, Any] = {"max_length": len(prompt.ids) + prompt.max_new_tokens}
-        if request.min_new_tokens:  # EOS is suppressed until then
-            min_new = min(request.min_new_tokens, prompt.max_new_tokens)
-            options["min_length"] = len(prompt.ids) + min_new
-        if request.temperature:
-            options |= {
-                "do_sample": True,
-                "temperature": request.temperature,
-                "top_p": request.top_p if request.top_p is not None else 1.0,
-                "top_k": request.top_k if request.top_k is not None else 0,  # 0: no top-k cut
-            }
+        self._cache = engine.cache
+        sampling = bool(request.temperature)
+        needed = len(prompt.ids) + prompt.max_new_tokens
+        # A seeded sampling request is never continued from a cache entry: its random state
+        # would differ from a fresh generator's, and "same seed, same reply" would not hold.
+        cached = cached and self._cache.enabled and not (sampling and request.seed is not None)
+        lent = (
+            self._cache.lend(request.cache_scope, sampling, prompt.ids, needed) if cached else None
+        )
+        if lent is not None:
+            self._entry, self.cached_tokens = lent
+            try:
+                generator = self._entry.generator
+                if generator.token_count() > self.cached_tokens:
+                    generator.rewind_to(self.cached_tokens)
+                self._entry.params.set_search_options(**_turn_options(request, prompt))
+            except Exception:
+                self._cache.give_back(self._entry, reusable=False)
+                raise
         else:
-            options |= {"do_sample": False}
-        if request.seed is not None:
-            options["random_seed"] = request.seed
-        params.set_search_options(**options)
-        self._generator = og.Generator(engine.model, params)
+            self.cached_tokens = 0
+            capacity = self._cache.capacity_for(needed) if cached else needed
+            keep = cached and capacity * self._cache.bytes_per_token <= self._cache.budget_bytes
+            if keep:
+                self._cache.make_room(capacity)
+            params = og.GeneratorParams(engine.model)
+            # The KV cache is allocated for max_length up front (capacity_for says how much).
+            options = {"max_length": capacity, **_turn_options(request, prompt)}
+            options |= {"do_sample": sampling}
+            if request.seed is not None:
+                options["random_seed"] = request.seed
+            params.set_search_options(**options)
+            self._entry = Entry(
+                og.Generator(engine.model, params),
+                params,
+                capacity,
+                request.cache_scope,
+                sampling,
+                nbytes=capacity * self._cache.bytes_per_token,
+            )
+            if keep:
+                self._cache.adopt(self._entry)
+        self._generator = self._entry.generator
         self._stream = engine.tokenizer.create_stream()
         self._chunk = engine.prefill_chunk
-        self._appended = 0  # prompt tokens appended so far
+        self._appended = self.cached_tokens  # prompt tokens in the generator so far
 
     @property
     def prefilling(self) -> bool:
@@ -163,10 +213,13 @@ class Generation:
         The text is '' while a character is still incomplete; the stream never yields half a
         character, so a reply cut off by the length limit ends on a whole character.
         """
+        entry = self._entry
         if self.prefilling:
             end = self._appended + self._chunk
             self._generator.append_tokens(self.prompt.ids[self._appended : end])
             self._appended = min(end, len(self.prompt.ids))
+            entry.kv_len = self._generator.token_count()
+            entry.prefilled(self.cached_tokens, self._appended, self._chunk)
             return None
         self._generator.generate_next_token()
         token = int(self._generator.get_next_tokens()[0])
@@ -175,12 +228,22 @@ class Generation:
         if self.first_token_at is None:
             self.first_token_at = self.last_token_at
         if token in self._eos:
+            # EOS is not added to the sequence, and the step fed the token before it: the
+            # KV cache now holds the whole sequence.
+            entry.kv_len = self._generator.token_count()
             self.finish = "eos"
             return ""
+        # The new token is in the sequence but not yet in the KV cache (the next step feeds
+        # it): a later request re-appends it.
+        entry.kv_len = self._generator.token_count() - 1
         text = str(self._stream.decode(token))
         if self.generated >= self.prompt.max_new_tokens or self._generator.is_done():
             self.finish = "length"
         return text
+
+    def release(self, reusable: bool) -> None:
+        """The request is over (finished, cancelled, or failed: not reusable)."""
+        self._cache.give_back(self._entry, reusable)
 
     def tokens_per_s(self) -> float | None:
         """Decode speed: tokens after the first one over the time they took."""
@@ -188,6 +251,22 @@ class Generation:
             return None
         elapsed = self.last_token_at - self.first_token_at
         return (self.generated - 1) / elapsed if elapsed > 0 else None
+
+
+def _turn_options(request: Generate, prompt: Prompt) -> dict[str, Any]:
+    """The search options of one turn: those a continued generator takes again (min_length is
+    absolute, and the sampling values are read at every step); max_length, do_sample and the
+    seed are fixed when a generator is made."""
+    min_new = min(request.min_new_tokens, prompt.max_new_tokens)
+    # EOS is suppressed until min_length; 0 clears a previous turn's minimum.
+    options: dict[str, Any] = {"min_length": len(prompt.ids) + min_new if min_new else 0}
+    if request.temperature:
+        options |= {
+            "temperature": request.temperature,
+            "top_p": request.top_p if request.top_p is not None else 1.0,
+            "top_k": request.top_k if request.top_k is not None else 0,  # 0: no top-k cut
+        }
+    return options
 
 
 def thread_count(settings: Settings) -> tuple[int, str]:
@@ -212,4 +291,6 @@ def load_engine(settings: Settings) -> Engine:
         thread_spinning=settings.thread_spinning,
         max_length=settings.max_length,
         prefill_chunk=settings.prefill_chunk,
+        prompt_cache_mb=settings.prompt_cache_mb,
+        prompt_cache_exact=settings.prompt_cache_exact,
     )

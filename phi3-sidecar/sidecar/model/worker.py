@@ -42,6 +42,7 @@ class Stepper(Protocol):
 
     prompt: Prompt
     generated: int
+    cached_tokens: int
     finish: ipc.Finish | None
 
     def step(self) -> str | None:
@@ -50,6 +51,10 @@ class Stepper(Protocol):
         ...
 
     def tokens_per_s(self) -> float | None: ...
+
+    def release(self, reusable: bool) -> None:
+        """The request is over: keep its generator in the conversation cache, or drop it."""
+        ...
 
 
 class Backend(Protocol):
@@ -60,6 +65,8 @@ class Backend(Protocol):
     def start(self, request: ipc.Generate) -> Stepper: ...
 
     def warm_up(self) -> None: ...
+
+    def cache_stats(self) -> ipc.CacheStats: ...
 
 
 @dataclass
@@ -179,7 +186,11 @@ class Scheduler:
         prompt = generation.prompt
         self._outbox.send(
             ipc.Started(
-                request.key, len(prompt.ids), prompt.dropped_messages, prompt.max_new_tokens
+                request.key,
+                len(prompt.ids),
+                prompt.dropped_messages,
+                prompt.max_new_tokens,
+                generation.cached_tokens,
             )
         )
 
@@ -211,8 +222,12 @@ class Scheduler:
         self, key: int, job: _Job, finish: ipc.Finish, tokens_after_cancel: int | None = None
     ) -> None:
         generation = job.generation
+        # A cancelled reply's tokens stay cached (the next turn resends what the user saw);
+        # a failed generation's state is not trusted.
+        generation.release(reusable=finish != "error")
         self._outbox.send(
             ipc.End(
                 key, finish, generation.generated, generation.tokens_per_s(), tokens_after_cancel
             )
         )
+        self._outbox.send(self._engine.cache_stats())

@@ -26,7 +26,7 @@ from sidecar.web.request_log import RequestLogMiddleware
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    metrics = Metrics()
+    metrics = Metrics(prompt_cache=settings.prompt_cache_mb > 0)
     admission = Admission(settings.max_concurrency, settings.queue_size)
     # A slot is held until the worker reports the generation over (see admission.py).
     model = ModelClient(settings, on_generation_over=admission.release)

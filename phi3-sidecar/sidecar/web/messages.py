@@ -43,6 +43,8 @@ TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 TopK = Annotated[int, Field(ge=1, le=1_000_000)]
 Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 MAX_MESSAGES = 1000
+# Who may reuse a conversation's cached tokens: an opaque label, compared exactly.
+CacheScope = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 def check_roles(roles: list[Role]) -> None:

@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sidecar import ipc
+
 if TYPE_CHECKING:
     from sidecar.web.record import RequestRecord
 
@@ -20,14 +22,19 @@ class Gauges:
     active: int
     waiting: int
     worker_restarts: int
+    cache: ipc.CacheStats  # the model worker's latest report (a new worker starts empty)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, prompt_cache: bool) -> None:
         self.outcomes: Counter[str] = Counter()
         self.generated_tokens = 0
         self.prompt_tokens = 0
         self.tokens_after_disconnect = 0
+        self.prompt_cache = prompt_cache  # hits and misses mean something only when it is on
+        self.cached_prompt_tokens = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
 
     def observe(self, record: RequestRecord) -> None:
         if record.path not in GENERATION_PATHS:
@@ -36,6 +43,13 @@ class Metrics:
         self.generated_tokens += record.generated_tokens or 0
         self.prompt_tokens += record.prompt_tokens or 0
         self.tokens_after_disconnect += record.tokens_after_disconnect or 0
+        if record.cached_tokens is not None:  # the request reached the model
+            self.cached_prompt_tokens += record.cached_tokens
+            if self.prompt_cache:
+                if record.cached_tokens:
+                    self.cache_hits += 1
+                else:
+                    self.cache_misses += 1
 
     def render(self, gauges: Gauges) -> str:
         lines = [
@@ -61,6 +75,42 @@ class Metrics:
                 "counter",
                 "Model worker restarts.",
                 gauges.worker_restarts,
+            ),
+            (
+                "cached_prompt_tokens_total",
+                "counter",
+                "Prompt tokens not read again: the conversation cache held them.",
+                self.cached_prompt_tokens,
+            ),
+            (
+                "prompt_cache_hits_total",
+                "counter",
+                "Requests that continued a cached generator.",
+                self.cache_hits,
+            ),
+            (
+                "prompt_cache_misses_total",
+                "counter",
+                "Requests that read their whole prompt (cache on).",
+                self.cache_misses,
+            ),
+            (
+                "prompt_cache_evictions_total",
+                "counter",
+                "Cached generators dropped to make room (since the model worker started).",
+                gauges.cache.evictions,
+            ),
+            (
+                "prompt_cache_bytes",
+                "gauge",
+                "KV-cache bytes of the generators the conversation cache holds.",
+                gauges.cache.bytes,
+            ),
+            (
+                "prompt_cache_entries",
+                "gauge",
+                "Generators the conversation cache holds.",
+                gauges.cache.entries,
             ),
             ("ready", "gauge", "1 when the model is ready.", int(gauges.ready)),
             ("active_generations", "gauge", "Generations running.", gauges.active),

@@ -69,6 +69,7 @@ class ModelClient:
         self._settings = settings
         self._on_generation_over = on_generation_over  # called once per submitted request
         self.restarts = 0
+        self.cache_stats = ipc.CacheStats()  # the worker's latest report; a new worker: empty
         self.phase = PhaseState("starting", None, time.monotonic())
         self._replies: dict[int, Reply] = {}
         self._keys = itertools.count(1)
@@ -178,6 +179,9 @@ class ModelClient:
         if isinstance(message, ipc.Phase):
             self._set_phase(message)
             return
+        if isinstance(message, ipc.CacheStats):
+            self.cache_stats = message
+            return
         reply = self._replies.get(message.key)
         if reply is None:
             return
@@ -204,6 +208,7 @@ class ModelClient:
             return
         self._outbox.put(None)
         self._abort_all()
+        self.cache_stats = ipc.CacheStats()  # the cache died with the worker
         if self.phase.name == "failed":
             return  # the worker reported why and stopped on purpose; a restart would not help
         delay = RESTART_DELAYS_S[min(self._crashes, len(RESTART_DELAYS_S) - 1)]

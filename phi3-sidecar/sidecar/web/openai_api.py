@@ -20,13 +20,15 @@ Request, application/json (unknown fields are refused with 422):
   field: n 1, stop [] (stop sequences are not implemented), presence_penalty 0,
   frequency_penalty 0, logprobs false, top_logprobs 0, logit_bias {}, tools [],
   tool_choice "none", response_format {"type": "text"}, store false. Ignored, any string:
-  user, safety_identifier, prompt_cache_key.
+  safety_identifier. prompt_cache_key (else user), a string: scopes the conversation cache:
+  only requests with the same key reuse each other's cached tokens.
 
 Reply, stream false: 200 application/json once the reply is complete:
   {"id": "chatcmpl-<request id>", "object": "chat.completion", "created": <unix seconds>,
    "model": ..., "choices": [{"index": 0, "message": {"role": "assistant", "content": ...},
    "logprobs": null, "finish_reason": "stop" | "length"}],
-   "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...}}
+   "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
+             "prompt_tokens_details": {"cached_tokens": ...}}}
   completion_tokens counts every generated token, the end token included (the log line's
   generated_tokens). Nothing is sent before the end, so a generation that fails gets a status:
   500 internal_error, or 503 not_ready when the model worker died.
@@ -102,6 +104,7 @@ async def chat_completions(
         top_p=body.top_p,
         top_k=body.top_k,
         seed=body.seed,
+        cache_scope=body.cache_scope,
     )
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
@@ -122,12 +125,13 @@ class Ids:
         return head | fields
 
 
-def _usage(end: ipc.End, prompt_tokens: int) -> dict[str, int]:
+def _usage(end: ipc.End, started: ipc.Started) -> dict[str, Any]:
     completion = end.generated_tokens
     return {
-        "prompt_tokens": prompt_tokens,
+        "prompt_tokens": started.prompt_tokens,
         "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
+        "total_tokens": started.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": started.cached_tokens},
     }
 
 
@@ -153,14 +157,14 @@ class Completion(ReplyFormat):
         self._text.append(text)
         return b""
 
-    def tail(self, end: ipc.End, prompt_tokens: int) -> bytes:
+    def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": "".join(self._text)},
             "logprobs": None,
             "finish_reason": _finish_reason(end),
         }
-        usage = _usage(end, prompt_tokens)
+        usage = _usage(end, started)
         return _json(self._ids.object("chat.completion", choices=[choice], usage=usage))
 
 
@@ -184,10 +188,10 @@ class EventStream(ReplyFormat):
     def piece(self, text: str) -> bytes:
         return self._chunk({"content": text})
 
-    def tail(self, end: ipc.End, prompt_tokens: int) -> bytes:
+    def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
         events = self._chunk({}, _finish_reason(end))
         if self._include_usage:
-            usage = _usage(end, prompt_tokens)
+            usage = _usage(end, started)
             events += _event(self._ids.object("chat.completion.chunk", choices=[], usage=usage))
         return events + b"data: [DONE]\n\n"
 

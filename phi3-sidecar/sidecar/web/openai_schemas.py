@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from sidecar.ipc import Role
 from sidecar.web.messages import (
     MAX_MESSAGES,
+    CacheScope,
     ChatMessage,
     NewTokens,
     Seed,
@@ -39,9 +40,9 @@ NO_EFFECT: dict[str, tuple[object, str]] = {
     "response_format": ({"type": "text"}, "only the text response format is supported"),
     "store": (False, "stored completions are not supported"),
 }
-# Accepted with any string: they label the request for OpenAI's own bookkeeping (abuse
-# monitoring, prompt cache routing), which means nothing here.
-LABELS = ("user", "safety_identifier", "prompt_cache_key")
+# Accepted with any string: it labels the request for OpenAI's own abuse monitoring, which
+# means nothing here. (`prompt_cache_key` and `user` scope the conversation cache: fields.)
+LABELS = ("safety_identifier",)
 
 
 def _no_effect(value: object, neutral: object) -> bool:
@@ -91,6 +92,10 @@ class ChatCompletionRequest(BaseModel):
     seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Scope the conversation cache (model/prompt_cache.py): only requests with the same key
+    # (else the same user) reuse each other's cached tokens; neither: the unscoped pool.
+    prompt_cache_key: CacheScope | None = None
+    user: CacheScope | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -129,3 +134,9 @@ class ChatCompletionRequest(BaseModel):
 
     def conversation(self) -> tuple[tuple[Role, str], ...]:
         return tuple((m.role, m.content) for m in self.messages)
+
+    @property
+    def cache_scope(self) -> str | None:
+        if self.prompt_cache_key is not None:
+            return "key:" + self.prompt_cache_key
+        return None if self.user is None else "user:" + self.user

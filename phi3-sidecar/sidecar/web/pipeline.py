@@ -102,6 +102,7 @@ class Pipeline:
         if isinstance(start, ipc.End):  # the worker died before it started this request
             raise not_ready(model.phase.name, model.phase.reason)
         record.prompt_tokens = start.prompt_tokens
+        record.cached_tokens = start.cached_tokens
         record.dropped_messages = start.dropped_messages
         return ReplyResponse(reply, model, record, start, reply_format, keep_text=self._log_prompts)
 

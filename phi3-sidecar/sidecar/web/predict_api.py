@@ -7,11 +7,14 @@ Request, application/json, validated strictly (no type coercion; unknown fields 
   system        a system message for input_text
   max_new_tokens, min_new_tokens   reply length bounds (EOS is held back until the minimum)
   temperature (0-2; 0 or absent: greedy), top_p, top_k, seed    sampling
+  cache_scope   who may reuse this conversation's cached tokens (1-256 characters; the chat
+                app sends one per browser conversation); absent: the shared unscoped pool
 
 Reply: 200 text/plain; charset=utf-8, streamed: each chunk is the text of one or more new
 tokens, sent as soon as it is decoded, never ending inside a character; nothing around it.
-Headers: X-Request-Id, X-Prompt-Tokens, X-Dropped-Messages (the oldest turns left out so the
-conversation fits the context). An error after the first byte ends the stream without its
+Headers: X-Request-Id, X-Prompt-Tokens, X-Cached-Tokens (of those, how many the conversation
+cache already held, so were not read again), X-Dropped-Messages (the oldest turns left out so
+the conversation fits the context). An error after the first byte ends the stream without its
 final chunk, so the client sees an incomplete response rather than a normal end.
 
 Everything that can be refused is refused before the response starts, with the status and
@@ -30,6 +33,7 @@ from sidecar.ipc import Role
 from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
 from sidecar.web.messages import (
     MAX_MESSAGES,
+    CacheScope,
     ChatMessage,
     NewTokens,
     NonBlankText,
@@ -59,6 +63,7 @@ class PredictRequest(BaseModel):
     top_p: TopP | None = None
     top_k: TopK | None = None
     seed: Seed | None = None
+    cache_scope: CacheScope | None = None
 
     @model_validator(mode="after")
     def _one_conversation(self) -> Self:
@@ -111,5 +116,6 @@ async def predict(
         top_p=body.top_p,
         top_k=body.top_k,
         seed=body.seed,
+        cache_scope=None if body.cache_scope is None else "scope:" + body.cache_scope,
     )
     return await pipeline.run(request, record, generate, PlainText())

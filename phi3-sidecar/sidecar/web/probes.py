@@ -48,5 +48,6 @@ async def metrics_text(
         active=admission.active,
         waiting=admission.waiting,
         worker_restarts=model.restarts,
+        cache=model.cache_stats,
     )
     return PlainTextResponse(metrics.render(gauges), media_type="text/plain; version=0.0.4")

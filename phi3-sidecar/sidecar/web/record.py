@@ -19,6 +19,7 @@ class RequestRecord:
     outcome: str | None = None  # eos, length, cancelled, error, rejected, ok
     error_type: str | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
     dropped_messages: int | None = None
     generated_tokens: int | None = None
     ttft_ms: float | None = None

@@ -46,7 +46,7 @@ class ReplyFormat:
         """Sent for each piece of text as it comes ('' sends nothing)."""
         raise NotImplementedError
 
-    def tail(self, end: ipc.End, prompt_tokens: int) -> bytes:
+    def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
         """Sent last, when the generation ended normally (eos or length)."""
         return b""
 
@@ -69,13 +69,14 @@ class ReplyResponse(Response):
         self._reply = reply
         self._model = model
         self._record = record
-        self._prompt_tokens = started.prompt_tokens
+        self._started = started
         self._text: list[str] | None = [] if keep_text else None
         self.init_headers(
             {
                 "cache-control": "no-store",
                 "x-accel-buffering": "no",  # proxies: do not buffer the stream
                 "x-prompt-tokens": str(started.prompt_tokens),
+                "x-cached-tokens": str(started.cached_tokens),
                 "x-dropped-messages": str(started.dropped_messages),
             }
         )
@@ -112,7 +113,7 @@ class ReplyResponse(Response):
         if buffered:
             await self._send_whole(end, outcome, scope, receive, send)
         elif end.finish != "error":
-            tail = self._format.tail(end, self._prompt_tokens) if outcome != "cancelled" else b""
+            tail = self._format.tail(end, self._started) if outcome != "cancelled" else b""
             await send({"type": "http.response.body", "body": tail, "more_body": False})
         # else: return without the final chunk; the server closes the connection.
 
@@ -129,7 +130,7 @@ class ReplyResponse(Response):
                 error = ApiError("generation_failed", "the generation failed; see the log")
             await self._error(error, scope, receive, send)
             return
-        body = self._format.tail(end, self._prompt_tokens)
+        body = self._format.tail(end, self._started)
         headers = [*self.raw_headers, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,202 @@
+"""The conversation (prefix) cache: a pool of live generators, reused across requests.
+
+A chat client resends the whole conversation every turn. onnxruntime-genai 0.18 cannot copy a
+KV cache out of a generator (the generator is the cache), so the cache keeps generators alive
+after their reply and lends one to the next request that starts with the same tokens: the
+generator is rewound to the common prefix and only the rest of the prompt is read. Matching is
+by tokens, so it works for every client that resends the history, an edited or regenerated
+message reuses everything before the edit, and no session id is needed.
+
+Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
+- An entry is matched only by requests of the same scope (the chat app's conversation, an
+  OpenAI client's `prompt_cache_key` or `user`; None is the shared unscoped pool), so nobody
+  can time another scope's cached prefix, and of the same sampling mode (greedy or sampling is
+  fixed when a generator is made).
+- An entry is lent only when it lies wholly inside the new prompt (nothing of it is lost) or
+  covers at least half of the prompt; a short shared prefix (a chat template's first tokens)
+  never clobbers another conversation's cache.
+- Exactness. A prompt is read in chunks (PREFILL_CHUNK), and a chunk computed with other
+  neighbours, or a reply's tokens computed one at a time, give K/V that differ from a fresh
+  prefill's in the last bits; greedy decoding can then pick another token at a near tie. So
+  where the new prompt leaves the old one inside its prompt (a regenerated reply, an edited
+  message), the cache reuses only whole chunks of what was prefilled, and the reply is the one
+  an uncached run gives, bit for bit. Where the new prompt runs on into the previous reply (the
+  next turn of a chat), it reuses every matching token by default, as llama.cpp's cache_prompt
+  does (replies may then differ from an uncached run in rare near-ties);
+  PROMPT_CACHE_EXACT=true reuses only whole prefilled chunks there too (exact, but each turn
+  re-reads the previous reply).
+- Memory: the KV cache is allocated for a generator's whole length when it is made. Every
+  generator, lent or idle, counts against the budget (PROMPT_CACHE_MB); idle ones are evicted
+  least recently used first to make room, and a generator the budget cannot hold is not kept.
+- Room: a cached generator is made for its request plus max(half again, GROWTH_TOKENS), capped
+  by the context and the budget. A conversation that outgrows it gets a bigger one (one full
+  prefill; each step grows by at least half, so the re-reads stay a fraction of the
+  conversation), and the old entry, a prefix of the new one, is dropped.
+
+Pure Python: the generators are onnxruntime-genai objects that engine.py makes and drives; this
+module only keeps the books.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+GROWTH_TOKENS = 1024  # at least this much room to grow beyond the request, when it fits
+ROUND_TOKENS = 256  # generator lengths are multiples of this (fewer distinct sizes to allocate)
+
+
+class Sequencer(Protocol):
+    """What the cache needs of an onnxruntime-genai Generator."""
+
+    def get_sequence(self, index: int) -> Sequence[int]: ...
+
+
+@dataclass(eq=False)
+class Entry:
+    """One live generator and what its KV cache holds."""
+
+    generator: Any  # og.Generator
+    params: Any  # og.GeneratorParams: the generator keeps a pointer to it, so must we
+    capacity: int  # the generator's max_length: it can never hold more tokens
+    scope: str | None
+    sampling: bool
+    nbytes: int
+    kv_len: int = 0  # leading tokens of the sequence whose K/V is really in the cache
+    prompt_end: int = 0  # where the latest turn's prompt ended (its reply follows)
+    exact_end: int = 0  # leading tokens whose K/V a fresh chunked prefill would give bit for bit
+    lent: bool = True
+    last_used: int = 0
+
+    def prefilled(self, start: int, end: int, chunk: int) -> None:
+        """The prompt was appended from `start` to `end` in chunks of `chunk` tokens."""
+        if start % chunk == 0 and start <= self.exact_end:  # the fresh run's chunks, again
+            self.exact_end = start + (end - start) // chunk * chunk
+        else:  # continued inside a reply: nothing after `start` is exact
+            self.exact_end = min(self.exact_end, start)
+        self.prompt_end = end
+
+    def cached_tokens(self) -> list[int]:
+        sequence: Sequencer = self.generator
+        return [int(t) for t in sequence.get_sequence(0)[: self.kv_len]]
+
+
+@dataclass
+class CacheStats:
+    entries: int = 0
+    bytes: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class PromptCache:
+    """The pool. `budget_bytes` 0 turns the cache off (every request gets its own generator,
+    sized to it, dropped after it)."""
+
+    budget_bytes: int
+    bytes_per_token: int
+    max_length: int
+    chunk: int = 64  # the engine's PREFILL_CHUNK
+    exact: bool = False  # PROMPT_CACHE_EXACT
+    entries: list[Entry] = field(default_factory=list)
+    evictions: int = 0
+    _clock: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes > 0
+
+    def stats(self) -> CacheStats:
+        return CacheStats(len(self.entries), sum(e.nbytes for e in self.entries), self.evictions)
+
+    # -- lending ---------------------------------------------------------------------------
+
+    def lend(
+        self, scope: str | None, sampling: bool, prompt: Sequence[int], needed: int
+    ) -> tuple[Entry, int] | None:
+        """The idle entry to continue from, and how many leading prompt tokens it already
+        holds (at most len(prompt) - 1: at least one token is always appended); None if no
+        entry qualifies (see the rules above)."""
+        best: tuple[Entry, int] | None = None
+        for entry in self.entries:
+            if entry.lent or entry.scope != scope or entry.sampling != sampling:
+                continue
+            if entry.capacity < needed:
+                continue
+            cached = entry.cached_tokens()
+            common = _common_prefix(cached, prompt)
+            if not self.exact and common > entry.prompt_end:
+                reused = min(common, len(prompt) - 1)  # on into the reply: every token
+            else:  # whole chunks of what was prefilled: bit for bit
+                reused = min(common, entry.exact_end, len(prompt) - 1) // self.chunk * self.chunk
+            if reused <= 0:
+                continue
+            if common < len(cached) and 2 * reused < len(prompt):
+                continue  # it would lose its own tokens for less than half of this prompt
+            if best is None or reused > best[1]:
+                best = (entry, reused)
+        if best is not None:
+            best[0].lent = True
+        return best
+
+    def capacity_for(self, needed: int) -> int:
+        """The length of a new generator for a request that needs `needed` tokens of room:
+        with room to grow when it can be cached, exactly `needed` when it cannot."""
+        if not self.enabled or needed * self.bytes_per_token > self.budget_bytes:
+            return needed
+        room = needed + max(needed // 2, GROWTH_TOKENS)
+        room = -(-room // ROUND_TOKENS) * ROUND_TOKENS
+        affordable = self.budget_bytes // self.bytes_per_token
+        return max(needed, min(room, self.max_length, affordable))
+
+    def make_room(self, capacity: int) -> None:
+        """Evict idle entries, least recently used first, until a new generator of
+        `capacity` tokens fits in the budget with every other generator (or none is left)."""
+        wanted = capacity * self.bytes_per_token
+        idle = sorted((e for e in self.entries if not e.lent), key=lambda e: e.last_used)
+        while idle and self.stats().bytes + wanted > self.budget_bytes:
+            self._evict(idle.pop(0))
+
+    def adopt(self, entry: Entry) -> None:
+        """Start keeping the books of a new generator (lent to the request that made it)."""
+        entry.lent = True
+        self.entries.append(entry)
+
+    # -- returning ---------------------------------------------------------------------------
+
+    def give_back(self, entry: Entry, reusable: bool) -> None:
+        """The request is over. A reusable entry stays, unless the budget cannot hold it; a
+        failed one is dropped. Idle entries that the returned one makes useless (a prefix of
+        it in the same scope and mode, with no more room) are dropped too."""
+        if entry not in self.entries:
+            return
+        entry.lent = False
+        entry.last_used = next(self._clock)
+        if not reusable or not self.enabled:
+            self._evict(entry, counted=False)
+            return
+        tokens = entry.cached_tokens()
+        for other in [e for e in self.entries if e is not entry and not e.lent]:
+            if other.scope == entry.scope and other.sampling == entry.sampling:
+                held = other.cached_tokens()
+                if other.capacity <= entry.capacity and tokens[: len(held)] == held:
+                    self._evict(other, counted=False)
+        idle = sorted((e for e in self.entries if not e.lent), key=lambda e: e.last_used)
+        while idle and self.stats().bytes > self.budget_bytes:
+            self._evict(idle.pop(0))
+
+    def _evict(self, entry: Entry, counted: bool = True) -> None:
+        self.entries.remove(entry)
+        if counted:
+            self.evictions += 1
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
