@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,23 +126,26 @@ def test_streamed_reply_and_second_turn(
     with page.expect_request("**/chat") as request_info:
         prompt.press("Enter")
     sent = json.loads(request_info.value.post_data or "")
-    assert sent == {
-        "messages": [
-            {"role": "user", "content": make_model.LONG_PROMPT},
-            {"role": "assistant", "content": expected},
-            {"role": "user", "content": "And\nthen?"},
-        ]
-    }
+    assert sent["messages"] == [
+        {"role": "user", "content": make_model.LONG_PROMPT},
+        {"role": "assistant", "content": expected},
+        {"role": "user", "content": "And\nthen?"},
+    ]
+    assert set(sent) == {"messages", "conversation_id"}  # no settings chosen: no options
+    conversation_id = sent["conversation_id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", conversation_id)
     expect(page.locator(".message.user .text").last).to_have_text("And\nthen?")
     expect(reply(page)).to_have_attribute("data-state", "done")
 
-    # New chat forgets the history.
+    # New chat forgets the history, and is a new conversation.
     page.locator("#new-chat").click()
     expect(page.locator(".message")).to_have_count(0)
     expect(page.locator("#empty")).to_be_visible()
     with page.expect_request("**/chat") as request_info:
         send(page, "Hi")
-    assert len(json.loads(request_info.value.post_data or "")["messages"]) == 1
+    sent = json.loads(request_info.value.post_data or "")
+    assert len(sent["messages"]) == 1
+    assert sent["conversation_id"] != conversation_id
     expect(reply(page)).to_have_attribute("data-state", "done")
 
 
@@ -276,7 +280,8 @@ def test_model_output_is_shown_as_text(
     send(page, "<b>bold?</b>")
     answer = reply(page)
     expect(answer).to_have_attribute("data-state", "done")
-    expect(answer.locator(".text")).to_have_text("".join(hostile))
+    # Replies are Markdown: its raw HTML shows as the text it is; "&amp;" is its way to write "&".
+    expect(answer.locator(".text")).to_have_text("".join(hostile).replace("&amp;", "&"))
     expect(page.locator(".message.user .text")).to_have_text("<b>bold?</b>")
     assert page.locator("#log img, #log script, #log b").count() == 0
     page.wait_for_timeout(300)
