@@ -1,6 +1,6 @@
 // Replies as Markdown. marked turns the model's text into HTML, DOMPurify keeps only an
-// allow-list of it, and the result goes into the page as DOM nodes (a DocumentFragment, never
-// through innerHTML). Model output and stored history are untrusted: raw HTML in the Markdown
+// allow-list of it, and the result goes into the page as DOM nodes (a DocumentFragment, never an
+// HTML string). Model output and stored history are untrusted: raw HTML in the Markdown
 // is shown as text, and no script, event handler, style, frame, form, SVG or MathML, nor any
 // link other than http(s) or mailto, survives. Links open in a new tab without a referrer.
 //
@@ -20,6 +20,8 @@ const SANITIZE = {
   ],
   ALLOWED_ATTR: ["href", "title", "class", "start", "align"],
   ALLOWED_URI_REGEXP: /^(?:https?|mailto):/i,
+  // Attributes whose values are not addresses (DOMPurify checks all others like href).
+  ADD_URI_SAFE_ATTR: ["align", "start"],
   ALLOW_DATA_ATTR: false,
   ALLOW_ARIA_ATTR: false,
   RETURN_DOM_FRAGMENT: true,
