@@ -279,7 +279,10 @@ function persist(target) {
 }
 
 function openChat(next) {
-  if (active) stop();
+  if (active) {
+    active.abandoned = true; // its chat is no longer shown; it still keeps what came back
+    stop();
+  }
   closeEdit();
   chat = next;
   views = [];
@@ -556,7 +559,7 @@ function finish(exchange, outcome) {
   exchange.finished = true;
   clearTimeout(exchange.timer);
   const { reply, question, turn, chat: owner } = exchange;
-  const shown = owner === chat;
+  const shown = owner === chat && !exchange.abandoned;
   const answered = reply.text.length > 0;
   let ending = null;
   if (outcome.kind === "done") {
@@ -622,6 +625,7 @@ function regenerate() {
   const turn = chat.messages.pop();
   reply.node.remove();
   question.setState("", "");
+  persist(chat);
   start({ role: "user", content: turn.content }, question);
 }
 
@@ -706,6 +710,7 @@ function resend(view, text) {
   closeEdit();
   for (const old of views.splice(index)) old.node.remove();
   chat.messages.splice(index);
+  persist(chat);
   input.focus();
   start({ role: "user", content: text }, addView(messageView("user", text)));
 }
