@@ -45,5 +45,6 @@ def test_security_headers(client: FlaskClient) -> None:
     response = client.get("/")
     policy = response.headers["Content-Security-Policy"]
     assert "script-src 'self'" in policy and "default-src 'none'" in policy
+    assert "style-src 'self'" in policy and "unsafe" not in policy
     assert response.headers["X-Content-Type-Options"] == "nosniff"
     assert client.get("/nope").headers["X-Content-Type-Options"] == "nosniff"

@@ -474,6 +474,56 @@ CHECK_RENDERED = """(root) => {
 }"""
 
 
+def test_incremental_rendering_ends_as_a_full_render(
+    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+) -> None:
+    """Rendered a block at a time, piece by piece, a reply ends with the same DOM as when it is
+    rendered whole; and each piece costs far less than rendering the whole reply again."""
+    _, app = fake_app
+    page.goto(app.url)
+    samples = [MARKDOWN_REPLY, HOSTILE_MARKDOWN, "- a\n- b\n\n- c\n\n  more c\n\nafter\n" * 3]
+    result = page.evaluate(
+        """async ([samples, steps]) => {
+          const markdown = await import("/static/markdown.js");
+          const different = [];
+          for (const sample of samples) {
+            for (const step of steps) {
+              const streamed = document.createElement("div");
+              const stream = new markdown.MarkdownStream(streamed);
+              for (let end = step; end < sample.length; end += step) {
+                stream.text = sample.slice(0, end);
+                stream.render(false);
+              }
+              stream.finish(sample);
+              const whole = document.createElement("div");
+              markdown.renderMarkdown(whole, sample);
+              if (streamed.innerHTML !== whole.innerHTML) {
+                different.push([sample.slice(0, 20), step]);
+              }
+            }
+          }
+          const long = (samples[0] + "\\n").repeat(30);
+          const target = document.createElement("div");
+          const stream = new markdown.MarkdownStream(target);
+          let started = performance.now();
+          for (let end = 10; end < long.length; end += 10) {
+            stream.text = long.slice(0, end);
+            stream.render(false);
+          }
+          const perPiece = (performance.now() - started) / Math.floor(long.length / 10);
+          started = performance.now();
+          for (let i = 0; i < 20; i += 1) {
+            markdown.renderMarkdown(document.createElement("div"), long);
+          }
+          const whole = (performance.now() - started) / 20;
+          return { different, perPiece, whole };
+        }""",
+        [samples, [1, 3, 7, 40]],
+    )
+    assert result["different"] == []
+    assert result["perPiece"] < result["whole"] / 5, result
+
+
 def assert_rendered_safely(page: Page, dialogs: list[str]) -> None:
     for body in page.locator(".message.assistant .markdown").all():
         assert body.evaluate(CHECK_RENDERED) == []
