@@ -1065,5 +1065,9 @@ def test_phone_layout_with_a_formatted_reply(
         page.locator("#open-sidebar").click()
         page.locator("#close-sidebar").click()
         expect(page.locator("#sidebar")).to_be_hidden()
+        page.locator("#open-sidebar").click()
+        expect(page.locator("#sidebar")).to_be_visible()
+        page.mouse.click(370, 400)  # beside the drawer
+        expect(page.locator("#sidebar")).to_be_hidden()
     finally:
         context.close()

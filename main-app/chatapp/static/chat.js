@@ -954,6 +954,11 @@ for (const [id, action] of [
 }
 document.addEventListener("click", (event) => {
   if (chatMenu.open && !chatMenu.contains(event.target)) closeMenu();
+  // On a phone, a tap beside the open chat list closes it.
+  const sidebar = $("sidebar");
+  if (document.body.classList.contains("sidebar-open") && !sidebar.contains(event.target)) {
+    if (!$("open-sidebar").contains(event.target)) setSidebar(false);
+  }
 });
 chatMenu.addEventListener("keydown", (event) => {
   if (event.key === "Escape" && chatMenu.open) {
