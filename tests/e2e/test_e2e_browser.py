@@ -1071,3 +1071,21 @@ def test_phone_layout_with_a_formatted_reply(
         expect(page.locator("#sidebar")).to_be_hidden()
     finally:
         context.close()
+
+
+def test_a_reload_mid_reply_keeps_the_part_received(
+    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+) -> None:
+    fake, app = fake_app
+    fake.predict = lambda h: fs.chunked(h, pieces("word " * 400, 5), delay=0.02)
+    page.goto(app.url)
+    send(page, "Go on and on")
+    expect(reply(page).locator(".text")).to_contain_text("word word word")
+    page.reload()
+    answer = reply(page)
+    expect(answer).to_have_attribute("data-state", "cut-off")
+    expect(answer.locator(".meta")).to_contain_text(
+        "Cut offThe page was closed before the reply was complete."
+    )
+    expect(answer.locator(".text")).to_contain_text("word word word")
+    expect(page.locator(".message.user .text")).to_have_text(["Go on and on"])

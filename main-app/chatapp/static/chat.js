@@ -778,7 +778,10 @@ function closeDialog(dialog) {
 }
 
 for (const dialog of document.querySelectorAll("dialog")) {
+  // The close event comes a moment after close(): by then the focus may have moved on.
   dialog.addEventListener("close", () => {
+    const focused = document.activeElement;
+    if (focused && focused !== document.body && !dialog.contains(focused)) return;
     const target = dialog.returnFocusTo;
     if (target && target.isConnected && !target.disabled) target.focus();
     else input.focus();
