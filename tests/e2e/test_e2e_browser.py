@@ -1089,3 +1089,39 @@ def test_a_reload_mid_reply_keeps_the_part_received(
     )
     expect(answer.locator(".text")).to_contain_text("word word word")
     expect(page.locator(".message.user .text")).to_have_text(["Go on and on"])
+
+
+def test_full_storage_is_said_and_the_chat_goes_on(
+    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+) -> None:
+    fake, app = fake_app
+    replies(fake, "Noted.")
+    page.goto(app.url)
+    page.evaluate(
+        """() => {  // fill this origin's localStorage to its quota
+        let chunk = "x".repeat(1 << 20);
+        for (let i = 0; chunk.length > 16; i += 1) {
+          try {
+            localStorage.setItem("filler." + i, chunk);
+          } catch {
+            chunk = chunk.slice(chunk.length / 2);
+          }
+        }
+      }"""
+    )
+    send(page, "Remember this")
+    expect(reply(page)).to_have_attribute("data-state", "done")
+    expect(page.locator("#storage-note")).to_contain_text("storage for the page is full")
+    send(page, "And this")  # the chat itself goes on in the page
+    expect(page.locator(".message.assistant[data-state=done]")).to_have_count(2)
+    page.evaluate(
+        "Object.keys(localStorage).filter((k) => k.startsWith('filler.'))"
+        ".forEach((k) => localStorage.removeItem(k))"
+    )
+    send(page, "Now keep it")
+    expect(page.locator(".message.assistant[data-state=done]")).to_have_count(3)
+    expect(page.locator("#storage-note")).to_be_hidden()
+    page.reload()
+    expect(page.locator(".message.user .text")).to_have_text(
+        ["Remember this", "And this", "Now keep it"]
+    )

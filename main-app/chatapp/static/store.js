@@ -60,7 +60,7 @@ export function cleanChat(value) {
 export class Store {
   constructor(storage) {
     this.storage = storage;
-    /** False once the browser refused to keep something (storage off, or full). */
+    /** False while the browser refuses to keep what the page writes (storage full). */
     this.ok = true;
   }
 
@@ -76,6 +76,7 @@ export class Store {
   _write(key, value) {
     try {
       this.storage.setItem(key, JSON.stringify(value));
+      this.ok = true;
       return true;
     } catch {
       this.ok = false; // quota exceeded, or storage disabled
