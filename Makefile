@@ -6,9 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test lint venv clean
+.PHONY: run test lint coverage hooks venv clean
 
-$(VENV)/.installed: requirements-dev.txt phi3-sidecar/requirements.txt main-app/requirements.txt
+$(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==25.3
 	$(PY) -m pip install --quiet -r requirements-dev.txt
@@ -22,10 +22,23 @@ run: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy phi3-sidecar/sidecar main-app/chatapp scripts
+	$(VENV)/bin/mypy phi3-sidecar/sidecar main-app/chatapp scripts tests
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Line and branch coverage of both services and scripts/, including the processes the tests
+# start; report on the terminal and in build/coverage/html. Takes a little longer than `test`.
+coverage: venv
+	rm -rf build/coverage && mkdir -p build/coverage
+	$(VENV)/bin/coverage run -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/coverage combine --quiet
+	$(VENV)/bin/coverage report
+	$(VENV)/bin/coverage html --quiet
+
+# The same checks before each commit (.pre-commit-config.yaml runs this venv's pinned tools).
+hooks: venv
+	$(VENV)/bin/pre-commit install
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -27,14 +27,11 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from scripts import services
 from scripts.bench_variants import EngineProcess, RawEngine, Sample, via_app, via_sidecar
-
-sys.path.insert(0, str(services.SIDECAR_DIR))
-from sidecar.cpus import cpu_budget
-from sidecar.engine import session_options
+from sidecar.model.cpus import cpu_budget
+from sidecar.model.engine import session_options
+from sidecar.model.folder import is_complete
 
 REPO = services.REPO
 PRESET_DIRS = {"phi3-mini": REPO / "models" / "generated-phi3-mini", "small": None, "tiny": None}
@@ -74,7 +71,7 @@ def ensure_model(args: argparse.Namespace, scratch: Path) -> Path:
     if args.model:
         return Path(args.model)
     out = PRESET_DIRS.get(args.preset) or scratch / args.preset
-    if (out / "genai_config.json").exists():
+    if is_complete(out):
         return out
     print(f"building the generated {args.preset} model into {out} ...", flush=True)
     make = [sys.executable, str(REPO / "scripts" / "make_model.py")]

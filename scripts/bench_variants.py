@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import time
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
@@ -44,14 +43,14 @@ class RawEngine:
 
     `session_options` None: onnxruntime-genai's defaults (what the sidecar ran with before it
     chose its own thread count); otherwise a genai_config `session_options` overlay, the
-    sidecar's own (sidecar.engine.session_options) for the honest ceiling.
+    sidecar's own (sidecar.model.engine.session_options) for the honest ceiling.
     """
 
     def __init__(
         self, model_dir: str, session_options: dict[str, Any] | None, variant: str = "engine"
     ) -> None:
-        os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before the import, as in the sidecar
-        import onnxruntime_genai as og
+        # Through the sidecar's engine module, which turns telemetry off before the import.
+        from sidecar.model.engine import og
 
         self._og = og
         self.variant = variant

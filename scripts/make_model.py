@@ -20,9 +20,6 @@ from pathlib import Path
 
 import onnx
 
-# Run as a script, only scripts/ is on the path; the generator lives in scripts/modelgen.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from scripts.modelgen.config import (
     EOS_PROMPT,
     FILENAME,

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from scripts import services  # one home for starting the services
 
 REPO = services.REPO

@@ -3,11 +3,11 @@
     .venv/bin/python scripts/run_local.py --model tiny      # or: make run MODEL=tiny
 
 1. Makes sure a model is there: `phi3` is downloaded once (scripts/download_model.py) into
-   MODELS_DIR/phi3-mini-4k-int4-cpu; `tiny` and `small` are generated once
+   MODELS_DIR/phi3-mini-4k-instruct-int4; `tiny` and `small` are generated once
    (scripts/make_model.py) into MODELS_DIR/<name>. Generated models have random weights, so
    their replies are gibberish by design; they exist to run everything without a download.
 2. Starts the sidecar (`python -m sidecar`, port 8000) and the chat app (gunicorn with
-   main-app/gunicorn.conf.py, port 8080), both on 127.0.0.1, and prints their logs here.
+   chatapp.gunicorn_conf, port 8080), both on 127.0.0.1, and prints their logs here.
 3. Prints the address to open. Ctrl+C or SIGTERM stops both; if either one dies, the other is
    stopped too and this script exits with status 1.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import signal
 import socket
 import subprocess
@@ -29,12 +28,12 @@ from types import FrameType
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from scripts import services  # one home for starting the services
+from sidecar import catalog
+from sidecar.model.folder import is_complete
 
-from scripts import services  # noqa: E402  (one home for starting the services)
-
-PHI3_FOLDER = "phi3-mini-4k-int4-cpu"
+REPO = services.REPO
+PHI3_FOLDER = catalog.DEFAULT.folder
 GENERATED = ("tiny", "small")
 
 
@@ -79,21 +78,11 @@ def port_in_use(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def complete_model(folder: Path) -> bool:
-    """True if `folder` holds a model the sidecar can load (config, graph, weights, tokenizer)."""
-    try:
-        config = json.loads((folder / "genai_config.json").read_text())
-        graph = folder / config["model"]["decoder"]["filename"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return graph.is_file() and (folder / "tokenizer.json").is_file()
-
-
 def ensure_model(kind: str, models_dir: Path) -> Path:
     """The folder of a loadable model of `kind`, fetched or generated first if needed."""
     if kind in GENERATED:
         folder = models_dir / kind
-        if complete_model(folder):
+        if is_complete(folder):
             say(f"using the {kind} model already generated in {folder}")
             return folder
         say(f"generating the {kind} model into {folder}")
@@ -105,7 +94,7 @@ def ensure_model(kind: str, models_dir: Path) -> Path:
         return folder
     folder = models_dir / PHI3_FOLDER
     found = [p.parent for p in sorted(folder.rglob("genai_config.json"))] if folder.is_dir() else []
-    if found and complete_model(found[0]) and not any(folder.rglob("*.incomplete")):
+    if found and is_complete(found[0]) and not any(folder.rglob("*.incomplete")):
         say(f"using the Phi-3 model in {found[0]}")
         return found[0]
     say(f"downloading Phi-3-mini (about 2.7 GB, once) into {folder}")

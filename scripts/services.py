@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,14 +47,19 @@ class Service:
 
 
 def wait_for(url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
-    """Poll `url` until it answers 200, failing early if the process has died."""
+    """Poll `url` until it answers 200, failing early if the process has died or says that it
+    will never be ready (the sidecar's readiness phase `failed`: its model cannot load)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"process exited with {process.returncode}:\n{log_path.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code == 200:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            response = httpx.get(url, timeout=1.0)
+            if response.status_code == 200:
                 return
+            body = response.json()
+            if isinstance(body, dict) and body.get("phase") == "failed":
+                raise RuntimeError(f"{url}: {body.get('reason')}\n{log_path.read_text()}")
         time.sleep(0.05)
     raise TimeoutError(f"{url} not ready after {timeout}s:\n{log_path.read_text()}")
 
@@ -105,15 +110,20 @@ def sidecar(
     *,
     port: int | None = None,
     wait: bool = True,
+    env: Mapping[str, str] | None = None,
     **settings: str,
 ) -> contextlib.AbstractContextManager[Service]:
-    """`python -m sidecar` on `port` (default: a free one); waits for /readyz unless wait=False."""
+    """`python -m sidecar` on `port` (default: a free one); waits for /readyz unless wait=False.
+    Its environment: this one's, then `env`, then `settings` (MAX_CONCURRENCY="2", ...)."""
     port = port or free_port()
-    env = {"MODEL_PATH": str(model_dir), "HOST": "127.0.0.1", "PORT": str(port), **settings}
+    # Absolute: the sidecar runs in its own folder, where a relative path means something else.
+    model_path = str(Path(model_dir).resolve())
+    environ = {"MODEL_PATH": model_path, "HOST": "127.0.0.1", "PORT": str(port)}
+    environ |= {**(env or {}), **settings}
     return run_service(
         [sys.executable, "-m", "sidecar"],
         cwd=SIDECAR_DIR,
-        env=env,
+        env=environ,
         ready_path="/readyz",
         port=port,
         log_path=log_path,
@@ -127,17 +137,25 @@ def chatapp(
     *,
     port: int | None = None,
     gunicorn: bool = True,
+    env: Mapping[str, str] | None = None,
     **settings: str,
 ) -> contextlib.AbstractContextManager[Service]:
     """The Flask app as production runs it (gunicorn + gthread config), on `port` (default: a
     free one); waits for /healthz."""
     port = port or free_port()
-    env = {"SIDECAR_URL": sidecar_url, "HOST": "127.0.0.1", "PORT": str(port), **settings}
+    environ = {"SIDECAR_URL": sidecar_url, "HOST": "127.0.0.1", "PORT": str(port)}
+    environ |= {**(env or {}), **settings}
     cmd = (
-        [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "chatapp.wsgi:app"]
+        [sys.executable, "-m", "gunicorn", "-c", "python:chatapp.gunicorn_conf", "chatapp.wsgi:app"]
         if gunicorn
         else [sys.executable, "-m", "chatapp"]
     )
     return run_service(
-        cmd, cwd=APP_DIR, env=env, ready_path="/healthz", port=port, log_path=log_path, timeout=30
+        cmd,
+        cwd=APP_DIR,
+        env=environ,
+        ready_path="/healthz",
+        port=port,
+        log_path=log_path,
+        timeout=30,
     )

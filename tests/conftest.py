@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import servers
+from scripts import services
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,8 +45,8 @@ def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def sidecar_service(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[servers.Service]:
+) -> Iterator[services.Service]:
     """One real sidecar process on the tiny model, shared by tests that only read from it."""
     log = tmp_path_factory.mktemp("logs") / "sidecar.log"
-    with servers.sidecar(tiny_model_dir, log) as service:
+    with services.sidecar(tiny_model_dir, log) as service:
         yield service

@@ -2,7 +2,7 @@
 
 `create_app(test_config=None)` builds it: defaults from `chatapp.settings`, then the
 environment, then `test_config`. Production runs `chatapp.wsgi:app` under gunicorn
-(`gunicorn.conf.py`); `python -m chatapp` runs Flask's development server.
+(`chatapp.gunicorn_conf`); `python -m chatapp` runs Flask's development server.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`python -m chatapp`: Flask's development server (threaded), on HOST:PORT.
 
-Production uses gunicorn with `gunicorn.conf.py` instead.
+Production uses gunicorn with `chatapp.gunicorn_conf` instead.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every line is one JSON object: `ts` (ISO-8601 UTC, milliseconds), `level`, `logger`, `msg`,
 then the fields passed as `extra={"fields": {...}}`; the sidecar's lines have the same shape
-(phi3-sidecar/sidecar/logs.py). Each chat gets a request id: the browser's `X-Request-Id` when
+(phi3-sidecar/sidecar/jsonlog.py). Each chat gets a request id: the browser's `X-Request-Id` when
 it is a sane token (the sidecar's rule), else a new one. The app sends it to the sidecar and
 back to the browser, and logs one `chatapp.request` line when the chat ends (`ChatRecord`).
 Message and reply text are never logged.
@@ -22,8 +22,9 @@ from typing import Any
 
 request_log = logging.getLogger("chatapp.request")
 
-# What the sidecar takes as X-Request-Id (phi3-sidecar/sidecar/logs.py), so the id is the same.
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+# What the sidecar takes as X-Request-Id (its web/request_log.py; tests/test_contracts.py keeps
+# them equal), so both services log the same id.
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,7 +56,7 @@ def configure_logging(level: str) -> None:
 
 def request_id(incoming: str | None) -> str:
     """The caller's id when it is a sane token, else a new one."""
-    if incoming and _REQUEST_ID.fullmatch(incoming):
+    if incoming and REQUEST_ID.fullmatch(incoming):
         return incoming
     return uuid.uuid4().hex[:16]
 

@@ -2,7 +2,8 @@
 
 `create_app` starts from `DEFAULTS`, then applies `from_environ(os.environ)`, then the test
 config. Nothing here reads the environment at import time. `HOST` and `PORT` are read by the
-servers that run the app (`gunicorn.conf.py`, `python -m chatapp`) through `listen_address`.
+servers that run the app (`chatapp.gunicorn_conf`, `python -m chatapp`) through `listen_address`;
+`WEB_CONCURRENCY` and `GUNICORN_THREADS` size gunicorn (`server_size`).
 
 Environment variable (default): meaning
 
@@ -115,3 +116,22 @@ def listen_address(environ: Mapping[str, str]) -> tuple[str, int]:
     host = environ.get("HOST", "").strip() or "0.0.0.0"
     port = _positive_int("PORT", environ.get("PORT", "").strip() or "8080")
     return host, port
+
+
+def bind_address(environ: Mapping[str, str]) -> str:
+    """HOST:PORT as gunicorn's `bind` takes it (an IPv6 host in brackets)."""
+    host, port = listen_address(environ)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def log_level(environ: Mapping[str, str]) -> str:
+    """LOG_LEVEL, for the server's own log lines (the app reads it through from_environ)."""
+    raw = environ.get("LOG_LEVEL", "")
+    return _log_level("LOG_LEVEL", raw) if raw.strip() else DEFAULTS["LOG_LEVEL"]
+
+
+def server_size(environ: Mapping[str, str]) -> tuple[int, int]:
+    """(WEB_CONCURRENCY, GUNICORN_THREADS): gunicorn processes, and threads in each."""
+    workers = _positive_int("WEB_CONCURRENCY", environ.get("WEB_CONCURRENCY", "").strip() or "2")
+    threads = _positive_int("GUNICORN_THREADS", environ.get("GUNICORN_THREADS", "").strip() or "16")
+    return workers, threads

@@ -78,9 +78,10 @@ from chatapp.errors import ApiError
 
 MIMETYPE = "application/x-ndjson"
 ROLES = ("system", "user", "assistant")
-# What the model service refuses in message text: C0 controls except tab, newline and carriage
+# What the model service refuses in message text (its web/messages.py; tests/test_contracts.py
+# keeps them equal): C0 controls except tab, newline and carriage
 # return; DEL and C1 controls; lone surrogates (possible through JSON \\ud800 escapes).
-_FORBIDDEN = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+FORBIDDEN_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -117,7 +118,7 @@ def parse_chat_request(
             raise _invalid(f"Message {number} must have a text content.")
         if role != "assistant" and not content.strip():
             raise _invalid(f"Message {number} is empty.")
-        if _FORBIDDEN.search(content):
+        if FORBIDDEN_CHARS.search(content):
             raise _invalid(f"Message {number} contains control characters; remove them.")
         clean.append({"role": role, "content": content})
     if clean[-1]["role"] != "user":

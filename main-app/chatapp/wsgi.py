@@ -1,4 +1,7 @@
-"""The WSGI entry point for gunicorn: `gunicorn -c gunicorn.conf.py chatapp.wsgi:app`."""
+"""The WSGI entry point for gunicorn.
+
+gunicorn -c python:chatapp.gunicorn_conf chatapp.wsgi:app
+"""
 
 from chatapp import create_app
 from chatapp.logs import configure_logging

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
-
-os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # inherited by the model worker process
 
 import uvicorn
 from pydantic import ValidationError
 
-from sidecar.app import create_app
-from sidecar.logs import configure_logging
+from sidecar.jsonlog import configure_logging
 from sidecar.settings import Settings
+from sidecar.web.app import create_app
+from sidecar.web.request_log import DropDeliberateAbort
 
 log = logging.getLogger("sidecar")
 
@@ -32,7 +30,7 @@ def main() -> None:
                 "invalid setting", extra={"fields": {"setting": where, "error": error["msg"]}}
             )
         sys.exit(2)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, DropDeliberateAbort())
     uvicorn.run(
         create_app(settings),
         host=settings.host,

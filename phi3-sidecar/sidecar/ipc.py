@@ -1,4 +1,5 @@
-"""Messages between the web process and the model worker process (pickled over pipes).
+"""What crosses the boundary between the web process (sidecar/web/) and the model worker
+process (sidecar/model/): how the worker is started, and the messages (pickled over pipes).
 
 Web -> worker: Generate, Cancel, Stop. Per-request messages carry the request's `key`.
 Worker -> web: Phase (load progress), then per request either Rejected, or Started, any number
@@ -7,12 +8,33 @@ of Piece, and one End.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+# The model process's entry point, by name: the web process never imports model code
+# (onnxruntime-genai, the tokenizer, the prompt builder), only this module.
+WORKER_ENTRY = "sidecar.model.worker:main"
+
+
+def resolve(entry: str) -> Callable[..., Any]:
+    """The function named by `module:function`."""
+    module, _, name = entry.partition(":")
+    function: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return function
+
+
+def run(entry: str, *args: object) -> None:
+    """A process target that imports `module:function` in the new process and calls it."""
+    resolve(entry)(*args)
+
 
 Role = Literal["system", "user", "assistant"]
 PhaseName = Literal["starting", "downloading", "loading", "warming_up", "ready", "failed"]
 Finish = Literal["eos", "length", "cancelled", "error"]
+# Why the worker refuses a request; the web process decides the status (web/errors.py).
+Refusal = Literal["context_length_exceeded", "unencodable_prompt", "start_failed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +73,7 @@ class Phase:
 @dataclass(frozen=True, slots=True)
 class Rejected:
     key: int
-    status: int
-    kind: str
+    reason: Refusal
     message: str
     limit_tokens: int | None = None
 

@@ -12,8 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-PHI3_REPO_ID = "microsoft/Phi-3-mini-4k-instruct-onnx"
-PHI3_SUBFOLDER = "cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4"
+from sidecar import catalog
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -26,8 +25,15 @@ class Settings(BaseSettings):
     )
 
     model_path: Path = Field(
-        default=Path("/home/models/phi3-mini-4k-instruct-int4"),
+        default=Path("/home/models") / catalog.DEFAULT.folder,
         description="Folder that holds genai_config.json, the ONNX model and the tokenizer.",
+    )
+    model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The model's name in /v1/models, /readyz and replies; default: the model "
+        "folder's name (for a downloaded catalog model, the folder it was downloaded into).",
     )
     host: str = Field(default="0.0.0.0", min_length=1, description="Interface to listen on.")
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
@@ -69,9 +75,8 @@ class Settings(BaseSettings):
         description="Prompt tokens appended per worker step. The worker reads cancellations and "
         "gives the other generations their turn between steps, so a prefill is cut into chunks: "
         "a cancellation lands within one chunk, and other replies get a token per chunk while a "
-        "long prompt is read. 64: on 2 CPU cores a Phi-3-mini chunk takes ~3.7 s (128: ~7.8 s) "
-        "and the prefill runs as fast as in one call (17.7 vs 17.6 tokens/s; chunks of 16 cost "
-        "~3%, 8 ~7%). 0 is refused; a value over the prompt's length appends it in one call.",
+        "long prompt is read. 64 costs no measurable prefill speed (docs/benchmarks.md, 'Prefill "
+        "chunk'). 0 is refused; a value over the prompt's length appends it in one call.",
     )
     queue_size: int = Field(
         default=8, ge=0, le=4096, description="Requests that may wait for a free slot; beyond: 503."
@@ -91,19 +96,33 @@ class Settings(BaseSettings):
         description="Download the model into MODEL_PATH at start when it has no complete model.",
     )
     model_repo_id: str = Field(
-        default=PHI3_REPO_ID,
+        default=catalog.DEFAULT.repo_id,
         min_length=1,
         description="Hugging Face repository for MODEL_DOWNLOAD.",
     )
     model_subfolder: str = Field(
-        default=PHI3_SUBFOLDER, description="Folder inside that repository which holds the model."
+        default=catalog.DEFAULT.subfolder,
+        description="Folder inside that repository which holds the model.",
     )
     engine_factory: str = Field(
-        default="sidecar.engine:load_engine",
+        default="sidecar.model.engine:load_engine",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="module:function that builds the engine in the model worker (tests use it "
         "to inject faults).",
     )
+
+    @property
+    def served_model_name(self) -> str:
+        """MODEL_NAME, else the model folder's name; for a folder downloaded from the catalog
+        (<root>/<entry folder>/<subfolder>) the name of the folder it was downloaded into."""
+        if self.model_name:
+            return self.model_name
+        path = self.model_path
+        if self.model_subfolder:
+            subfolder = Path(self.model_subfolder.strip("/"))
+            if path.parts[-len(subfolder.parts) :] == subfolder.parts:
+                path = path.parents[len(subfolder.parts) - 1]
+        return path.name or str(path)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -10,8 +10,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp import create_app
+from scripts.services import free_port
 from tests.chatapp.fake_sidecar import FakeSidecar
-from tests.support.servers import free_port
 
 
 @pytest.fixture

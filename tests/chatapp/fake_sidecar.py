@@ -61,7 +61,7 @@ class FakeSidecar:
         self.headers: list[Message] = []
         self.client_gone = threading.Event()
         self.readyz: tuple[int, dict[str, Any]] = (200, {"status": "ready"})
-        self.predict: Callable[[Handler], None] = lambda h: chunked(h, [b"ok"])
+        self.predict: Callable[[Handler], object] = lambda h: chunked(h, [b"ok"])
         self._server = Server(("127.0.0.1", 0), Handler)
         self._server.fake = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"

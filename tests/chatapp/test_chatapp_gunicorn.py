@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from scripts import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, Handler
-from tests.support import servers
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 
@@ -26,9 +26,9 @@ def fake() -> Iterator[FakeSidecar]:
 
 
 @pytest.fixture(scope="module")
-def app(fake: FakeSidecar, tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Service]:
+def app(fake: FakeSidecar, tmp_path_factory: pytest.TempPathFactory) -> Iterator[services.Service]:
     log = tmp_path_factory.mktemp("logs") / "chatapp.log"
-    with servers.chatapp(fake.url, log, HEARTBEAT_INTERVAL="0.2") as service:
+    with services.chatapp(fake.url, log, HEARTBEAT_INTERVAL="0.2") as service:
         yield service
 
 
@@ -38,7 +38,7 @@ def reset(fake: FakeSidecar) -> None:
     fake.client_gone.clear()
 
 
-def test_pieces_are_relayed_as_they_arrive(fake: FakeSidecar, app: servers.Service) -> None:
+def test_pieces_are_relayed_as_they_arrive(fake: FakeSidecar, app: services.Service) -> None:
     release = threading.Event()
 
     def held(h: Handler) -> None:
@@ -61,9 +61,13 @@ def test_pieces_are_relayed_as_they_arrive(fake: FakeSidecar, app: servers.Servi
 
 
 def test_leaving_during_a_silent_prefill_releases_the_sidecar(
-    fake: FakeSidecar, app: servers.Service
+    fake: FakeSidecar, app: services.Service
 ) -> None:
-    fake.predict = lambda h: (fs.start_chunked(h), fs.wait_until_client_closes(h, 15))
+    def silent_prefill(handler: fs.Handler) -> None:
+        fs.start_chunked(handler)
+        fs.wait_until_client_closes(handler, 15)
+
+    fake.predict = silent_prefill
     with httpx.stream("POST", app.url + "/chat", json=CHAT, timeout=10) as response:
         assert response.status_code == 200
         assert json.loads(next(response.iter_lines())) == {"ping": True}
@@ -74,7 +78,7 @@ def test_leaving_during_a_silent_prefill_releases_the_sidecar(
 
 
 def test_sidecar_dying_mid_reply_ends_with_an_error_line(
-    fake: FakeSidecar, app: servers.Service
+    fake: FakeSidecar, app: services.Service
 ) -> None:
     fake.predict = lambda h: fs.chunked(h, [b"Half ", b"a reply"], end=False)
     response = httpx.post(app.url + "/chat", json=CHAT, timeout=10)
@@ -83,7 +87,7 @@ def test_sidecar_dying_mid_reply_ends_with_an_error_line(
     assert objs[-1]["error"]["type"] == "upstream_disconnected"
 
 
-def test_errors_are_json(app: servers.Service) -> None:
+def test_errors_are_json(app: services.Service) -> None:
     response = httpx.post(app.url + "/chat", content=b"hi", timeout=10)
     assert response.status_code == 415
     assert response.json()["error"]["type"] == "unsupported_media_type"
@@ -94,7 +98,7 @@ def test_errors_are_json(app: servers.Service) -> None:
 
 def test_development_server(fake: FakeSidecar, tmp_path: Path) -> None:
     fake.predict = lambda h: fs.chunked(h, [b"dev"])
-    with servers.chatapp(fake.url, tmp_path / "dev.log", gunicorn=False) as dev:
+    with services.chatapp(fake.url, tmp_path / "dev.log", gunicorn=False) as dev:
         assert httpx.get(dev.url + "/", timeout=10).status_code == 200
         response = httpx.post(dev.url + "/chat", json=CHAT, timeout=10)
         assert json.loads(response.text.splitlines()[0]) == {"delta": "dev"}

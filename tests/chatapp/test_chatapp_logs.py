@@ -19,9 +19,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp.logs import JsonFormatter, configure_logging
+from scripts import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, Handler
-from tests.support import servers
 
 SECRET = "Zorglub-7431"  # in every message and reply: must never reach a log line
 CONVERSATION = {
@@ -312,18 +312,18 @@ def gunicorn_fake() -> Iterator[FakeSidecar]:
 @pytest.fixture(scope="module")
 def gunicorn_app(
     gunicorn_fake: FakeSidecar, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[servers.Service]:
+) -> Iterator[services.Service]:
     log = tmp_path_factory.mktemp("logs") / "chatapp.log"
-    with servers.chatapp(gunicorn_fake.url, log, HEARTBEAT_INTERVAL="0.2") as service:
+    with services.chatapp(gunicorn_fake.url, log, HEARTBEAT_INTERVAL="0.2") as service:
         yield service
 
 
-def chat_lines(app: servers.Service) -> list[dict[str, Any]]:
+def chat_lines(app: services.Service) -> list[dict[str, Any]]:
     records = [json.loads(line) for line in app.log_lines()]
     return [record for record in records if record["logger"] == "chatapp.request"]
 
 
-def wait_for_chat_line(app: servers.Service, request_id: str) -> dict[str, Any]:
+def wait_for_chat_line(app: services.Service, request_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         found = [line for line in chat_lines(app) if line["request_id"] == request_id]
@@ -335,7 +335,7 @@ def wait_for_chat_line(app: servers.Service, request_id: str) -> dict[str, Any]:
 
 
 def test_under_gunicorn_every_line_is_json_and_each_chat_has_one(
-    gunicorn_fake: FakeSidecar, gunicorn_app: servers.Service, tmp_path: Path
+    gunicorn_fake: FakeSidecar, gunicorn_app: services.Service, tmp_path: Path
 ) -> None:
     url = gunicorn_app.url + "/chat"
     gunicorn_fake.predict = with_counts

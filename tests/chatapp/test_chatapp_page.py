@@ -21,8 +21,8 @@ def test_page_and_assets(client: FlaskClient) -> None:
     assert assets, "the page links its script and stylesheet"
     for asset in assets:
         assert asset.startswith("/static/"), f"{asset} is not served by the app"
-        with client.get(asset) as response:
-            assert response.status_code == 200
+        with client.get(asset) as asset_response:
+            assert asset_response.status_code == 200
 
 
 def test_script_never_renders_model_output_as_html(client: FlaskClient) -> None:

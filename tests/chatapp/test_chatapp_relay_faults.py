@@ -253,6 +253,7 @@ def test_closing_the_response_drops_the_upstream(client: FlaskClient, fake: Fake
     fake.predict = endless
     response = client.post("/chat", json=CONVERSATION, buffered=False)
     first = next(iter(response.response))
+    assert isinstance(first, bytes)
     assert json.loads(first) == {"delta": "more "}
     response.close()
     assert fake.client_gone.wait(2)

@@ -92,11 +92,14 @@ def test_listen_address_from_environment() -> None:
 
 
 def test_gunicorn_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = runpy.run_path(str(APP_DIR / "gunicorn.conf.py"))
+    config = runpy.run_module("chatapp.gunicorn_conf")
     assert config["bind"] == "0.0.0.0:8080"
     assert config["worker_class"] == "gthread"
     assert config["threads"] > 1
     assert config["accesslog"] is None  # the app logs one richer line per chat
     monkeypatch.setenv("HOST", "::")
     monkeypatch.setenv("PORT", "9090")
-    assert runpy.run_path(str(APP_DIR / "gunicorn.conf.py"))["bind"] == "[::]:9090"
+    assert runpy.run_module("chatapp.gunicorn_conf")["bind"] == "[::]:9090"
+    monkeypatch.setenv("GUNICORN_THREADS", "zero")
+    with pytest.raises(SettingsError, match="GUNICORN_THREADS"):
+        runpy.run_module("chatapp.gunicorn_conf")

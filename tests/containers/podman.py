@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from tests.support.servers import free_port
+from scripts.services import free_port
 
 T = TypeVar("T")
 

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from scripts import services
 from scripts.make_model import LONG_PROMPT
 from tests.containers import podman
 from tests.models.fake_hub import FakeHub
-from tests.support import servers
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(1800)]
 
@@ -38,7 +38,7 @@ READY_TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def pod(images: podman.Images) -> Iterator[podman.Pod]:
-    with podman.pair(images.app, images.sidecar_model, servers.free_port()) as pod:
+    with podman.pair(images.app, images.sidecar_model, services.free_port()) as pod:
         podman.wait_ready(pod.url, READY_TIMEOUT, pod.logs)
         yield pod
 
@@ -53,10 +53,10 @@ def read_chat(url: str, body: dict[str, Any]) -> tuple[bytes, list[dict[str, Any
 
 
 @pytest.fixture(scope="module")
-def local_reply(sidecar_service: servers.Service, tmp_path_factory: pytest.TempPathFactory) -> str:
+def local_reply(sidecar_service: services.Service, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The same request answered by the pair run from source on this machine."""
     log = tmp_path_factory.mktemp("logs") / "chatapp.log"
-    with servers.chatapp(sidecar_service.url, log) as app:
+    with services.chatapp(sidecar_service.url, log) as app:
         _, lines = read_chat(app.url, CHAT)
     return "".join(line.get("delta", "") for line in lines)
 

@@ -1,6 +1,6 @@
 """End-to-end fixtures: the real sidecar (tiny model) and the real app (gunicorn) as processes.
 
-`paced_*` sidecars run the real engine slowed down (tests/e2e/paced_engine.py), so that a test
+`paced_*` sidecars run the real engine slowed down (tests/support/engines.py), so that a test
 can stop, kill or crowd a reply while it is being written.
 """
 
@@ -12,21 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import servers
+from scripts import services
+from tests.support.engines import paced
 
 REPO = Path(__file__).resolve().parents[2]
 
-AppFactory = Callable[..., contextlib.AbstractContextManager[servers.Service]]
-
-
-def paced(pace: float = 0.05, load_delay: float = 0.0) -> dict[str, str]:
-    """Sidecar settings for the paced engine."""
-    return {
-        "ENGINE_FACTORY": "tests.e2e.paced_engine:load_engine",
-        "PYTHONPATH": str(REPO),
-        "PACE_S": str(pace),
-        "LOAD_DELAY_S": str(load_delay),
-    }
+AppFactory = Callable[..., contextlib.AbstractContextManager[services.Service]]
 
 
 @pytest.fixture(scope="session")
@@ -35,15 +26,17 @@ def start_app(tmp_path_factory: pytest.TempPathFactory) -> AppFactory:
 
     def start(
         sidecar_url: str, **settings: str
-    ) -> contextlib.AbstractContextManager[servers.Service]:
+    ) -> contextlib.AbstractContextManager[services.Service]:
         log = tmp_path_factory.mktemp("logs") / "chatapp.log"
-        return servers.chatapp(sidecar_url, log, **{"HEARTBEAT_INTERVAL": "0.2", **settings})
+        return services.chatapp(sidecar_url, log, env={"HEARTBEAT_INTERVAL": "0.2", **settings})
 
     return start
 
 
 @pytest.fixture(scope="session")
-def live_app(sidecar_service: servers.Service, start_app: AppFactory) -> Iterator[servers.Service]:
+def live_app(
+    sidecar_service: services.Service, start_app: AppFactory
+) -> Iterator[services.Service]:
     """The app in front of the shared real sidecar on the tiny model."""
     with start_app(sidecar_service.url) as app:
         yield app
@@ -52,16 +45,16 @@ def live_app(sidecar_service: servers.Service, start_app: AppFactory) -> Iterato
 @pytest.fixture(scope="module")
 def paced_sidecar(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[servers.Service]:
+) -> Iterator[services.Service]:
     """One generation at a time, none may wait: a second request while one runs is refused."""
     log = tmp_path_factory.mktemp("logs") / "sidecar-paced.log"
-    with servers.sidecar(
-        tiny_model_dir, log, MAX_CONCURRENCY="1", QUEUE_SIZE="0", **paced()
+    with services.sidecar(
+        tiny_model_dir, log, MAX_CONCURRENCY="1", QUEUE_SIZE="0", env=paced()
     ) as service:
         yield service
 
 
 @pytest.fixture(scope="module")
-def paced_app(paced_sidecar: servers.Service, start_app: AppFactory) -> Iterator[servers.Service]:
+def paced_app(paced_sidecar: services.Service, start_app: AppFactory) -> Iterator[services.Service]:
     with start_app(paced_sidecar.url) as app:
         yield app

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import servers
+from scripts import services
 
 
 def chat(url: str, messages: list[dict[str, str]], **options: Any) -> list[dict[str, Any]]:
@@ -40,7 +40,7 @@ def first_delta(objs: Iterator[dict[str, Any]]) -> str:
     raise AssertionError("the reply ended before its first delta")
 
 
-def metric(sidecar: servers.Service, name: str, **labels: str) -> float:
+def metric(sidecar: services.Service, name: str, **labels: str) -> float:
     """One value from the sidecar's GET /metrics (Prometheus text)."""
     text = httpx.get(sidecar.url + "/metrics", timeout=5).text
     label = ",".join(f'{k}="{v}"' for k, v in labels.items())
@@ -58,7 +58,7 @@ def wait_until(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def request_logs(sidecar: servers.Service) -> list[dict[str, Any]]:
+def request_logs(sidecar: services.Service) -> list[dict[str, Any]]:
     """The sidecar's per-request log records for /predict (JSON lines)."""
     records = []
     for line in sidecar.log_lines():
@@ -70,7 +70,7 @@ def request_logs(sidecar: servers.Service) -> list[dict[str, Any]]:
     return records
 
 
-def chat_logs(app: servers.Service) -> list[dict[str, Any]]:
+def chat_logs(app: services.Service) -> list[dict[str, Any]]:
     """The app's one log record per POST /chat (JSON lines, logger chatapp.request)."""
     records = []
     for line in app.log_lines():

@@ -12,24 +12,25 @@ from typing import Any, Literal
 
 import httpx
 import pytest
-from axe_playwright_python.sync_playwright import Axe
+from axe_playwright_python.sync_playwright import Axe  # type: ignore[import-untyped]
 from playwright.sync_api import (
     Browser,
     ConsoleMessage,
     Dialog,
     Locator,
     Page,
+    ViewportSize,
     expect,
     sync_playwright,
 )
 
 from chatapp import wire
-from scripts import make_model
+from scripts import make_model, services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e import live
-from tests.e2e.conftest import AppFactory, paced
-from tests.support import servers
+from tests.e2e.conftest import AppFactory
+from tests.support.engines import paced
 
 pytestmark = pytest.mark.browser
 
@@ -97,7 +98,7 @@ def reply(page: Page) -> Locator:
 
 
 def test_streamed_reply_and_second_turn(
-    page: Page, live_app: servers.Service, sidecar_service: servers.Service
+    page: Page, live_app: services.Service, sidecar_service: services.Service
 ) -> None:
     page.goto(live_app.url)
     expect(page.locator("#model-status")).to_contain_text("Model ready")
@@ -151,7 +152,7 @@ def test_streamed_reply_and_second_turn(
     expect(reply(page)).to_have_attribute("data-state", "done")
 
 
-def test_phone_sized_screen(browser: Browser, live_app: servers.Service) -> None:
+def test_phone_sized_screen(browser: Browser, live_app: services.Service) -> None:
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
     page = context.new_page()
     try:
@@ -168,7 +169,7 @@ def test_phone_sized_screen(browser: Browser, live_app: servers.Service) -> None
 
 
 def test_stop_stops_the_reply(
-    page: Page, paced_app: servers.Service, paced_sidecar: servers.Service
+    page: Page, paced_app: services.Service, paced_sidecar: services.Service
 ) -> None:
     cancelled = live.metric(paced_sidecar, "sidecar_requests_total", outcome="cancelled")
     page.goto(paced_app.url)
@@ -195,7 +196,7 @@ def test_stop_stops_the_reply(
 
 
 def test_busy_sidecar_is_retried(
-    page: Page, paced_app: servers.Service, paced_sidecar: servers.Service
+    page: Page, paced_app: services.Service, paced_sidecar: services.Service
 ) -> None:
     body = {"messages": [{"role": "user", "content": make_model.LONG_PROMPT}]}
     started = threading.Event()
@@ -225,7 +226,7 @@ def test_busy_sidecar_is_retried(
 
 
 def test_sidecar_down_shows_a_sentence(page: Page, start_app: AppFactory) -> None:
-    with start_app(f"http://127.0.0.1:{servers.free_port()}") as app:
+    with start_app(f"http://127.0.0.1:{services.free_port()}") as app:
         page.goto(app.url)
         expect(page.locator("#model-status")).to_contain_text("Model service not reachable")
         send(page, "Hello?")
@@ -245,10 +246,10 @@ def test_model_loading_then_ready(
 ) -> None:
     settings = paced(pace=0.0, load_delay=2.0)
     with (
-        servers.sidecar(tiny_model_dir, tmp_path / "sc.log", wait=False, **settings) as sidecar,
+        services.sidecar(tiny_model_dir, tmp_path / "sc.log", wait=False, env=settings) as sidecar,
         start_app(sidecar.url) as app,
     ):
-        servers.wait_for(sidecar.url + "/healthz", sidecar.process, sidecar.log_path, 30)
+        services.wait_for(sidecar.url + "/healthz", sidecar.process, sidecar.log_path, 30)
         page.goto(app.url)
         expect(page.locator("#model-status")).to_contain_text("Model loading")
         send(page, "Hello")
@@ -259,14 +260,14 @@ def test_model_loading_then_ready(
 
 
 @pytest.fixture
-def fake_app(start_app: AppFactory) -> Iterator[tuple[FakeSidecar, servers.Service]]:
+def fake_app(start_app: AppFactory) -> Iterator[tuple[FakeSidecar, services.Service]]:
     """The app in front of a fake sidecar, for replies the real model will not write."""
     with FakeSidecar() as fake, start_app(fake.url) as app:
         yield fake, app
 
 
 def test_model_output_is_shown_as_text(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     hostile = ['<img src=x onerror="alert(1)">', " and <scr", "ipt>alert(2)</script> ", "&amp;"]
@@ -290,7 +291,9 @@ def test_model_output_is_shown_as_text(
     assert dialogs == []
 
 
-def test_cut_off_reply_is_marked(fake_app: tuple[FakeSidecar, servers.Service], page: Page) -> None:
+def test_cut_off_reply_is_marked(
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
+) -> None:
     fake, app = fake_app
     fake.predict = lambda h: fs.chunked(h, [b"The first half ", "and é".encode()], end=False)
     page.goto(app.url)
@@ -392,7 +395,7 @@ def no_dialogs(page: Page) -> list[str]:
 
 
 def test_markdown_reply_is_rendered_while_it_streams(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     fake.readyz = (200, {"status": "ready", "model": "Phi-3-mini-4k-instruct"})
@@ -475,7 +478,7 @@ CHECK_RENDERED = """(root) => {
 
 
 def test_incremental_rendering_ends_as_a_full_render(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     """Rendered a block at a time, piece by piece, a reply ends with the same DOM as when it is
     rendered whole; and each piece costs far less than rendering the whole reply again."""
@@ -535,7 +538,7 @@ def assert_rendered_safely(page: Page, dialogs: list[str]) -> None:
 
 
 def test_hostile_markdown_never_runs(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     fake.predict = lambda h: fs.chunked(h, pieces(HOSTILE_MARKDOWN, 11), delay=0.005)
@@ -597,7 +600,7 @@ def test_hostile_markdown_never_runs(
 
 
 def test_reload_restores_the_chat_and_the_list(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     replies(fake, "First **answer**", "Second answer", "Other chat answer")
@@ -642,7 +645,7 @@ def test_reload_restores_the_chat_and_the_list(
 
 
 def test_rename_export_and_delete(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     replies(fake, "Use `sorted()`.\n\n```python\nsorted(xs)\n```")
@@ -762,7 +765,7 @@ def test_settings_reach_the_request(start_app: AppFactory, page: Page) -> None:
 
 
 def test_copy_regenerate_and_edit(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     replies(fake, f"First reply:\n\n```python\n{CODE}\n```", "Second **reply**", "Edited reply")
@@ -813,7 +816,7 @@ def ndjson_body(*lines: bytes) -> bytes:
 
 
 def test_endings_say_why_a_reply_ended(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     _, app = fake_app
     # The app's own wire format, as chatapp.wire writes it (cached_tokens comes with the
@@ -860,7 +863,7 @@ def test_endings_say_why_a_reply_ended(
 
 
 def test_a_stopped_reply_is_kept_as_stopped(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     fake.predict = lambda h: fs.chunked(h, pieces("word " * 400, 5), delay=0.02)
@@ -894,7 +897,7 @@ def serious_violations(page: Page) -> list[str]:
     ]
 
 
-def formatted_chat(page: Page, app: servers.Service) -> None:
+def formatted_chat(page: Page, app: services.Service) -> None:
     """A chat with a formatted reply, a reply stopped at the length limit and a failed send."""
     page.goto(app.url)
     send(page, "How do I sort in Python?")
@@ -916,9 +919,9 @@ def formatted_chat(page: Page, app: servers.Service) -> None:
     ids=["desktop", "phone", "desktop-dark"],
 )
 def test_axe_finds_no_serious_violations(
-    fake_app: tuple[FakeSidecar, servers.Service],
+    fake_app: tuple[FakeSidecar, services.Service],
     browser: Browser,
-    viewport: dict[str, int],
+    viewport: ViewportSize,
     scheme: Literal["light", "dark"],
 ) -> None:
     fake, app = fake_app
@@ -949,7 +952,7 @@ def test_axe_finds_no_serious_violations(
         context.close()
 
 
-def test_keyboard_only(fake_app: tuple[FakeSidecar, servers.Service], page: Page) -> None:
+def test_keyboard_only(fake_app: tuple[FakeSidecar, services.Service], page: Page) -> None:
     fake, app = fake_app
     replies(fake, MARKDOWN_REPLY, "Second reply")
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=app.url)
@@ -1033,7 +1036,7 @@ def test_keyboard_only(fake_app: tuple[FakeSidecar, servers.Service], page: Page
 
 
 def test_phone_layout_with_a_formatted_reply(
-    fake_app: tuple[FakeSidecar, servers.Service], browser: Browser
+    fake_app: tuple[FakeSidecar, services.Service], browser: Browser
 ) -> None:
     fake, app = fake_app
     wide = "| " + " | ".join(f"column {i}" for i in range(12)) + " |\n|" + "---|" * 12
@@ -1074,7 +1077,7 @@ def test_phone_layout_with_a_formatted_reply(
 
 
 def test_a_reload_mid_reply_keeps_the_part_received(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     fake.predict = lambda h: fs.chunked(h, pieces("word " * 400, 5), delay=0.02)
@@ -1092,7 +1095,7 @@ def test_a_reload_mid_reply_keeps_the_part_received(
 
 
 def test_full_storage_is_said_and_the_chat_goes_on(
-    fake_app: tuple[FakeSidecar, servers.Service], page: Page
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
     replies(fake, "Noted.")

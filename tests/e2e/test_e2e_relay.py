@@ -16,16 +16,16 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import make_model
+from scripts import make_model, services
 from tests.e2e import live
-from tests.e2e.conftest import AppFactory, paced
-from tests.support import servers
+from tests.e2e.conftest import AppFactory
+from tests.support.engines import paced
 
 HI = {"role": "user", "content": "Hi"}
 MIXED_INPUT = "Café, naïve — 😀👩‍👩‍👧 中文字符 日本語 한국어 العربية עברית Привет"
 
 
-def direct(sidecar: servers.Service, messages: list[dict[str, str]]) -> str:
+def direct(sidecar: services.Service, messages: list[dict[str, str]]) -> str:
     response = httpx.post(sidecar.url + "/predict", json={"messages": messages}, timeout=60)
     response.raise_for_status()
     return response.content.decode("utf-8")
@@ -33,7 +33,7 @@ def direct(sidecar: servers.Service, messages: list[dict[str, str]]) -> str:
 
 @pytest.mark.parametrize("prompt", [make_model.LONG_PROMPT, MIXED_INPUT])
 def test_multibyte_reply_arrives_intact(
-    live_app: servers.Service, sidecar_service: servers.Service, prompt: str
+    live_app: services.Service, sidecar_service: services.Service, prompt: str
 ) -> None:
     messages = [{"role": "user", "content": prompt}]
     objs = live.chat(live_app.url, messages)
@@ -48,7 +48,7 @@ def test_multibyte_reply_arrives_intact(
 
 
 def test_conversation_in_many_scripts(
-    live_app: servers.Service, sidecar_service: servers.Service
+    live_app: services.Service, sidecar_service: services.Service
 ) -> None:
     messages = [
         {"role": "system", "content": "Réponds brièvement. 简短回答。"},
@@ -63,7 +63,7 @@ def test_conversation_in_many_scripts(
 
 
 def test_app_and_sidecar_log_lines_share_the_request_id(
-    live_app: servers.Service, sidecar_service: servers.Service
+    live_app: services.Service, sidecar_service: services.Service
 ) -> None:
     secret = "Zorglub-5127"
     body = {"messages": [{"role": "user", "content": f"Hello {secret}"}]}
@@ -94,7 +94,7 @@ def test_app_and_sidecar_log_lines_share_the_request_id(
 
 
 def test_stop_cancels_generation_in_the_sidecar(
-    paced_app: servers.Service, paced_sidecar: servers.Service
+    paced_app: services.Service, paced_sidecar: services.Service
 ) -> None:
     cancelled = live.metric(paced_sidecar, "sidecar_requests_total", outcome="cancelled")
     body = {"messages": [{"role": "user", "content": make_model.LONG_PROMPT}]}
@@ -116,7 +116,7 @@ def test_stop_cancels_generation_in_the_sidecar(
     assert live.metric(paced_sidecar, "sidecar_active_generations") == 0
 
 
-def test_busy_sidecar(paced_app: servers.Service, paced_sidecar: servers.Service) -> None:
+def test_busy_sidecar(paced_app: services.Service, paced_sidecar: services.Service) -> None:
     body = {"messages": [{"role": "user", "content": make_model.LONG_PROMPT}]}
     with httpx.stream("POST", paced_app.url + "/chat", json=body, timeout=30) as first:
         objs = live.lines(first)
@@ -138,7 +138,7 @@ def test_sidecar_dies_mid_reply(
     tiny_model_dir: Path, tmp_path: Path, start_app: AppFactory
 ) -> None:
     with (
-        servers.sidecar(tiny_model_dir, tmp_path / "sidecar.log", **paced()) as sidecar,
+        services.sidecar(tiny_model_dir, tmp_path / "sidecar.log", env=paced()) as sidecar,
         start_app(sidecar.url) as app,
     ):
         body = {"messages": [{"role": "user", "content": make_model.LONG_PROMPT}]}
@@ -165,10 +165,10 @@ def test_sidecar_dies_mid_reply(
 def test_sidecar_loading(tiny_model_dir: Path, tmp_path: Path, start_app: AppFactory) -> None:
     settings = paced(pace=0.0, load_delay=3.0)
     with (
-        servers.sidecar(tiny_model_dir, tmp_path / "sidecar.log", wait=False, **settings) as sc,
+        services.sidecar(tiny_model_dir, tmp_path / "sidecar.log", wait=False, env=settings) as sc,
         start_app(sc.url) as app,
     ):
-        servers.wait_for(sc.url + "/healthz", sc.process, sc.log_path, 30)
+        services.wait_for(sc.url + "/healthz", sc.process, sc.log_path, 30)
         messages = [{"role": "user", "content": "Hello"}]
         response = httpx.post(app.url + "/chat", json={"messages": messages}, timeout=30)
         assert response.status_code == 503
@@ -177,12 +177,12 @@ def test_sidecar_loading(tiny_model_dir: Path, tmp_path: Path, start_app: AppFac
         health = httpx.get(app.url + "/healthz", timeout=10).json()["sidecar"]
         assert health["reachable"] is True and health["ready"] is False
         assert health["detail"]["phase"] in ("starting", "loading", "warming_up")
-        servers.wait_for(sc.url + "/readyz", sc.process, sc.log_path, 30)
+        services.wait_for(sc.url + "/readyz", sc.process, sc.log_path, 30)
         assert live.chat(app.url, messages)[-1]["done"] is True
 
 
 def test_sidecar_not_running(start_app: AppFactory) -> None:
-    with start_app(f"http://127.0.0.1:{servers.free_port()}") as app:
+    with start_app(f"http://127.0.0.1:{services.free_port()}") as app:
         response = httpx.post(
             app.url + "/chat", json={"messages": [{"role": "user", "content": "Hi"}]}
         )
@@ -208,13 +208,13 @@ def test_sidecar_not_running(start_app: AppFactory) -> None:
         ),
     ],
 )
-def test_bad_input(live_app: servers.Service, body: object, status: int, type: str) -> None:
+def test_bad_input(live_app: services.Service, body: object, status: int, type: str) -> None:
     response = httpx.post(live_app.url + "/chat", json=body, timeout=30)
     assert response.status_code == status, response.text
     assert response.json()["error"]["type"] == type
 
 
-def test_not_json(live_app: servers.Service) -> None:
+def test_not_json(live_app: services.Service) -> None:
     response = httpx.post(live_app.url + "/chat", content="Hi", timeout=30)
     assert response.status_code == 415
     assert response.json()["error"]["type"] == "unsupported_media_type"

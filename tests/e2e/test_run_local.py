@@ -17,8 +17,8 @@ import httpx
 import psutil
 import pytest
 
+from scripts import services
 from tests.e2e import live
-from tests.support import servers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ class Run:
 
 @contextlib.contextmanager
 def run_local(models_dir: Path, tmp_path: Path) -> Iterator[Run]:
-    port, sidecar_port = servers.free_port(), servers.free_port()
+    port, sidecar_port = services.free_port(), services.free_port()
     output = tmp_path / "run_local.out"
     cmd = [
         sys.executable, str(REPO / "scripts" / "run_local.py"), "--model", "tiny",
@@ -132,11 +132,11 @@ def test_port_in_use(models_dir: Path, tmp_path: Path) -> None:
 
 def test_the_real_model_without_network_says_what_to_do(tmp_path: Path) -> None:
     # The hub client is pointed at a local port where nothing listens: no internet is needed.
-    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{servers.free_port()}"}
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{services.free_port()}"}
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "run_local.py"), "--model", "phi3",
-         "--models-dir", str(tmp_path), "--port", str(servers.free_port()),
-         "--sidecar-port", str(servers.free_port())],
+         "--models-dir", str(tmp_path), "--port", str(services.free_port()),
+         "--sidecar-port", str(services.free_port())],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert result.returncode == 1

@@ -25,7 +25,7 @@ SIDECAR_VARIABLES = {name.upper() for name in Settings.model_fields}
 
 def app_reads(variable: str) -> bool:
     """Whether the chat app reads this environment variable (through its public settings)."""
-    if variable in ("HOST", "PORT"):  # read by gunicorn.conf.py through listen_address
+    if variable in ("HOST", "PORT"):  # read by chatapp.gunicorn_conf through listen_address
         return True
     return any(from_environ({variable: sample}) for sample in ("http://localhost:1", "1"))
 

@@ -1,4 +1,4 @@
-"""scripts/download_model.py and sidecar.download, against a local fake Hub or no Hub at all."""
+"""scripts/download_model.py and sidecar.model.download, against a local fake Hub or no Hub at all."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.download import DEFAULT_REPO_ID, DEFAULT_SUBFOLDER, download_model, is_complete
+from sidecar.model.download import DEFAULT_REPO_ID, DEFAULT_SUBFOLDER, download_model, is_complete
 from tests.models.fake_hub import FakeHub
-from tests.support.servers import free_port
+from scripts.services import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "download_model.py"
 GRAPH = "model.onnx"

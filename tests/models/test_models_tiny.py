@@ -11,8 +11,7 @@ from typing import Any
 import onnx
 import pytest
 
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before the import: telemetry is on otherwise
-import onnxruntime_genai as og
+from sidecar.model.engine import og  # the sidecar's import: telemetry off first
 
 from scripts import make_model
 

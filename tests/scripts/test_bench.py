@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.servers import REPO
+from scripts.services import REPO
 
 
 def test_quick_bench_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-import onnxruntime_genai as og
+from sidecar.model.engine import og  # the sidecar's import: telemetry off first
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.servers import Service
+from scripts.services import Service
 
 JSON_HEADERS = {"content-type": "application/json"}
 

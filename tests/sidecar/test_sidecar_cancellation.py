@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 
+from scripts.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import metrics, predict, request_line
-from tests.support.servers import Service
 
 
 def wait_until(condition: object, timeout: float = 30.0) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.admission import Admission, QueueFull
+from scripts.services import Service
+from sidecar.web.admission import Admission, QueueFull
 from tests.sidecar import reference
 from tests.sidecar.support import (
     assert_error,
@@ -22,7 +23,6 @@ from tests.sidecar.support import (
     request_line,
     request_lines,
 )
-from tests.support.servers import Service
 
 # --- the admission queue itself ---------------------------------------------------------------
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cpus import cpu_budget
-from sidecar.engine import session_options, thread_count
+from scripts import services
+from sidecar.model.cpus import cpu_budget
+from sidecar.model.engine import session_options, thread_count
 from sidecar.settings import Settings
-from tests.support import servers
 
 
 def make_root(tmp_path: Path, cgroup: str, files: dict[str, str]) -> Path:
@@ -132,11 +132,11 @@ def test_the_sidecar_logs_its_thread_count_and_where_it_came_from(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "sidecar.log"
-    with servers.sidecar(tiny_model_dir, log, NUM_THREADS="1", THREAD_SPINNING="false") as sidecar:
+    with services.sidecar(tiny_model_dir, log, NUM_THREADS="1", THREAD_SPINNING="false") as sidecar:
         lines = [json.loads(line) for line in sidecar.log_lines() if line.startswith("{")]
     (line,) = [line for line in lines if line.get("msg") == "onnxruntime threads"]
     assert (line["threads"], line["source"], line["spinning"]) == (1, "NUM_THREADS", False)
-    with servers.sidecar(tiny_model_dir, log) as sidecar:
+    with services.sidecar(tiny_model_dir, log) as sidecar:
         lines = [json.loads(line) for line in sidecar.log_lines() if line.startswith("{")]
     (line,) = [line for line in lines if line.get("msg") == "onnxruntime threads"]
     assert (line["threads"], line["source"], line["spinning"]) == (

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from scripts.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import JSON_HEADERS, assert_error, predict, request_lines
-from tests.support.servers import Service
 
 
 def post_raw(service: Service, content: bytes, headers: dict[str, str]) -> httpx.Response:

@@ -1,4 +1,4 @@
-"""Faults the real engine cannot produce on demand (tests/sidecar/faults.py injects them):
+"""Faults the real engine cannot produce on demand (tests/support/engines.py injects them):
 an error after the first byte, and the model worker dying mid-reply."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import httpx
 import psutil
 import pytest
 
-from tests.sidecar.faults import EXIT, RAISE, SECRET
+from scripts import services
+from scripts.services import Service
 from tests.sidecar.support import metrics, predict, request_line
-from tests.support import servers
-from tests.support.servers import Service
+from tests.support.engines import EXIT, RAISE, SECRET
 
 
 def stream_until_broken(url: str, body: dict[str, object]) -> tuple[httpx.Response, bytes]:
@@ -68,7 +68,7 @@ def test_a_worker_that_dies_mid_reply_is_replaced(faulty_service: Service) -> No
 def test_the_worker_does_not_outlive_a_killed_web_process(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    with servers.sidecar(tiny_model_dir, tmp_path / "sidecar.log") as service:
+    with services.sidecar(tiny_model_dir, tmp_path / "sidecar.log") as service:
         worker = model_worker(service)
         service.process.kill()  # SIGKILL: no shutdown code runs
         service.process.wait()
@@ -78,9 +78,9 @@ def test_the_worker_does_not_outlive_a_killed_web_process(
 def test_sigterm_to_the_process_group_shuts_down_cleanly(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    # What servers.stop does (`docker stop` signals the web process alone): the web process
+    # What services.stop does (`docker stop` signals the web process alone): the web process
     # shuts down gracefully and stops the worker, which the signal does not reach directly.
-    with servers.sidecar(tiny_model_dir, tmp_path / "sidecar.log") as service:
+    with services.sidecar(tiny_model_dir, tmp_path / "sidecar.log") as service:
         worker = model_worker(service)
         assert os.getpgid(worker.pid) != os.getpgid(service.process.pid)
         os.killpg(service.process.pid, signal.SIGTERM)

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from scripts import services
+from scripts.services import Service
 from tests.models.fake_hub import FakeHub
 from tests.sidecar.support import assert_error, predict
-from tests.support import servers
-from tests.support.servers import Service
 
 
 def readyz(url: str) -> httpx.Response:
@@ -84,7 +84,7 @@ def test_a_missing_or_broken_model_folder_is_explained_once(
 ) -> None:
     folders = {name: (path, says) for name, path, says in broken_folders(tiny_model_dir, tmp_path)}
     folder, says = folders[case]
-    with servers.sidecar(folder, tmp_path / "sidecar.log", wait=False) as service:
+    with services.sidecar(folder, tmp_path / "sidecar.log", wait=False) as service:
         body = wait_for_phase(service, "failed")
         reason = body["reason"]
         assert says in reason and "\n" not in reason
@@ -116,7 +116,7 @@ def test_while_downloading_the_port_is_open_and_readyz_says_so(
 ) -> None:
     with black_hole() as hole:
         endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}"
-        with servers.sidecar(
+        with services.sidecar(
             tmp_path / "model", tmp_path / "sidecar.log", wait=False,
             MODEL_DOWNLOAD="1", HF_ENDPOINT=endpoint,
         ) as service:  # fmt: skip
@@ -131,8 +131,8 @@ def test_while_downloading_the_port_is_open_and_readyz_says_so(
 
 
 def test_a_failed_download_shows_in_readyz(env_without_hf: None, tmp_path: Path) -> None:
-    closed = servers.free_port()
-    with servers.sidecar(
+    closed = services.free_port()
+    with services.sidecar(
         tmp_path / "model", tmp_path / "sidecar.log", wait=False,
         MODEL_DOWNLOAD="1", HF_ENDPOINT=f"http://127.0.0.1:{closed}",
     ) as service:  # fmt: skip
@@ -153,12 +153,12 @@ def test_model_download_fetches_the_model_once(
             "MODEL_REPO_ID": "fake-org/tiny-onnx",
             "MODEL_SUBFOLDER": "cpu/int4",
         }
-        with servers.sidecar(model_path, tmp_path / "first.log", **settings) as service:
+        with services.sidecar(model_path, tmp_path / "first.log", env=settings) as service:
             assert '"phase": "downloading"' in service.log()
             assert predict(service.url, {"input_text": "Hi"}).status_code == 200
         assert (model_path / "cpu" / "int4" / "genai_config.json").is_file()
         downloads = list(hub.downloads)
         assert downloads
-        with servers.sidecar(model_path, tmp_path / "second.log", **settings) as service:
+        with services.sidecar(model_path, tmp_path / "second.log", env=settings) as service:
             assert predict(service.url, {"input_text": "Hi"}).status_code == 200
         assert hub.downloads == downloads  # found on disk: nothing fetched again

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from sidecar.app import create_app
+from scripts.services import Service
 from sidecar.settings import Settings
+from sidecar.web.app import create_app
 from tests.sidecar.support import metrics, predict, request_line, request_lines
-from tests.support.servers import Service
 
 MARKER = "zebra-marker-7781"
 

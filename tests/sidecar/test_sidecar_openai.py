@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from scripts import services
 from scripts.make_model import EOS_PROMPT, LONG_PROMPT
+from scripts.services import Service
 from tests.sidecar import reference
-from tests.sidecar.faults import RAISE, SECRET
 from tests.sidecar.support import assert_error, metrics, predict, request_line
-from tests.support import servers
-from tests.support.servers import Service
+from tests.support.engines import RAISE, SECRET
 
 PATH = "/v1/chat/completions"
 CONVERSATION = [
@@ -307,7 +307,7 @@ def test_the_body_and_context_errors_are_predicts(sidecar_service: Service) -> N
 
 
 def test_not_ready_is_503_with_retry_after(tmp_path: Path) -> None:
-    with servers.sidecar(tmp_path / "no-model", tmp_path / "sidecar.log", wait=False) as service:
+    with services.sidecar(tmp_path / "no-model", tmp_path / "sidecar.log", wait=False) as service:
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -336,10 +336,10 @@ def test_a_disconnect_mid_stream_stops_the_generation_within_one_token(
             events += line.startswith("data: ")
             if events >= 5:
                 break  # leaving the block closes the connection
-    line = request_line(service, rid)
-    assert (line["outcome"], line["stream"]) == ("cancelled", True)
-    assert line["tokens_after_disconnect"] <= 1
-    assert line["generated_tokens"] < 300
+    logged = request_line(service, rid)
+    assert (logged["outcome"], logged["stream"]) == ("cancelled", True)
+    assert logged["tokens_after_disconnect"] <= 1
+    assert logged["generated_tokens"] < 300
 
 
 def test_a_disconnect_while_waiting_for_the_whole_reply_stops_it_too(
@@ -389,3 +389,24 @@ def test_a_failed_generation_without_stream_is_a_500(faulty_service: Service) ->
     line = request_line(faulty_service, response.headers["x-request-id"])
     assert (line["status"], line["outcome"], line["error_type"]) == (500, "error", "internal_error")
     assert chat(faulty_service.url, {"messages": HI}).status_code == 200
+
+
+def test_the_model_list_names_the_served_model(
+    sidecar_service: Service, tiny_model_dir: Path
+) -> None:
+    listed = httpx.get(sidecar_service.url + "/v1/models", timeout=10)
+    assert listed.status_code == 200
+    assert listed.json()["object"] == "list"
+    (model,) = listed.json()["data"]
+    assert model["id"] == tiny_model_dir.name and model["object"] == "model"
+    assert isinstance(model["created"], int) and model["created"] > 0
+    one = httpx.get(f"{sidecar_service.url}/v1/models/{model['id']}", timeout=10)
+    assert one.status_code == 200 and one.json() == model
+    ready = httpx.get(sidecar_service.url + "/readyz", timeout=10).json()
+    assert ready["model"] == model["id"]
+
+
+def test_an_unknown_model_id_is_404(sidecar_service: Service) -> None:
+    response = httpx.get(sidecar_service.url + "/v1/models/gpt-4o", timeout=10)
+    assert response.status_code == 404
+    assert "gpt-4o" in response.json()["error"]["message"]

@@ -9,9 +9,9 @@ import httpx
 import pytest
 import requests
 
+from scripts.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import predict, request_line
-from tests.support.servers import Service
 
 USER = "user"
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from scripts.services import Service
 from sidecar import ipc
-from sidecar.engine import load_engine
+from sidecar.model.engine import load_engine
 from sidecar.settings import Settings
 from tests.sidecar import reference
 from tests.sidecar.support import predict, request_line
-from tests.support.servers import Service
 
 NEW_TOKENS = 80
 CONVERSATIONS = [

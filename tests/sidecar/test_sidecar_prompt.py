@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.engine import Engine
 from sidecar.ipc import Role
-from sidecar.prompt import PromptTooLong
+from sidecar.model.engine import Engine
+from sidecar.model.prompt import PromptTooLong
 
 Messages = list[tuple[Role, str]]
 

@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from tests.support.servers import Service
+from scripts.services import Service
 
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 300  # ~3300 tokens
 

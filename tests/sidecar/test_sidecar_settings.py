@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from sidecar.app import create_app
 from sidecar.settings import Settings
+from sidecar.web.app import create_app
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = [name.upper() for name in Settings.model_fields]
@@ -112,7 +112,7 @@ def test_prefill_chunk_bounds_are_inclusive(clean_env: pytest.MonkeyPatch, value
 
 def test_settings_are_frozen(clean_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationError):
-        Settings().port = 1  # type: ignore[misc]
+        Settings().port = 1
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -144,7 +144,7 @@ def test_telemetry_is_off_before_onnxruntime_genai_is_imported() -> None:
                 seen["at_import"] = os.environ.get("ORT_DISABLE_TELEMETRY")
             return real_import(name, *args, **kwargs)
         builtins.__import__ = spy
-        import sidecar.engine
+        import sidecar.model.engine
         print(seen["at_import"])
         """
     )
@@ -156,7 +156,7 @@ def test_the_web_process_never_imports_onnxruntime_genai(tiny_model_dir: Path) -
         f"""
         import sys, time
         from fastapi.testclient import TestClient
-        from sidecar.app import create_app
+        from sidecar.web.app import create_app
         from sidecar.settings import Settings
 
         with TestClient(create_app(Settings(model_path={str(tiny_model_dir)!r}))) as client:
@@ -187,3 +187,26 @@ def test_max_length_and_max_new_tokens_bound_every_reply(
         too_long = client.post("/predict", json={"input_text": "more " * 100})
         assert too_long.status_code == 413
         assert too_long.json()["error"]["limit_tokens"] == 64
+
+
+@pytest.mark.parametrize(
+    ("path", "env", "name"),
+    [
+        ("/m/tiny", {}, "tiny"),
+        # a catalog download: MODEL_PATH is its root, or the folder inside it
+        ("/home/models/phi3-mini-4k-instruct-int4", {}, "phi3-mini-4k-instruct-int4"),
+        (
+            "/home/models/phi3-mini-4k-instruct-int4/cpu_and_mobile/"
+            "cpu-int4-rtn-block-32-acc-level-4",
+            {},
+            "phi3-mini-4k-instruct-int4",
+        ),
+        ("/m/x/cpu/int4", {"model_subfolder": "cpu/int4"}, "x"),
+        ("/m/tiny", {"model_name": "my-model"}, "my-model"),
+    ],
+)
+def test_the_served_model_name(
+    clean_env: pytest.MonkeyPatch, path: str, env: dict[str, str], name: str
+) -> None:
+    settings = Settings(model_path=Path(path), **env)  # type: ignore[arg-type]
+    assert settings.served_model_name == name

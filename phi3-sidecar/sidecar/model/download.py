@@ -1,0 +1,164 @@
+"""Fetch an onnxruntime-genai model folder from the Hugging Face Hub.
+
+Used by the sidecar on first start (MODEL_DOWNLOAD=1) and as a command of its own:
+
+    phi3-download [--out DIR] [--repo-id ID --subfolder PATH] [--revision REV]
+
+(also `python scripts/download_model.py` in a checkout). It prints the folder that holds
+genai_config.json: the sidecar's MODEL_PATH.
+Every failure becomes a `DownloadError` whose message is one sentence a person can act on.
+The Hub client honours HF_TOKEN, HF_HOME and HF_ENDPOINT by itself; an interrupted download
+resumes from the partial files it keeps under `<out_dir>/.cache/huggingface`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sidecar import catalog
+from sidecar.model.folder import is_complete
+
+DEFAULT_REPO_ID = catalog.DEFAULT.repo_id
+DEFAULT_SUBFOLDER = catalog.DEFAULT.subfolder
+DEFAULT_OUT_DIR = Path("models") / catalog.DEFAULT.folder  # relative to where the command runs
+
+
+class DownloadError(Exception):
+    """The model could not be fetched; str(error) is one sentence for the user."""
+
+
+def download_model(
+    repo_id: str = DEFAULT_REPO_ID,
+    subfolder: str = DEFAULT_SUBFOLDER,
+    out_dir: Path = DEFAULT_OUT_DIR,
+    revision: str | None = None,
+    token: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """Download `subfolder` of `repo_id` into `out_dir`; returns the folder of genai_config.json.
+
+    Does nothing (and needs no network) when that folder is already complete.
+    """
+    subfolder = subfolder.strip("/")
+    folder = out_dir / subfolder if subfolder else out_dir
+    if is_complete(folder):
+        return folder
+    where = f"{repo_id}/{subfolder}" if subfolder else repo_id
+    with _hub_errors(repo_id, where, revision):
+        from huggingface_hub import HfApi, snapshot_download
+
+        api = HfApi(token=token)
+        # One call without the client's retries (about 23 s of back-off when the Hub cannot
+        # be reached), then the folder's listing: a wrong name fails before any download.
+        api.model_info(repo_id, revision=revision or "main", timeout=30)
+        tree = api.list_repo_tree(repo_id, path_in_repo=subfolder or None, revision=revision)
+        names = {entry.path.rsplit("/", 1)[-1] for entry in tree}
+        if not names:
+            raise DownloadError(f"The folder {where} does not exist or is empty.")
+        if "genai_config.json" not in names:
+            raise DownloadError(f"{where} has no genai_config.json, so it is not a model folder.")
+        snapshot_download(
+            repo_id,
+            revision=revision,
+            token=token,
+            local_dir=out_dir,
+            allow_patterns=[f"{subfolder}/*"] if subfolder else None,
+            tqdm_class=None if progress else _silent_tqdm(),
+        )
+    if not is_complete(folder):
+        raise DownloadError(f"The download of {where} into {folder} is incomplete; run it again.")
+    return folder
+
+
+@contextmanager
+def _hub_errors(repo_id: str, where: str, revision: str | None) -> Iterator[None]:
+    """Turn the Hub client's exceptions into one-sentence DownloadErrors."""
+    import httpx2
+    from huggingface_hub import constants, errors
+
+    revision = revision or "main"
+    try:
+        yield
+    except errors.GatedRepoError as e:
+        raise DownloadError(
+            f"{repo_id} is gated: accept its terms on the Hub and set HF_TOKEN."
+        ) from e
+    except errors.RepositoryNotFoundError as e:
+        raise DownloadError(
+            f"The repository {repo_id} does not exist or is private (set HF_TOKEN)."
+        ) from e
+    except errors.RevisionNotFoundError as e:
+        raise DownloadError(f"The revision {revision!r} does not exist in {repo_id}.") from e
+    except errors.EntryNotFoundError as e:
+        raise DownloadError(f"The folder {where} does not exist at revision {revision!r}.") from e
+    except (errors.OfflineModeIsEnabled, httpx2.TransportError) as e:
+        raise DownloadError(
+            f"Cannot reach the Hugging Face Hub at {constants.ENDPOINT} to download {where} "
+            "(no network, or HF_HUB_OFFLINE is set)."
+        ) from e
+    except errors.HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else "unknown"
+        raise DownloadError(f"The Hub answered HTTP {status} while fetching {where}.") from e
+    except OSError as e:
+        raise DownloadError(f"Could not write the model files: {e.strerror or e}.") from e
+
+
+def _silent_tqdm() -> Any:
+    from huggingface_hub.utils import tqdm
+
+    class Silent(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    return Silent
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Download an onnxruntime-genai model folder from the Hugging Face Hub (by "
+        "default Phi-3-mini-4k-instruct int4 CPU, about 2.7 GB). Resumes an interrupted "
+        "download; does nothing when the folder is already complete. Honours HF_TOKEN, HF_HOME "
+        "and HF_ENDPOINT."
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR, help="download into this folder")
+    p.add_argument("--repo-id", default=DEFAULT_REPO_ID, help="Hub repository (owner/name)")
+    p.add_argument(
+        "--subfolder", default=DEFAULT_SUBFOLDER, help="folder of the repo with genai_config.json"
+    )
+    p.add_argument("--revision", help="branch, tag or commit to pin (default: main)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
+        p.error(f"--repo-id must look like owner/name, not {args.repo_id!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # The Hub client logs warnings (e.g. "no files matched") that would repeat our own message.
+    from huggingface_hub.utils import logging
+
+    logging.set_verbosity_error()
+    try:
+        folder = download_model(
+            args.repo_id,
+            args.subfolder,
+            args.out,
+            revision=args.revision,
+            token=os.environ.get("HF_TOKEN") or None,
+            progress=not args.quiet,
+        )
+    except DownloadError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted; run the same command again to resume.\n")
+        return 130
+    sys.stdout.write(f"{folder}\n")
+    return 0

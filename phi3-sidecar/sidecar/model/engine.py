@@ -1,0 +1,215 @@
+"""onnxruntime-genai behind a small interface. The only module that imports it.
+
+It runs in the model worker process only (see worker.py), so the GIL that every Generator call
+holds never stalls the web process's event loop.
+
+A generation reads its prompt in chunks (PREFILL_CHUNK tokens, one chunk per step) before it
+generates a token per step: one append of a long prompt is minutes of Phi-3-mini on a CPU, and
+the worker can act only between steps, so a cancellation would wait for the whole prefill and
+the other generations' replies would freeze meanwhile. Chunked, a cancellation lands within one
+chunk and the others' tokens interleave with the chunks. The greedy tokens are the same.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home otherwise
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import onnxruntime_genai as og
+
+from sidecar.ipc import Finish, Generate
+from sidecar.model.cpus import cpu_budget
+from sidecar.model.folder import ModelFolderError, first_line, read_genai_config, read_json
+from sidecar.model.prompt import Prompt, PromptBuilder, added_tokens_of
+from sidecar.settings import Settings
+
+log = logging.getLogger("sidecar.model.engine")
+
+
+class Engine:
+    """One loaded model and tokenizer; hands out independent generations."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        num_threads: int = 0,
+        thread_spinning: bool = True,
+        max_length: int | None = None,
+        prefill_chunk: int = 64,
+    ):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
+        genai_config = read_genai_config(path)
+        self.context_length = int(genai_config["model"]["context_length"])
+        self.max_length = min(max_length or self.context_length, self.context_length)
+        config = og.Config(str(path))
+        self.session_options = session_options(num_threads, thread_spinning)
+        overlay = {"model": {"decoder": {"session_options": self.session_options}}}
+        config.overlay(json.dumps(overlay))
+        try:
+            self.model = og.Model(config)
+            self.tokenizer = og.Tokenizer(self.model)
+        except Exception as exc:
+            raise ModelFolderError(
+                f"onnxruntime-genai could not load the model in {str(path)!r}: "
+                f"{first_line(exc)}; "
+                "check that the folder is complete (download it again)"
+            ) from exc
+        model_eos = genai_config["model"].get("eos_token_id", [])
+        self.eos_ids = frozenset(
+            [int(i) for i in self.tokenizer.eos_token_ids]
+            + ([int(model_eos)] if isinstance(model_eos, int) else [int(i) for i in model_eos])
+        )
+        added = added_tokens_of(
+            [read_json(path / "tokenizer.json"), read_json(path / "tokenizer_config.json")]
+        )
+        bos = int(self.tokenizer.bos_token_id)
+        self.prompts = PromptBuilder(
+            _TemplateTokenizer(self.tokenizer), added, bos if bos >= 0 else None
+        )
+
+    def start(self, request: Generate) -> Generation:
+        """Render and fit the prompt (may raise PromptTooLong), then make a new generator."""
+        prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
+        return Generation(self, prompt, request)
+
+    def warm_up(self) -> None:
+        """Read a short prompt and generate one token."""
+        generation = self.start(Generate("warm-up", (("user", "Hi"),), max_new_tokens=1))
+        while generation.step() is None:
+            pass
+
+
+def session_options(num_threads: int, thread_spinning: bool) -> dict[str, Any]:
+    """The decoder's onnxruntime session options (genai_config.json's `session_options`).
+
+    onnxruntime-genai's default thread count is half the machine's cores (one thread on a
+    2-vCPU plan: half speed), so the count is always set; `num_threads` 0 means the CPUs this
+    process may really use (cpus.py). Spinning: idle pool threads busy-wait for the next
+    operator; off, they sleep, which costs decode speed (see THREAD_SPINNING in settings.py).
+    Keys not known to onnxruntime-genai go to onnxruntime as session config entries.
+    """
+    spin = "1" if thread_spinning else "0"
+    return {
+        "intra_op_num_threads": num_threads or cpu_budget().count,
+        "session.intra_op.allow_spinning": spin,
+        "session.inter_op.allow_spinning": spin,
+    }
+
+
+class _TemplateTokenizer:
+    def __init__(self, tokenizer: og.Tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return [int(i) for i in self._tokenizer.encode(text)]
+
+    def apply_chat_template(self, messages: str) -> str:
+        return str(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+class Generation:
+    """One reply: its own Generator (and KV cache) and its own tokenizer stream."""
+
+    def __init__(self, engine: Engine, prompt: Prompt, request: Generate) -> None:
+        self.prompt = prompt
+        self.generated = 0
+        self.finish: Finish | None = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self._eos = engine.eos_ids
+        params = og.GeneratorParams(engine.model)
+        # The KV cache is allocated for max_length up front: only what this request can use.
+        options: dict[str, Any] = {"max_length": len(prompt.ids) + prompt.max_new_tokens}
+        if request.min_new_tokens:  # EOS is suppressed until then
+            min_new = min(request.min_new_tokens, prompt.max_new_tokens)
+            options["min_length"] = len(prompt.ids) + min_new
+        if request.temperature:
+            options |= {
+                "do_sample": True,
+                "temperature": request.temperature,
+                "top_p": request.top_p if request.top_p is not None else 1.0,
+                "top_k": request.top_k if request.top_k is not None else 0,  # 0: no top-k cut
+            }
+        else:
+            options |= {"do_sample": False}
+        if request.seed is not None:
+            options["random_seed"] = request.seed
+        params.set_search_options(**options)
+        self._generator = og.Generator(engine.model, params)
+        self._stream = engine.tokenizer.create_stream()
+        self._chunk = engine.prefill_chunk
+        self._appended = 0  # prompt tokens appended so far
+
+    @property
+    def prefilling(self) -> bool:
+        """True while part of the prompt is still to be appended."""
+        return self._appended < len(self.prompt.ids)
+
+    def step(self) -> str | None:
+        """One bounded piece of work: while the prompt is not all appended, append its next
+        chunk (at most PREFILL_CHUNK tokens) and return None, no token made; after that,
+        generate one token and return its new text.
+
+        The text is '' while a character is still incomplete; the stream never yields half a
+        character, so a reply cut off by the length limit ends on a whole character.
+        """
+        if self.prefilling:
+            end = self._appended + self._chunk
+            self._generator.append_tokens(self.prompt.ids[self._appended : end])
+            self._appended = min(end, len(self.prompt.ids))
+            return None
+        self._generator.generate_next_token()
+        token = int(self._generator.get_next_tokens()[0])
+        self.generated += 1
+        self.last_token_at = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        if token in self._eos:
+            self.finish = "eos"
+            return ""
+        text = str(self._stream.decode(token))
+        if self.generated >= self.prompt.max_new_tokens or self._generator.is_done():
+            self.finish = "length"
+        return text
+
+    def tokens_per_s(self) -> float | None:
+        """Decode speed: tokens after the first one over the time they took."""
+        if self.first_token_at is None or self.last_token_at is None or self.generated < 2:
+            return None
+        elapsed = self.last_token_at - self.first_token_at
+        return (self.generated - 1) / elapsed if elapsed > 0 else None
+
+
+def thread_count(settings: Settings) -> tuple[int, str]:
+    """NUM_THREADS if set, else the CPUs this process may use; and where the number came from."""
+    if settings.num_threads:
+        return settings.num_threads, "NUM_THREADS"
+    budget = cpu_budget()
+    return budget.count, budget.source
+
+
+def load_engine(settings: Settings) -> Engine:
+    threads, source = thread_count(settings)
+    log.info(
+        "onnxruntime threads",
+        extra={
+            "fields": {"threads": threads, "source": source, "spinning": settings.thread_spinning}
+        },
+    )
+    return Engine(
+        settings.model_path,
+        num_threads=threads,
+        thread_spinning=settings.thread_spinning,
+        max_length=settings.max_length,
+        prefill_chunk=settings.prefill_chunk,
+    )

@@ -1,0 +1,218 @@
+"""The model worker process: loads the model, then runs generations one bounded step at a time.
+
+Why a process: every onnxruntime-genai Generator call holds the GIL for its whole duration (a
+prefill chunk can take seconds on a CPU, a Phi-3-mini decode step a tenth of one: see
+docs/benchmarks.md). In the web process that would freeze the event loop, so /healthz and
+every other stream would stall. A thread
+cannot avoid it, and smaller prefill chunks would only shorten the stalls. In a separate process
+the model can hold its own GIL as long as it likes; the web process only relays small messages.
+
+Scheduling: up to MAX_CONCURRENCY generations are active (the web process admits no more);
+they take turns, one step each, and pending messages (new requests, cancellations) are read
+between any two steps. A step is bounded: while a generation's prompt is being read it appends
+one chunk of PREFILL_CHUNK tokens (no token comes out of it), then it generates one token. So a
+cancellation stops a reply within one token, or within one chunk during a prefill (a prefill
+of a long conversation is minutes of Phi-3-mini on a CPU: it would otherwise run to its end for
+nobody), and a long prompt arriving does not freeze the replies already streaming: they get a
+token between its chunks. Prefill steps are not tokens: they are not counted as generated, nor
+as made after a disconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Protocol
+
+from sidecar import ipc
+from sidecar.jsonlog import configure_logging
+from sidecar.model.folder import ModelFolderError, download_if_needed, first_line
+from sidecar.model.prompt import Prompt, PromptTooLong, UnsafePrompt
+from sidecar.settings import Settings
+
+log = logging.getLogger("sidecar.model.worker")
+
+
+class Stepper(Protocol):
+    """What the scheduler needs of a generation (engine.Generation; tests wrap it)."""
+
+    prompt: Prompt
+    generated: int
+    finish: ipc.Finish | None
+
+    def step(self) -> str | None:
+        """Append the next chunk of the prompt and return None while the prompt is not all
+        appended; then generate one token and return its new text ('' while incomplete)."""
+        ...
+
+    def tokens_per_s(self) -> float | None: ...
+
+
+class Backend(Protocol):
+    """What the scheduler needs of a model (engine.Engine; tests wrap it)."""
+
+    max_length: int
+
+    def start(self, request: ipc.Generate) -> Stepper: ...
+
+    def warm_up(self) -> None: ...
+
+
+@dataclass
+class _Job:
+    request_id: str
+    generation: Stepper
+    # When recent tokens were finished (prefill steps are not tokens), to count those made
+    # after a disconnect was noticed.
+    finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+
+
+def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
+    """Entry point of the worker process (multiprocessing, spawn)."""
+    # The web process decides when this process ends: it sends Stop, or kills it, and if the
+    # web process dies the pipes close and this process exits at its next step. A SIGTERM or
+    # Ctrl+C for the service's process group must not end replies before the web process's
+    # graceful shutdown does, so this process leaves that group.
+    os.setpgid(0, 0)
+    configure_logging(settings.log_level)
+    try:
+        engine = _load(settings, outbox)
+        if engine is not None:
+            Scheduler(engine, inbox, outbox).run()
+    except (EOFError, OSError):
+        pass  # the web process is gone: so is the reason to run
+
+
+def _load(settings: Settings, outbox: Connection) -> Backend | None:
+    try:
+        if settings.model_download:
+            outbox.send(ipc.Phase("downloading"))
+            folder = download_if_needed(settings)
+            settings = settings.model_copy(update={"model_path": folder})
+        outbox.send(ipc.Phase("loading"))
+        engine: Backend = ipc.resolve(settings.engine_factory)(settings)
+        outbox.send(ipc.Phase("warming_up"))
+        engine.warm_up()
+    except ModelFolderError as exc:
+        outbox.send(ipc.Phase("failed", str(exc)))
+        return None
+    except Exception as exc:
+        reason = f"loading the model failed: {type(exc).__name__}: {first_line(exc)}"
+        outbox.send(ipc.Phase("failed", reason))
+        return None
+    outbox.send(ipc.Phase("ready", context_length=engine.max_length))
+    return engine
+
+
+class Scheduler:
+    def __init__(self, engine: Backend, inbox: Connection, outbox: Connection) -> None:
+        self._engine = engine
+        self._inbox = inbox
+        self._outbox = outbox
+        self._jobs: dict[int, _Job] = {}
+        self._stopping = False
+
+    def run(self) -> None:
+        """Until Stop; EOFError/OSError when the web process is gone."""
+        while not self._stopping:
+            self._read(block=not self._jobs)
+            for key in list(self._jobs):
+                if key in self._jobs:  # a cancellation may have removed it meanwhile
+                    self._step(key, self._jobs[key])
+                self._read(block=False)
+
+    def _read(self, *, block: bool) -> None:
+        if block:
+            self._handle(self._inbox.recv())
+        while not self._stopping and self._inbox.poll():
+            self._handle(self._inbox.recv())
+
+    def _handle(self, message: ipc.ToWorker) -> None:
+        if isinstance(message, ipc.Generate):
+            self._start(message)
+        elif isinstance(message, ipc.Cancel):
+            job = self._jobs.pop(message.key, None)
+            if job is not None:
+                after = sum(1 for t in job.finished_at if t > message.noticed_at)
+                self._end(message.key, job, "cancelled", tokens_after_cancel=after)
+        else:
+            self._stopping = True
+
+    def _start(self, request: ipc.Generate) -> None:
+        try:
+            generation = self._engine.start(request)
+        except PromptTooLong as exc:
+            self._outbox.send(
+                ipc.Rejected(
+                    request.key,
+                    "context_length_exceeded",
+                    f"the prompt takes {exc.prompt_tokens} tokens even with all older turns "
+                    f"left out; the limit is {exc.limit} tokens for prompt and reply together",
+                    limit_tokens=exc.limit,
+                )
+            )
+            return
+        except UnsafePrompt:
+            self._outbox.send(
+                ipc.Rejected(request.key, "unencodable_prompt", "the messages cannot be encoded")
+            )
+            return
+        except Exception as exc:
+            log.error(
+                "starting a generation failed",
+                extra={
+                    "fields": {
+                        "request_id": request.request_id,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                },
+            )
+            self._outbox.send(
+                ipc.Rejected(request.key, "start_failed", "the model failed to start")
+            )
+            return
+        self._jobs[request.key] = _Job(request.request_id, generation)
+        prompt = generation.prompt
+        self._outbox.send(
+            ipc.Started(
+                request.key, len(prompt.ids), prompt.dropped_messages, prompt.max_new_tokens
+            )
+        )
+
+    def _step(self, key: int, job: _Job) -> None:
+        try:
+            text = job.generation.step()
+        except Exception as exc:
+            log.error(
+                "generation failed",
+                extra={
+                    "fields": {
+                        "request_id": job.request_id,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                },
+            )
+            del self._jobs[key]
+            self._end(key, job, "error")
+            return
+        if text is not None:  # None: a chunk of the prompt was appended, no token yet
+            job.finished_at.append(time.monotonic())
+            if text:
+                self._outbox.send(ipc.Piece(key, text))
+        if job.generation.finish is not None:
+            del self._jobs[key]
+            self._end(key, job, job.generation.finish)
+
+    def _end(
+        self, key: int, job: _Job, finish: ipc.Finish, tokens_after_cancel: int | None = None
+    ) -> None:
+        generation = job.generation
+        self._outbox.send(
+            ipc.End(
+                key, finish, generation.generated, generation.tokens_per_s(), tokens_after_cancel
+            )
+        )

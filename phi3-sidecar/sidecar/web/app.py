@@ -1,0 +1,62 @@
+"""The app factory: settings in, FastAPI app out; the model worker starts in the lifespan.
+
+Each object the routes use lives on app.state and reaches them through one dependency
+(deps.py). The routes: /predict (predict_api.py), /v1/chat/completions (openai_api.py), the
+probes and /metrics (probes.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from sidecar.settings import Settings
+from sidecar.web import errors
+from sidecar.web.admission import Admission
+from sidecar.web.metrics import Metrics
+from sidecar.web.model_client import ModelClient
+from sidecar.web.openai_api import router as openai_router
+from sidecar.web.pipeline import Pipeline
+from sidecar.web.predict_api import router as predict_router
+from sidecar.web.probes import router as probes_router
+from sidecar.web.request_log import RequestLogMiddleware
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    admission = Admission(settings.max_concurrency, settings.queue_size)
+    # A slot is held until the worker reports the generation over (see admission.py).
+    model = ModelClient(settings, on_generation_over=admission.release)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await model.start()  # returns at once: the port opens while the model loads
+        try:
+            yield
+        finally:
+            await model.stop()
+
+    app = FastAPI(
+        title="phi3-sidecar",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        # FastAPI's built-in OpenTelemetry hooks: off, so a request costs only what this
+        # service does (the one log line and /metrics are its observability).
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.admission = admission
+    app.state.model = model
+    app.state.pipeline = Pipeline(model, admission, log_prompts=settings.log_prompts)
+    errors.install(app)
+    app.add_middleware(RequestLogMiddleware, metrics=metrics)
+    app.include_router(probes_router)
+    app.include_router(predict_router)
+    app.include_router(openai_router)
+    return app

@@ -1,0 +1,53 @@
+"""What routes get from the app, through Annotated dependencies (one per object on app.state)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from sidecar.settings import Settings
+from sidecar.web.admission import Admission
+from sidecar.web.metrics import Metrics
+from sidecar.web.model_client import ModelClient
+from sidecar.web.pipeline import Pipeline
+from sidecar.web.record import RequestRecord
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_model(request: Request) -> ModelClient:
+    model: ModelClient = request.app.state.model
+    return model
+
+
+def get_admission(request: Request) -> Admission:
+    admission: Admission = request.app.state.admission
+    return admission
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def get_pipeline(request: Request) -> Pipeline:
+    pipeline: Pipeline = request.app.state.pipeline
+    return pipeline
+
+
+def get_record(request: Request) -> RequestRecord:
+    """The request's log record (made by RequestLogMiddleware)."""
+    record: RequestRecord = request.scope["state"]["record"]
+    return record
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ModelDep = Annotated[ModelClient, Depends(get_model)]
+AdmissionDep = Annotated[Admission, Depends(get_admission)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
+RecordDep = Annotated[RequestRecord, Depends(get_record)]

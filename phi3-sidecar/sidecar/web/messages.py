@@ -1,0 +1,66 @@
+"""What both APIs' request bodies share: the message rules and the generation options.
+
+Validated strictly (no type coercion, no unknown fields), for /predict (predict_api.py) and
+/v1/chat/completions (openai_schemas.py) alike. The chat app checks the same rules before it
+calls the sidecar (main-app/chatapp/wire.py; a contract test keeps them equal).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from sidecar.ipc import Role
+
+# C0 controls except tab, newline and carriage return; DEL and C1 controls; lone surrogates
+# (possible through JSON \ud800 escapes, and not encodable as UTF-8).
+FORBIDDEN_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+MAX_TEXT_CHARS = 1_000_000  # the body limit is the real bound; this only caps a single field
+
+
+def _clean_text(value: str) -> str:
+    if FORBIDDEN_CHARS.search(value):
+        raise ValueError("text contains control characters or invalid code points")
+    return value
+
+
+def not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("text is empty")
+    return value
+
+
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS), AfterValidator(_clean_text)]
+NonBlankText = Annotated[Text, AfterValidator(not_blank)]
+
+# The generation options, shared with /v1/chat/completions (openai_schemas.py).
+NewTokens = Annotated[int, Field(ge=1, le=131072)]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 or absent: greedy")]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+TopK = Annotated[int, Field(ge=1, le=1_000_000)]
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
+MAX_MESSAGES = 1000
+
+
+def check_roles(roles: list[Role]) -> None:
+    """The conversation rules: system only first, the last turn from the user."""
+    if roles[-1] != "user":
+        raise ValueError("the last message must have role 'user'")
+    if "system" in roles[1:]:
+        raise ValueError("only the first message may have role 'system'")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    role: Role
+    content: Text
+
+    @model_validator(mode="after")
+    def _content_needed(self) -> Self:
+        if self.role != "assistant":
+            not_blank(self.content)
+        return self

@@ -1,0 +1,226 @@
+"""The web process's side of the model worker: start it, talk to it, heal it.
+
+Two plain threads move messages so the event loop never blocks on a pipe: a writer sends what
+the loop queues, a reader hands each worker message to the loop (call_soon_threadsafe), where
+it goes to the reply it belongs to. If the worker dies, every reply in flight is aborted,
+readiness turns 503 with the reason, and a new worker is started (with backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from sidecar import ipc
+from sidecar.settings import Settings
+
+log = logging.getLogger("sidecar.web.model_client")
+
+STOP_GRACE_S = 5.0
+RESTART_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class PhaseState:
+    name: ipc.PhaseName
+    reason: str | None
+    since: float
+    max_length: int | None = None
+
+
+class Reply:
+    """One request's view of its generation: how it started, its pieces, how it ended."""
+
+    def __init__(self, key: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.key = key
+        self.start: asyncio.Future[ipc.Started | ipc.Rejected | ipc.End] = loop.create_future()
+        self.end: asyncio.Future[ipc.End] = loop.create_future()
+        self.pieces: asyncio.Queue[ipc.Piece | ipc.End] = asyncio.Queue()
+
+    def deliver(self, message: ipc.FromWorker) -> None:
+        if isinstance(message, ipc.Started | ipc.Rejected) and not self.start.done():
+            self.start.set_result(message)
+        elif isinstance(message, ipc.Piece):
+            self.pieces.put_nowait(message)
+        elif isinstance(message, ipc.End):
+            if not self.start.done():
+                self.start.set_result(message)
+            self.pieces.put_nowait(message)
+            if not self.end.done():
+                self.end.set_result(message)
+
+
+class ModelClient:
+    """The model worker process, seen from the web process: submit, cancel, its phase."""
+
+    def __init__(self, settings: Settings, on_generation_over: Callable[[], None]) -> None:
+        self._settings = settings
+        self._on_generation_over = on_generation_over  # called once per submitted request
+        self.restarts = 0
+        self.phase = PhaseState("starting", None, time.monotonic())
+        self._replies: dict[int, Reply] = {}
+        self._keys = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._process: BaseProcess | None = None
+        self._outbox: queue.SimpleQueue[ipc.ToWorker | None] = queue.SimpleQueue()
+        self._epoch = 0
+        self._crashes = 0
+        self._stopping = False
+        self._restart: asyncio.TimerHandle | None = None
+        self._spawned_at = time.monotonic()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the worker; returns at once (the model loads in the background)."""
+        self._loop = asyncio.get_running_loop()
+        self._spawn()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._restart is not None:
+            self._restart.cancel()
+        self._abort_all()
+        self._outbox.put(ipc.Stop())
+        self._outbox.put(None)
+        process = self._process
+        if process is not None:
+            if self.phase.name == "ready":  # let it finish the step it is in, then read Stop
+                await asyncio.to_thread(process.join, STOP_GRACE_S)
+            if process.is_alive():
+                process.kill()
+                await asyncio.to_thread(process.join, STOP_GRACE_S)
+
+    def _spawn(self) -> None:
+        self._restart = None
+        self._epoch += 1
+        self._spawned_at = time.monotonic()
+        context = multiprocessing.get_context("spawn")
+        to_worker_r, to_worker_w = context.Pipe(duplex=False)
+        from_worker_r, from_worker_w = context.Pipe(duplex=False)
+        process = context.Process(
+            target=ipc.run,
+            args=(ipc.WORKER_ENTRY, self._settings, to_worker_r, from_worker_w),
+            name="model-worker",
+            daemon=True,
+        )
+        process.start()
+        to_worker_r.close()
+        from_worker_w.close()
+        self._process = process
+        self._outbox = queue.SimpleQueue()
+        self._set_phase(ipc.Phase("starting"))
+        threading.Thread(
+            target=self._write, args=(to_worker_w, self._outbox), name="worker-writer", daemon=True
+        ).start()
+        threading.Thread(
+            target=self._read,
+            args=(from_worker_r, process, self._epoch),
+            name="worker-reader",
+            daemon=True,
+        ).start()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def submit(self, request: ipc.Generate) -> Reply:
+        request = dataclasses.replace(request, key=next(self._keys))
+        reply = Reply(request.key)
+        self._replies[request.key] = reply
+        self._outbox.put(request)
+        return reply
+
+    def cancel(self, key: int) -> None:
+        if key in self._replies:
+            self._outbox.put(ipc.Cancel(key, time.monotonic()))
+
+    # -- threads ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _write(conn: Connection, outbox: queue.SimpleQueue[ipc.ToWorker | None]) -> None:
+        with conn:
+            while (message := outbox.get()) is not None:
+                try:
+                    conn.send(message)
+                except OSError:
+                    return
+
+    def _read(self, conn: Connection, process: BaseProcess, epoch: int) -> None:
+        with conn:
+            while True:
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    break
+                self._call(self._dispatch, message)
+        process.join(STOP_GRACE_S)
+        self._call(self._worker_exited, epoch, process.exitcode)
+
+    def _call(self, callback: Callable[..., object], *args: object) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is already closed: shutting down
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    # -- on the event loop ------------------------------------------------------------------
+
+    def _dispatch(self, message: ipc.FromWorker) -> None:
+        if isinstance(message, ipc.Phase):
+            self._set_phase(message)
+            return
+        reply = self._replies.get(message.key)
+        if reply is None:
+            return
+        if isinstance(message, ipc.Rejected | ipc.End):
+            del self._replies[message.key]
+            self._on_generation_over()
+        reply.deliver(message)
+
+    def _set_phase(self, message: ipc.Phase) -> None:
+        now = time.monotonic()
+        self.phase = PhaseState(message.name, message.reason, now, message.context_length)
+        if message.name == "ready":
+            self._crashes = 0
+        fields: dict[str, object] = {"phase": message.name}
+        if message.reason:
+            fields["reason"] = message.reason
+        if message.name == "ready":
+            fields["load_s"] = round(now - self._spawned_at, 2)
+        level = logging.ERROR if message.name == "failed" else logging.INFO
+        log.log(level, f"model {message.name}", extra={"fields": fields})
+
+    def _worker_exited(self, epoch: int, exitcode: int | None) -> None:
+        if epoch != self._epoch or self._stopping:
+            return
+        self._outbox.put(None)
+        self._abort_all()
+        if self.phase.name == "failed":
+            return  # the worker reported why and stopped on purpose; a restart would not help
+        delay = RESTART_DELAYS_S[min(self._crashes, len(RESTART_DELAYS_S) - 1)]
+        self._crashes += 1
+        self.restarts += 1
+        self._set_phase(
+            ipc.Phase(
+                "failed",
+                f"the model worker exited unexpectedly (exit code {exitcode}); "
+                f"restarting in {delay:g} s",
+            )
+        )
+        assert self._loop is not None
+        self._restart = self._loop.call_later(delay, self._spawn)
+
+    def _abort_all(self) -> None:
+        replies, self._replies = self._replies, {}
+        for key, reply in replies.items():
+            self._on_generation_over()
+            reply.deliver(ipc.End(key, "error", 0, None))

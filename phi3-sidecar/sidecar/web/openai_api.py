@@ -1,0 +1,196 @@
+"""POST /v1/chat/completions: OpenAI's Chat Completions API, next to /predict.
+
+Azure App Service's built-in SLM sidecar extensions answer at this path, so OpenAI client code
+(base URL http://localhost:8000/v1) works against this sidecar too. It is /predict's pipeline
+(pipeline.py): the same admission queue, worker, validation rules, error envelope and statuses,
+cancellation, log line and metrics; only the body (openai_schemas.py) and the reply's format
+differ.
+
+Request, application/json (unknown fields are refused with 422):
+  messages      as /predict's (roles system|user|assistant, system only first, the last one
+                from the user); content is a string or a list of text parts
+                [{"type": "text", "text": "..."}], joined with newlines; other parts
+                (image_url, input_audio, ...) are refused with 422
+  model         any string, echoed (absent: the name of the model folder)
+  max_completion_tokens or max_tokens   /predict's max_new_tokens (both: only if equal)
+  temperature, top_p, seed, top_k       as /predict: absent temperature means greedy (OpenAI's
+                default is 1); top_k is not OpenAI's (vLLM has it)
+  stream        bool, default false; stream_options {"include_usage": bool} only with it
+  Accepted only where they change nothing (absent, null or this value), else 422 naming the
+  field: n 1, stop [] (stop sequences are not implemented), presence_penalty 0,
+  frequency_penalty 0, logprobs false, top_logprobs 0, logit_bias {}, tools [],
+  tool_choice "none", response_format {"type": "text"}, store false. Ignored, any string:
+  user, safety_identifier, prompt_cache_key.
+
+Reply, stream false: 200 application/json once the reply is complete:
+  {"id": "chatcmpl-<request id>", "object": "chat.completion", "created": <unix seconds>,
+   "model": ..., "choices": [{"index": 0, "message": {"role": "assistant", "content": ...},
+   "logprobs": null, "finish_reason": "stop" | "length"}],
+   "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...}}
+  completion_tokens counts every generated token, the end token included (the log line's
+  generated_tokens). Nothing is sent before the end, so a generation that fails gets a status:
+  500 internal_error, or 503 not_ready when the model worker died.
+
+Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the text comes:
+  chat.completion.chunk objects (id, created and model as above, "choices": [{"index": 0,
+  "delta": ..., "logprobs": null, "finish_reason": null}]): first delta {"role": "assistant"},
+  then deltas {"content": "..."} (whole characters), then delta {} with the finish_reason; with
+  include_usage every chunk has "usage": null and one more chunk follows with "choices": []
+  and the usage; the last event is `data: [DONE]`. An error after the first byte ends the
+  response without [DONE] and without its final chunk (as /predict), logged with the id.
+
+Errors before the reply: /predict's ({"error": {"message", "type"}}; 400, 413 (also
+context_length_exceeded), 415, 422, 503 + Retry-After). A client that disconnects stops its
+generation within one token, also while it waits for a non-streamed reply.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from sidecar import ipc
+from sidecar.settings import Settings
+from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
+from sidecar.web.errors import ApiError
+from sidecar.web.openai_schemas import ChatCompletionRequest
+from sidecar.web.pipeline import read_body
+from sidecar.web.reply import ReplyFormat
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(settings: SettingsDep) -> dict[str, Any]:
+    """OpenAI's model list: the one model this sidecar serves."""
+    return {"object": "list", "data": [_model_object(settings)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, settings: SettingsDep) -> dict[str, Any]:
+    if model_id != settings.served_model_name:
+        raise ApiError(
+            "not_found", f"no model {model_id!r} here; GET /v1/models lists the one served"
+        )
+    return _model_object(settings)
+
+
+def _model_object(settings: Settings) -> dict[str, Any]:
+    try:  # when the model folder was written: the closest thing to OpenAI's "created"
+        created = int((settings.model_path / "genai_config.json").stat().st_mtime)
+    except OSError:
+        created = 0
+    name = settings.served_model_name
+    return {"id": name, "object": "model", "created": created, "owned_by": "phi3-sidecar"}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(
+    request: Request, settings: SettingsDep, pipeline: PipelineDep, record: RecordDep
+) -> Response:
+    body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
+    record.stream = body.stream
+    generate = ipc.Generate(
+        record.request_id,
+        body.conversation(),
+        body.max_new_tokens or settings.max_new_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+    )
+    model = body.model if body.model is not None else settings.served_model_name
+    ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
+    reply_format = EventStream(ids, body.include_usage) if body.stream else Completion(ids)
+    return await pipeline.run(request, record, generate, reply_format)
+
+
+@dataclass(frozen=True)
+class Ids:
+    """What every object of one reply repeats."""
+
+    id: str
+    created: int
+    model: str
+
+    def object(self, kind: str, **fields: Any) -> dict[str, Any]:
+        head = {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        return head | fields
+
+
+def _usage(end: ipc.End, prompt_tokens: int) -> dict[str, int]:
+    completion = end.generated_tokens
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def _finish_reason(end: ipc.End) -> str:
+    return "length" if end.finish == "length" else "stop"
+
+
+def _json(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class Completion(ReplyFormat):
+    """stream false: one chat.completion object when the reply is complete."""
+
+    media_type = "application/json"
+    buffered = True
+
+    def __init__(self, ids: Ids) -> None:
+        self._ids = ids
+        self._text: list[str] = []
+
+    def piece(self, text: str) -> bytes:
+        self._text.append(text)
+        return b""
+
+    def tail(self, end: ipc.End, prompt_tokens: int) -> bytes:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": "".join(self._text)},
+            "logprobs": None,
+            "finish_reason": _finish_reason(end),
+        }
+        usage = _usage(end, prompt_tokens)
+        return _json(self._ids.object("chat.completion", choices=[choice], usage=usage))
+
+
+class EventStream(ReplyFormat):
+    """stream true: server-sent events, one chat.completion.chunk each, then [DONE]."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, ids: Ids, include_usage: bool) -> None:
+        self._ids = ids
+        self._include_usage = include_usage
+
+    def _chunk(self, delta: dict[str, str], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        usage = {"usage": None} if self._include_usage else {}
+        return _event(self._ids.object("chat.completion.chunk", choices=[choice], **usage))
+
+    def head(self) -> bytes:
+        return self._chunk({"role": "assistant"})
+
+    def piece(self, text: str) -> bytes:
+        return self._chunk({"content": text})
+
+    def tail(self, end: ipc.End, prompt_tokens: int) -> bytes:
+        events = self._chunk({}, _finish_reason(end))
+        if self._include_usage:
+            usage = _usage(end, prompt_tokens)
+            events += _event(self._ids.object("chat.completion.chunk", choices=[], usage=usage))
+        return events + b"data: [DONE]\n\n"
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"data: " + _json(data) + b"\n\n"

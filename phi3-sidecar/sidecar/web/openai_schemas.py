@@ -1,0 +1,131 @@
+"""The /v1/chat/completions request body (the wire format is described in openai_api.py).
+
+Validated as strictly as /predict's (schemas.py: the same message rules, the same option
+ranges, no type coercion). Fields that OpenAI clients often send but that this service does not
+implement are accepted only when absent, null or at the value where they change nothing; any
+other value is a 422 naming the field, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from sidecar.ipc import Role
+from sidecar.web.messages import (
+    MAX_MESSAGES,
+    ChatMessage,
+    NewTokens,
+    Seed,
+    Temperature,
+    Text,
+    TopK,
+    TopP,
+    check_roles,
+)
+
+# OpenAI fields without an implementation here: accepted only at the value (or null).
+NO_EFFECT: dict[str, tuple[object, str]] = {
+    "n": (1, "only one choice (n=1) is supported"),
+    "stop": ([], "stop sequences are not supported"),
+    "presence_penalty": (0, "penalties are not supported (only 0)"),
+    "frequency_penalty": (0, "penalties are not supported (only 0)"),
+    "logprobs": (False, "log probabilities are not supported"),
+    "top_logprobs": (0, "log probabilities are not supported"),
+    "logit_bias": ({}, "logit_bias is not supported"),
+    "tools": ([], "tools are not supported"),
+    "tool_choice": ("none", "tools are not supported"),
+    "response_format": ({"type": "text"}, "only the text response format is supported"),
+    "store": (False, "stored completions are not supported"),
+}
+# Accepted with any string: they label the request for OpenAI's own bookkeeping (abuse
+# monitoring, prompt cache routing), which means nothing here.
+LABELS = ("user", "safety_identifier", "prompt_cache_key")
+
+
+def _no_effect(value: object, neutral: object) -> bool:
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return value is neutral
+    if isinstance(neutral, int):
+        return isinstance(value, int | float) and value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
+def _join_text_parts(value: object) -> object:
+    """Content given as OpenAI's list of parts: the text of its text parts, one per line."""
+    if not isinstance(value, list):
+        return value  # a string; or a wrong type, which the string validation reports
+    texts = []
+    for part in value:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise ValueError("only content parts of type 'text' are supported")
+        if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+            raise ValueError('a text part is {"type": "text", "text": "..."}')
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+class OpenAIMessage(ChatMessage):
+    """A /predict message whose content may also be a list of text parts."""
+
+    content: Annotated[Text, BeforeValidator(_join_text_parts)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    model: str | None = None
+    messages: list[OpenAIMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: NewTokens | None = None
+    max_completion_tokens: NewTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None  # not OpenAI's; as in /predict (and vLLM)
+    seed: Seed | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unimplemented(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name, (neutral, reason) in NO_EFFECT.items():
+            value = data.pop(name, None)
+            if value is not None and not _no_effect(value, neutral):
+                raise ValueError(f"{name}: {reason}")
+        for name in LABELS:
+            value = data.pop(name, None)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}: must be a string")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        check_roles([m.role for m in self.messages])
+        if None not in (self.max_tokens, self.max_completion_tokens) and (
+            self.max_tokens != self.max_completion_tokens
+        ):
+            raise ValueError("max_tokens and max_completion_tokens differ; give one of them")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only allowed when stream is true")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def conversation(self) -> tuple[tuple[Role, str], ...]:
+        return tuple((m.role, m.content) for m in self.messages)

@@ -1,0 +1,146 @@
+"""What the generation routes (/predict, /v1/chat/completions) share: the request pipeline.
+
+Everything that can be refused is refused before the response starts (the body, readiness,
+the queue, the context), with the status and type that errors.REFUSALS gives each reason. A
+route only brings its body's schema and its ReplyFormat (how the reply is written, reply.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import NoReturn, TypeVar
+
+from fastapi import Request, Response
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
+
+from sidecar import ipc
+from sidecar.web.admission import Admission, QueueFull
+from sidecar.web.errors import ApiError, not_ready, overloaded
+from sidecar.web.model_client import ModelClient
+from sidecar.web.record import RequestRecord
+from sidecar.web.reply import ReplyFormat, ReplyResponse, wait_for_disconnect
+
+# A body over the limit is still read (and dropped) up to this size, so that the client, which
+# is still sending, gets to read the 413 instead of a reset connection.
+DRAIN_LIMIT = 4 * 1024 * 1024
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def read_body(request: Request, limit: int, schema: type[Body]) -> Body:
+    """The JSON body, validated by `schema`; ApiError 415/413/400/422 otherwise."""
+    media_type, _, params = request.headers.get("content-type", "").partition(";")
+    charset = params.strip().lower().removeprefix("charset=").strip('"') if params else "utf-8"
+    if media_type.strip().lower() != "application/json" or charset not in ("utf-8", "utf8"):
+        raise ApiError("unsupported_media_type", "send the body as application/json (UTF-8)")
+    drain_limit = max(limit, DRAIN_LIMIT)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > drain_limit:
+        _too_large(limit)
+    body = bytearray()
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= limit:
+                body += chunk
+            elif size > drain_limit:
+                break
+    except ClientDisconnect:
+        raise ApiError("body_cut_off", "the body was cut off") from None
+    if size > limit:
+        _too_large(limit)
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
+    except UnicodeDecodeError:
+        raise ApiError("invalid_encoding", "the body is not valid UTF-8") from None
+    except ValueError:
+        raise ApiError("invalid_json", "the body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ApiError("invalid_field", "the body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError("invalid_field", _first_error(exc)) from None
+
+
+class Pipeline:
+    """Admission (FIFO), then the model worker, then the reply: what both APIs share."""
+
+    def __init__(self, model: ModelClient, admission: Admission, *, log_prompts: bool) -> None:
+        self._model = model
+        self._admission = admission
+        self._log_prompts = log_prompts
+
+    async def run(
+        self,
+        request: Request,
+        record: RequestRecord,
+        generate: ipc.Generate,
+        reply_format: ReplyFormat,
+    ) -> Response:
+        """Admit the request (FIFO), start it in the worker and answer with its reply."""
+        model = self._model
+        if self._log_prompts:
+            record.prompt = generate.messages
+        if model.phase.name != "ready":
+            raise not_ready(model.phase.name, model.phase.reason)
+        if not await self._admit(request):
+            record.outcome = "cancelled"  # the client left while waiting in the queue
+            return Response(status_code=204)
+        reply = model.submit(generate)
+        try:
+            start = await reply.start
+        except asyncio.CancelledError:  # the server is stopping
+            model.cancel(reply.key)
+            raise not_ready("stopping", None) from None
+        if isinstance(start, ipc.Rejected):
+            extra = {"limit_tokens": start.limit_tokens} if start.limit_tokens is not None else None
+            raise ApiError(start.reason, start.message, extra=extra)
+        if isinstance(start, ipc.End):  # the worker died before it started this request
+            raise not_ready(model.phase.name, model.phase.reason)
+        record.prompt_tokens = start.prompt_tokens
+        record.dropped_messages = start.dropped_messages
+        return ReplyResponse(reply, model, record, start, reply_format, keep_text=self._log_prompts)
+
+    async def _admit(self, request: Request) -> bool:
+        """Wait for a slot (FIFO); False if the client disconnected while waiting."""
+        admission = self._admission
+        if admission.try_acquire():
+            return True
+        acquire = asyncio.ensure_future(admission.acquire())
+        gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+        try:
+            await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not acquire.done():
+                acquire.cancel()
+        if acquire.done() and not acquire.cancelled():
+            if isinstance(acquire.exception(), QueueFull):
+                raise overloaded()
+            acquire.result()
+            phase = self._model.phase
+            if phase.name != "ready":  # the worker failed while we waited
+                admission.release()
+                raise not_ready(phase.name, phase.reason)
+            return True
+        return False
+
+
+def _too_large(limit: int) -> NoReturn:
+    raise ApiError("body_too_large", f"the body is larger than {limit} bytes")
+
+
+def _no_constants(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _first_error(exc: ValidationError) -> str:
+    """One line naming the field, never echoing the input."""
+    error = exc.errors(include_input=False, include_url=False)[0]
+    where = ".".join(str(part) for part in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message

@@ -1,0 +1,115 @@
+"""POST /predict: the original sample's contract, {"input_text": ...} -> streamed text/plain.
+
+Request, application/json, validated strictly (no type coercion; unknown fields are refused):
+  input_text    one user message (the sample's body, still valid as it was), or
+  messages      [{"role": "system" | "user" | "assistant", "content": "..."}], the whole
+                conversation (system only first, the last one from the user; messages.py)
+  system        a system message for input_text
+  max_new_tokens, min_new_tokens   reply length bounds (EOS is held back until the minimum)
+  temperature (0-2; 0 or absent: greedy), top_p, top_k, seed    sampling
+
+Reply: 200 text/plain; charset=utf-8, streamed: each chunk is the text of one or more new
+tokens, sent as soon as it is decoded, never ending inside a character; nothing around it.
+Headers: X-Request-Id, X-Prompt-Tokens, X-Dropped-Messages (the oldest turns left out so the
+conversation fits the context). An error after the first byte ends the stream without its
+final chunk, so the client sees an incomplete response rather than a normal end.
+
+Everything that can be refused is refused before the response starts, with the status and
+type of errors.REFUSALS (the same pipeline as /v1/chat/completions: pipeline.py).
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sidecar import ipc
+from sidecar.ipc import Role
+from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
+from sidecar.web.messages import (
+    MAX_MESSAGES,
+    ChatMessage,
+    NewTokens,
+    NonBlankText,
+    Seed,
+    Temperature,
+    TopK,
+    TopP,
+    check_roles,
+)
+from sidecar.web.pipeline import read_body
+from sidecar.web.reply import ReplyFormat
+
+router = APIRouter()
+
+
+class PredictRequest(BaseModel):
+    """Either input_text (one user turn) or messages (a conversation ending with a user turn)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    input_text: NonBlankText | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
+    system: NonBlankText | None = None
+    max_new_tokens: NewTokens | None = None
+    min_new_tokens: int | None = Field(None, ge=0, le=131072, description="EOS is held back")
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
+
+    @model_validator(mode="after")
+    def _one_conversation(self) -> Self:
+        if (
+            self.min_new_tokens is not None
+            and self.max_new_tokens is not None
+            and self.min_new_tokens > self.max_new_tokens
+        ):
+            raise ValueError("min_new_tokens must not exceed max_new_tokens")
+        if (self.input_text is None) == (self.messages is None):
+            raise ValueError("give either input_text or messages")
+        if self.messages is not None:
+            roles = [m.role for m in self.messages]
+            check_roles(roles)
+            if self.system is not None and roles[0] == "system":
+                raise ValueError("give the system message either in system or in messages")
+        return self
+
+    def conversation(self) -> tuple[tuple[Role, str], ...]:
+        turns: list[tuple[Role, str]] = [("system", self.system)] if self.system else []
+        if self.messages is not None:
+            turns += [(m.role, m.content) for m in self.messages]
+        else:
+            assert self.input_text is not None
+            turns.append(("user", self.input_text))
+        return tuple(turns)
+
+
+class PlainText(ReplyFormat):
+    """text/plain: each piece of text as it comes, nothing around it."""
+
+    media_type = "text/plain"
+
+    def piece(self, text: str) -> bytes:
+        return text.encode()
+
+
+@router.post("/predict")
+async def predict(
+    request: Request, settings: SettingsDep, pipeline: PipelineDep, record: RecordDep
+) -> Response:
+    body = await read_body(request, settings.max_body_bytes, PredictRequest)
+    max_new_tokens = body.max_new_tokens or settings.max_new_tokens
+    generate = ipc.Generate(
+        record.request_id,
+        body.conversation(),
+        max_new_tokens,
+        min_new_tokens=min(body.min_new_tokens or 0, max_new_tokens),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+    )
+    return await pipeline.run(request, record, generate, PlainText())

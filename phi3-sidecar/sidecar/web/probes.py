@@ -1,0 +1,52 @@
+"""GET /healthz (liveness), /readyz (readiness, with the load phase) and /metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from sidecar.web import errors
+from sidecar.web.deps import AdmissionDep, MetricsDep, ModelDep, SettingsDep
+from sidecar.web.metrics import Gauges
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers (also while the model loads or has failed)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
+    """Readiness: 200 once the model is loaded and a warm-up token was generated."""
+    phase = model.phase
+    ready = phase.name == "ready"
+    body: dict[str, object] = {
+        "ready": ready,
+        "phase": phase.name,
+        "reason": phase.reason,
+        "phase_seconds": round(time.monotonic() - phase.since, 1),
+        "model": settings.served_model_name,
+    }
+    if ready:
+        body["max_length"] = phase.max_length
+        return JSONResponse(body)
+    headers = {"Retry-After": str(errors.RETRY_NOT_READY_S)}
+    return JSONResponse(body, status_code=503, headers=headers)
+
+
+@router.get("/metrics")
+async def metrics_text(
+    model: ModelDep, admission: AdmissionDep, metrics: MetricsDep
+) -> PlainTextResponse:
+    gauges = Gauges(
+        ready=model.phase.name == "ready",
+        active=admission.active,
+        waiting=admission.waiting,
+        worker_restarts=model.restarts,
+    )
+    return PlainTextResponse(metrics.render(gauges), media_type="text/plain; version=0.0.4")

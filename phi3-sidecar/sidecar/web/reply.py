@@ -1,0 +1,170 @@
+"""The reply of a generation that the worker has started: its text, as it comes.
+
+The 200 goes out at once, then pieces are sent as soon as they arrive (several at once when the
+client reads slower than the model writes). The client's disconnect is watched the whole time:
+it cancels the generation in the worker. An error after the first byte ends the stream without
+its final chunk, so the client sees an incomplete response rather than a normal end; no error
+text is sent.
+
+How the text is written is a ReplyFormat: /predict's plain text (predict_api.py), or the
+OpenAI formats (openai_api.py): server-sent events, or one JSON body sent when the reply is
+complete (`buffered`: nothing goes out before the end, so a failed generation gets an error
+status instead, and a client that left gets nothing; the disconnect is watched all the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from sidecar import ipc
+from sidecar.web.errors import ApiError, error_response, not_ready
+from sidecar.web.model_client import ModelClient, Reply
+from sidecar.web.record import RequestRecord
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class ReplyFormat:
+    """How a reply is written: PlainText (predict_api.py), EventStream and Completion
+    (openai_api.py). The defaults send nothing around the pieces."""
+
+    media_type: str
+    buffered = False  # True: nothing is sent before the end; tail() is then the whole body
+
+    def head(self) -> bytes:
+        """Sent right after the headers."""
+        return b""
+
+    def piece(self, text: str) -> bytes:
+        """Sent for each piece of text as it comes ('' sends nothing)."""
+        raise NotImplementedError
+
+    def tail(self, end: ipc.End, prompt_tokens: int) -> bytes:
+        """Sent last, when the generation ended normally (eos or length)."""
+        return b""
+
+
+class ReplyResponse(Response):
+    def __init__(
+        self,
+        reply: Reply,
+        model: ModelClient,
+        record: RequestRecord,
+        started: ipc.Started,
+        reply_format: ReplyFormat,
+        *,
+        keep_text: bool = False,
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self.media_type = reply_format.media_type
+        self._format = reply_format
+        self._reply = reply
+        self._model = model
+        self._record = record
+        self._prompt_tokens = started.prompt_tokens
+        self._text: list[str] | None = [] if keep_text else None
+        self.init_headers(
+            {
+                "cache-control": "no-store",
+                "x-accel-buffering": "no",  # proxies: do not buffer the stream
+                "x-prompt-tokens": str(started.prompt_tokens),
+                "x-dropped-messages": str(started.dropped_messages),
+            }
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        buffered = self._format.buffered
+        if not buffered:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            if head := self._format.head():
+                await send({"type": "http.response.body", "body": head, "more_body": True})
+        pump = asyncio.create_task(self._pump(send))
+        gone = asyncio.create_task(wait_for_disconnect(receive))
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                end = pump.result()
+                outcome: str = end.finish
+            else:
+                self._model.cancel(self._reply.key)
+                end = await self._reply.end
+                outcome = "cancelled"  # even if the model had finished: the client did not get it
+        except asyncio.CancelledError:
+            # The server is stopping and its grace period is over: stop the generation and end
+            # the stream as incomplete (returning quietly: a re-raise only adds a traceback).
+            self._model.cancel(self._reply.key)
+            self._record.outcome = "cancelled"
+            if buffered:
+                await self._error(not_ready("stopping", None), scope, receive, send)
+            return
+        finally:
+            gone.cancel()
+            pump.cancel()
+        self._finish(end, outcome)
+        if buffered:
+            await self._send_whole(end, outcome, scope, receive, send)
+        elif end.finish != "error":
+            tail = self._format.tail(end, self._prompt_tokens) if outcome != "cancelled" else b""
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+        # else: return without the final chunk; the server closes the connection.
+
+    async def _send_whole(
+        self, end: ipc.End, outcome: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        if outcome == "cancelled":
+            return  # nobody is listening
+        if end.finish == "error":  # logged by the worker (or the worker died): nothing was sent
+            phase = self._model.phase
+            if phase.name != "ready":
+                error = not_ready(phase.name, phase.reason)
+            else:
+                error = ApiError("generation_failed", "the generation failed; see the log")
+            await self._error(error, scope, receive, send)
+            return
+        body = self._format.tail(end, self._prompt_tokens)
+        headers = [*self.raw_headers, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _error(self, error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+        self._record.error_type = error.kind
+        response = error_response(
+            error.status, error.kind, error.message, error.headers, error.extra
+        )
+        await response(scope, receive, send)
+
+    async def _pump(self, send: Send) -> ipc.End:
+        pieces = self._reply.pieces
+        while True:
+            batch = [await pieces.get()]
+            while not pieces.empty() and not isinstance(batch[-1], ipc.End):
+                batch.append(pieces.get_nowait())
+            text = "".join(m.text for m in batch if isinstance(m, ipc.Piece))
+            if text:
+                if self._record.ttft_ms is None:
+                    elapsed = time.monotonic() - self._record.started_at
+                    self._record.ttft_ms = round(elapsed * 1000, 1)
+                if self._text is not None:
+                    self._text.append(text)
+                if body := self._format.piece(text):
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+            if isinstance(batch[-1], ipc.End):
+                return batch[-1]
+
+    def _finish(self, end: ipc.End, outcome: str) -> None:
+        record = self._record
+        record.outcome = outcome
+        record.generated_tokens = end.generated_tokens
+        if end.tokens_per_s is not None:
+            record.tokens_per_s = round(end.tokens_per_s, 1)
+        record.tokens_after_disconnect = end.tokens_after_cancel
+        if self._text is not None:
+            record.reply = "".join(self._text)

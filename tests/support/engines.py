@@ -1,0 +1,126 @@
+"""Engine doubles: the sidecar's real engine, wrapped, for what the real one cannot do on
+demand. Loaded in the model worker through the sidecar's own seam (ENGINE_FACTORY); the
+settings that do that are `faulty()` and `paced()`.
+
+- FaultyEngine: faults triggered by a marker in the newest user message (an exception after
+  the first token, or the worker process dying).
+- PacedEngine: waits before each token (and optionally before loading), so that a test, or a
+  person, can stop, kill or crowd a reply while it is being written; the tiny model would
+  otherwise finish in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from sidecar import ipc
+from sidecar.model.engine import Engine, Generation
+from sidecar.model.engine import load_engine as load_real_engine
+from sidecar.model.prompt import Prompt
+from sidecar.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def faulty() -> dict[str, str]:
+    """Sidecar settings for the faulty engine."""
+    return {"ENGINE_FACTORY": "tests.support.engines:load_faulty_engine", "PYTHONPATH": str(REPO)}
+
+
+def paced(pace: float = 0.05, load_delay: float = 0.0) -> dict[str, str]:
+    """Sidecar settings for the paced engine: `pace` seconds before each token."""
+    return {
+        "ENGINE_FACTORY": "tests.support.engines:load_paced_engine",
+        "PYTHONPATH": str(REPO),
+        "PACE_S": str(pace),
+        "LOAD_DELAY_S": str(load_delay),
+    }
+
+
+RAISE = "[[fault:raise]]"  # the second token step raises (an error after the first byte)
+EXIT = "[[fault:exit]]"  # the worker process dies at the second token step
+SECRET = "secret-internal-detail-1234"  # in the exception text; must never reach a client
+
+
+class FaultyGeneration:
+    def __init__(self, real: Generation, fault: str | None) -> None:
+        self._real = real
+        self._fault = fault
+
+    @property
+    def prompt(self) -> Prompt:
+        return self._real.prompt
+
+    @property
+    def generated(self) -> int:
+        return self._real.generated
+
+    @property
+    def finish(self) -> ipc.Finish | None:
+        return self._real.finish
+
+    def step(self) -> str | None:
+        if self._real.generated >= 1 and self._fault == RAISE:
+            raise RuntimeError(f"injected failure: {SECRET}")
+        if self._real.generated >= 1 and self._fault == EXIT:
+            os._exit(3)
+        text = self._real.step()
+        if text is None:  # a chunk of the prompt: no token yet
+            return None
+        return text or "x"  # the first piece must not be empty, so the client gets a byte
+
+    def tokens_per_s(self) -> float | None:
+        return self._real.tokens_per_s()
+
+
+class FaultyEngine:
+    def __init__(self, real: Engine) -> None:
+        self._real = real
+        self.max_length = real.max_length
+
+    def start(self, request: ipc.Generate) -> FaultyGeneration:
+        newest = request.messages[-1][1]
+        fault = next((f for f in (RAISE, EXIT) if f in newest), None)
+        return FaultyGeneration(self._real.start(request), fault)
+
+    def warm_up(self) -> None:
+        self._real.warm_up()
+
+
+def load_faulty_engine(settings: Settings) -> FaultyEngine:
+    return FaultyEngine(load_real_engine(settings))
+
+
+class PacedGeneration:
+    def __init__(self, real: Generation, pace: float) -> None:
+        self._real = real
+        self._pace = pace
+
+    def __getattr__(self, name: str) -> Any:  # prompt, generated, finish, tokens_per_s, ...
+        return getattr(self._real, name)
+
+    def step(self) -> str | None:
+        if not self._real.prefilling:  # the wait is per token; prompt chunks run at full speed
+            time.sleep(self._pace)
+        return self._real.step()
+
+
+class PacedEngine:
+    def __init__(self, real: Engine, pace: float) -> None:
+        self._real = real
+        self._pace = pace
+        self.max_length = real.max_length
+
+    def start(self, request: ipc.Generate) -> PacedGeneration:
+        return PacedGeneration(self._real.start(request), self._pace)
+
+    def warm_up(self) -> None:
+        self._real.warm_up()
+
+
+def load_paced_engine(settings: Settings) -> PacedEngine:
+    time.sleep(float(os.environ.get("LOAD_DELAY_S", "0")))  # a model that takes long to load
+    return PacedEngine(load_real_engine(settings), float(os.environ.get("PACE_S", "0.05")))

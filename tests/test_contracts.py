@@ -1,0 +1,85 @@
+"""The contracts the two services share, checked equal in one place.
+
+The sidecar and the chat app ship as separate images and import nothing from each other, so
+a rule they must agree on exists twice, deliberately. This module is what keeps each pair
+equal: change one side and this fails until the other side follows.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from chatapp import logs as app_logs
+from chatapp import settings as app_settings
+from chatapp import upstream as app_upstream
+from chatapp import wire as app_wire
+from sidecar import ipc
+from sidecar import jsonlog as sidecar_jsonlog
+from sidecar.settings import Settings
+from sidecar.web import errors as sidecar_errors
+from sidecar.web import messages as sidecar_messages
+from sidecar.web import request_log as sidecar_request_log
+
+
+def test_request_id_rule_is_the_same() -> None:
+    assert app_logs.REQUEST_ID.pattern == sidecar_request_log.REQUEST_ID.pattern
+    for candidate in ("abc-123", "a" * 64, "a" * 65, "with space", "ünïcode", "x\n", ""):
+        assert bool(app_logs.REQUEST_ID.fullmatch(candidate)) == bool(
+            sidecar_request_log.REQUEST_ID.fullmatch(candidate)
+        ), candidate
+
+
+def test_forbidden_characters_are_the_same() -> None:
+    assert app_wire.FORBIDDEN_CHARS.pattern == sidecar_messages.FORBIDDEN_CHARS.pattern
+    for code in range(0x110000):
+        char = chr(code)
+        if bool(app_wire.FORBIDDEN_CHARS.search(char)) != bool(
+            sidecar_messages.FORBIDDEN_CHARS.search(char)
+        ):
+            pytest.fail(f"U+{code:04X} is judged differently")
+
+
+def test_roles_are_the_same() -> None:
+    assert set(app_wire.ROLES) == set(get_args(ipc.Role))
+
+
+@pytest.mark.parametrize(
+    "fields", [None, {"request_id": "r1", "status": 200, "ratio": 0.5, "text": "é — 你好"}]
+)
+def test_log_lines_have_the_same_shape(fields: dict[str, object] | None) -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        exc_info = sys.exc_info()
+    for info in (None, exc_info):
+        record = logging.LogRecord("x.y", logging.WARNING, __file__, 1, "msg %s", ("a",), info)
+        record.created = 1_700_000_000.123
+        if fields is not None:
+            record.fields = fields
+        app_line = app_logs.JsonFormatter().format(record)
+        sidecar_line = sidecar_jsonlog.JsonFormatter().format(record)
+        assert app_line == sidecar_line
+
+
+def test_the_app_understands_every_error_type_it_branches_on() -> None:
+    """The app tells loading from failed from busy by the sidecar's error type and phase."""
+    sidecar_types = {answer.type for answer in sidecar_errors.REFUSALS.values()}
+    source = re.sub(r"\s+", " ", Path(app_upstream.__file__).read_text(encoding="utf-8"))
+    branched_on = set(re.findall(r'type == "(\w+)"', source))
+    assert branched_on and branched_on <= sidecar_types
+    phases = set(re.findall(r'phase == "(\w+)"', source))
+    assert phases and phases <= set(get_args(ipc.PhaseName))
+
+
+def test_the_app_never_sends_more_than_the_sidecar_accepts() -> None:
+    assert (
+        app_settings.DEFAULTS["MAX_CONTENT_LENGTH"]
+        <= Settings.model_fields["max_body_bytes"].default
+    )
+    assert app_settings.DEFAULTS["MAX_MESSAGES"] <= sidecar_messages.MAX_MESSAGES

@@ -1,0 +1,92 @@
+"""The layout's rules (ARCHITECTURE.md), checked: who may import whom.
+
+- The sidecar's web/ (the uvicorn process) and model/ (the model worker process) never import
+  each other; they meet in sidecar/ipc.py.
+- The two services never import each other: they ship as separate images.
+- No code edits sys.path: the services and scripts/ are installed packages.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SIDECAR = REPO / "phi3-sidecar" / "sidecar"
+APP = REPO / "main-app" / "chatapp"
+
+
+def python_files(*roots: Path) -> Iterator[Path]:
+    for root in roots:
+        yield from (p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module an import statement in `path` names (absolute imports only)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def imports_of(root: Path, prefix: str) -> dict[str, set[str]]:
+    found = {}
+    for path in python_files(root):
+        hits = {m for m in imported_modules(path) if m == prefix or m.startswith(prefix + ".")}
+        if hits:
+            found[str(path.relative_to(REPO))] = hits
+    return found
+
+
+def test_the_web_process_code_never_imports_model_code() -> None:
+    assert imports_of(SIDECAR / "web", "sidecar.model") == {}
+
+
+def test_the_model_process_code_never_imports_web_code() -> None:
+    assert imports_of(SIDECAR / "model", "sidecar.web") == {}
+
+
+@pytest.mark.parametrize(("root", "other"), [(SIDECAR, "chatapp"), (APP, "sidecar")])
+def test_the_services_never_import_each_other(root: Path, other: str) -> None:
+    assert imports_of(root, other) == {}
+
+
+def test_onnxruntime_genai_is_imported_by_one_module_only() -> None:
+    importers = imports_of(SIDECAR, "onnxruntime_genai")
+    assert list(importers) == ["phi3-sidecar/sidecar/model/engine.py"]
+
+
+def test_nothing_edits_sys_path() -> None:
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in python_files(REPO / "phi3-sidecar", REPO / "main-app", REPO / "scripts")
+        if "sys.path." in path.read_text(encoding="utf-8")
+    ]
+    assert offenders == []
+
+
+def test_building_the_web_app_loads_no_model_code(tmp_path: Path) -> None:
+    """Not only the import statements: the modules really loaded by the web process's code."""
+    probe = (
+        "import json, sys\n"
+        "from sidecar.settings import Settings\n"
+        "from sidecar.web.app import create_app\n"
+        f"create_app(Settings(model_path={str(tmp_path)!r}))\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] in ('onnxruntime_genai', "
+        "'onnxruntime', 'tokenizers', 'numpy') or m.startswith('sidecar.model')]\n"
+        "print(json.dumps(loaded))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(result.stdout) == []
