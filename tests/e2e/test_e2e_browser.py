@@ -114,6 +114,11 @@ def test_streamed_reply_and_second_turn(
         timeout=30,
     ).text
     expect(first.locator(".text")).to_have_text(expected)
+    # The page names the model as the sidecar reports it (GET /healthz "model").
+    model = httpx.get(live_app.url + "/healthz", timeout=5).json()["model"]
+    assert isinstance(model, str) and model
+    expect(page.locator("#model-name")).to_have_text(model)
+    expect(first.locator(".role")).to_have_text(model)
     expect(first.locator(".meta")).to_contain_text("tokens/s")
     expect(first.locator(".meta")).to_contain_text("first token")
     expect(prompt).to_have_value("")
