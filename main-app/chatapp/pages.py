@@ -1,5 +1,9 @@
 """`GET /`: the chat page (HTML, CSS and JavaScript served from this package, no CDN).
 
+The page's script (`static/chat.js` and the modules it imports) renders replies as Markdown
+with the libraries vendored under `static/vendor/` (see `scripts/vendor_static.py`), always
+through an allow-list sanitiser, and keeps chats and settings in the browser's localStorage.
+
 Every response also gets headers that keep a browser from doing anything the page does not
 need: the page loads only its own script, style and icon, and model output that somehow ended
 up as markup could not run a script.
@@ -31,6 +35,7 @@ def index() -> str:
         "chat/index.html",
         max_request_bytes=current_app.config["MAX_CONTENT_LENGTH"],
         max_messages=current_app.config["MAX_MESSAGES"],
+        max_new_tokens_limit=current_app.config["MAX_NEW_TOKENS_LIMIT"],
     )
 
 

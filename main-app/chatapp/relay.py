@@ -155,16 +155,18 @@ def chat() -> Response:
     body: Any = request.get_json(silent=True)
     if body is None:
         raise ApiError(400, "The request body is not valid JSON.", "invalid_request")
-    payload = wire.parse_chat_request(body, current_app.config["MAX_MESSAGES"])
+    config = current_app.config
+    payload = wire.parse_chat_request(body, config["MAX_MESSAGES"], config["MAX_NEW_TOKENS_LIMIT"])
+    # The integrator forwards this to the sidecar's prompt cache.
+    payload.pop("conversation_id", None)
     record.messages = len(payload["messages"])
-    default = current_app.config["MAX_NEW_TOKENS"]
+    default = config["MAX_NEW_TOKENS"]
     if "max_new_tokens" not in payload and default:
         # The app's default never undercuts a minimum the request asked for.
         payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
     reply = _sidecar().predict(payload, record.request_id)
     record.prompt_tokens = reply.prompt_tokens
     record.dropped_messages = reply.dropped_messages
-    config = current_app.config
     body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
     return Response(
         body_iter,

@@ -20,6 +20,8 @@ Environment variable (default): meaning
 - `MAX_MESSAGES` (`200`): the most messages in one conversation, else 413.
 - `MAX_NEW_TOKENS` (unset): sent to the sidecar as `max_new_tokens` when the browser does not
   send one; unset, the sidecar decides.
+- `MAX_NEW_TOKENS_LIMIT` (`4096`): the largest `max_new_tokens` (and `min_new_tokens`) a
+  browser may ask for, else 400; the page's settings offer up to this.
 - `LOG_LEVEL` (`info`): `debug`, `info`, `warning` or `error`; the app's JSON log lines from
   that level up (one `info` line per chat, see `chatapp.logs`).
 - `HOST` (`0.0.0.0`) and `PORT` (`8080`, where App Service sends outside traffic): the address
@@ -40,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_CONTENT_LENGTH": 64 * 1024,
     "MAX_MESSAGES": 200,
     "MAX_NEW_TOKENS": None,
+    "MAX_NEW_TOKENS_LIMIT": 4096,
     "LOG_LEVEL": "info",
 }
 
@@ -93,6 +96,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_REQUEST_BYTES": ("MAX_CONTENT_LENGTH", _positive_int),
     "MAX_MESSAGES": ("MAX_MESSAGES", _positive_int),
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
+    "MAX_NEW_TOKENS_LIMIT": ("MAX_NEW_TOKENS_LIMIT", _positive_int),
     "LOG_LEVEL": ("LOG_LEVEL", _log_level),
 }
 

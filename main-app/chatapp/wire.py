@@ -11,8 +11,14 @@ system and user messages must not be blank; no message may contain control chara
 than tab, newline and carriage return. Optional: `"max_new_tokens"` (a positive integer),
 `"min_new_tokens"` (a whole number, at most `max_new_tokens`: the end of the reply is held off
 until then; benchmarks use it to pin the length) and `"temperature"` (0 to 2; 0 or absent
-means greedy), passed on to the model service. The page
-keeps the history and sends all of it each time; the app keeps nothing between requests.
+means greedy), passed on to the model service; both token counts are at most the app's
+`MAX_NEW_TOKENS_LIMIT`. The page keeps the history and sends all of it each time; the app
+keeps nothing between requests.
+
+Optional `"conversation_id"`: 1 to 64 characters of `A-Z a-z 0-9 _ -`, the same for every
+request of one chat and new for a new chat (the page makes a random one per chat). It names the
+conversation for the model service's prompt cache; it is not part of the prompt, and a request
+without one works the same, only without the cache.
 
 Errors before the reply starts
 ------------------------------
@@ -46,9 +52,13 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
     completes a character. `ttft_ms` is the time from the request reaching this app to the
     first piece; `tokens_per_s` is pieces per second after the first one. Either is `null`
     when it cannot be measured. Present when the model service reports them:
-    `finish_reason` (`"stop"` or `"length"`), `prompt_tokens` (the prompt's size in tokens)
-    and `dropped_messages` (how many of the oldest messages were left out so that the
-    conversation fits the model's context).
+    `finish_reason`: `"stop"` (the model ended its reply) or `"length"` (the reply reached
+    `max_new_tokens` or the end of the model's context: it is cut short, and the page says so);
+    `prompt_tokens` (the prompt's size in tokens), `cached_tokens` (how many of those the
+    model service took from its conversation cache instead of reading them again; at most
+    `prompt_tokens`) and `dropped_messages` (how many of the oldest messages were left out so
+    that the conversation fits the model's context). A reply the person stops has no `done`
+    line: the page knows it cancelled it.
   - or `{"error": {"message": "...", "type": "..."}}`: the reply broke off after it started;
     the deltas before it are the part received. Types: `upstream_disconnected` (the model
     service stopped mid-reply) and `upstream_timeout` (it went silent for longer than
@@ -72,14 +82,18 @@ ROLES = ("system", "user", "assistant")
 # keeps them equal): C0 controls except tab, newline and carriage
 # return; DEL and C1 controls; lone surrogates (possible through JSON \\ud800 escapes).
 FORBIDDEN_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _invalid(message: str) -> ApiError:
     return ApiError(400, message, "invalid_request")
 
 
-def parse_chat_request(body: Any, max_messages: int) -> dict[str, Any]:
-    """Check a decoded `POST /chat` body; returns the JSON to send to the sidecar's /predict."""
+def parse_chat_request(
+    body: Any, max_messages: int, max_new_tokens_limit: int | None = None
+) -> dict[str, Any]:
+    """Check a decoded `POST /chat` body; returns the JSON to send to the sidecar's /predict,
+    plus `conversation_id` when the page sent one (the caller takes it out of the payload)."""
     if not isinstance(body, dict):
         raise _invalid("The request must be a JSON object with a list of messages.")
     messages = body.get("messages")
@@ -115,6 +129,8 @@ def parse_chat_request(body: Any, max_messages: int) -> dict[str, Any]:
         if value is not None:
             if type(value) is not int or value < least:
                 raise _invalid(f"{name} must be a whole number of at least {least}.")
+            if max_new_tokens_limit is not None and value > max_new_tokens_limit:
+                raise _invalid(f"{name} must be at most {max_new_tokens_limit}.")
             payload[name] = value
     if "max_new_tokens" in payload and payload.get("min_new_tokens", 0) > payload["max_new_tokens"]:
         raise _invalid("min_new_tokens must not exceed max_new_tokens.")
@@ -123,6 +139,11 @@ def parse_chat_request(body: Any, max_messages: int) -> dict[str, Any]:
         if type(temperature) not in (int, float) or not 0 <= temperature <= 2:
             raise _invalid("temperature must be a number from 0 to 2.")
         payload["temperature"] = float(temperature)
+    conversation_id = body.get("conversation_id")
+    if conversation_id is not None:
+        if not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id):
+            raise _invalid("conversation_id must be 1 to 64 letters, digits, '-' or '_'.")
+        payload["conversation_id"] = conversation_id
     return payload
 
 

@@ -15,6 +15,7 @@ def test_ready_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
     assert response.status_code == 200
     assert response.get_json() == {
         "status": "ok",
+        "model": None,
         "sidecar": {"reachable": True, "ready": True, "detail": {"status": "ready"}},
     }
 
@@ -30,4 +31,15 @@ def test_loading_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
 def test_sidecar_down(make_app: Callable[..., Flask], down_url: str) -> None:
     response = make_app(SIDECAR_URL=down_url).test_client().get("/healthz")
     assert response.status_code == 200
-    assert response.get_json() == {"status": "ok", "sidecar": {"reachable": False, "ready": False}}
+    assert response.get_json() == {
+        "status": "ok",
+        "model": None,
+        "sidecar": {"reachable": False, "ready": False},
+    }
+
+
+def test_model_name_from_the_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
+    fake.readyz = (200, {"status": "ready", "model": " Phi-3-mini-4k-instruct "})
+    assert client.get("/healthz").get_json()["model"] == "Phi-3-mini-4k-instruct"
+    fake.readyz = (503, {"status": "loading", "phase": "loading", "model": 7})
+    assert client.get("/healthz").get_json()["model"] is None

@@ -1,0 +1,64 @@
+"""`POST /chat` options the page sends: `conversation_id` (kept out of the sidecar's payload)
+and reply lengths bounded by `MAX_NEW_TOKENS_LIMIT`, which the page reads from its markup."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from chatapp import create_app
+from tests.chatapp import fake_sidecar as fs
+from tests.chatapp.fake_sidecar import FakeSidecar
+
+USER = {"role": "user", "content": "Hello"}
+
+
+def test_conversation_id_is_accepted_and_kept_from_the_sidecar(
+    client: FlaskClient, fake: FakeSidecar
+) -> None:
+    body = {"messages": [USER], "conversation_id": "3f2a_B-9" * 8}  # 64 characters
+    response = client.post("/chat", json=body)
+    assert response.status_code == 200
+    assert list(fs.ndjson(response.get_data()))[-1]["done"] is True
+    # The sidecar refuses unknown fields: the id does not reach it (yet).
+    assert fake.requests == [{"messages": [USER]}]
+
+
+@pytest.mark.parametrize(
+    "conversation_id", ["", "x" * 65, "with space", "slash/es", "ünïcode", 42, ["a"], {"a": 1}]
+)
+def test_bad_conversation_id_is_refused(
+    client: FlaskClient, fake: FakeSidecar, conversation_id: Any
+) -> None:
+    response = client.post("/chat", json={"messages": [USER], "conversation_id": conversation_id})
+    assert response.status_code == 400
+    assert response.get_json()["error"]["type"] == "invalid_request"
+    assert "conversation_id" in response.get_json()["error"]["message"]
+    assert fake.requests == []
+
+
+def test_max_new_tokens_limit(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
+    client = make_app(MAX_NEW_TOKENS_LIMIT=100).test_client()
+    assert client.post("/chat", json={"messages": [USER], "max_new_tokens": 100}).status_code == 200
+    for name in ("max_new_tokens", "min_new_tokens"):
+        response = client.post("/chat", json={"messages": [USER], name: 101})
+        assert response.status_code == 400
+        assert response.get_json()["error"] == {
+            "message": f"{name} must be at most 100.",
+            "type": "invalid_request",
+        }
+    assert [request["max_new_tokens"] for request in fake.requests] == [100]
+
+
+def test_limit_setting_reaches_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MAX_NEW_TOKENS_LIMIT", raising=False)
+    assert create_app().config["MAX_NEW_TOKENS_LIMIT"] == 4096
+    monkeypatch.setenv("MAX_NEW_TOKENS_LIMIT", "512")
+    app = create_app({"TESTING": True})
+    assert app.config["MAX_NEW_TOKENS_LIMIT"] == 512
+    html = app.test_client().get("/").get_data(as_text=True)
+    assert 'data-max-new-tokens-limit="512"' in html
