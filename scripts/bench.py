@@ -353,6 +353,7 @@ def run_peers(
     run = compare.Peers(
         engine, sidecar.url, peer["server"].url, args.new_tokens, args.reps, args.pause
     )
+    load_before = os.getloadavg()[0]
     print("prefill and decode by prompt length, sidecar and llama.cpp:", flush=True)
     prefill = run.prefill(args.peer_lengths)
     print("turns of one conversation, each server's prompt cache on:", flush=True)
@@ -368,6 +369,9 @@ def run_peers(
         "gguf": str(gguf),
         "gguf_bytes": gguf.stat().st_size,
         "onnx_bytes": weights,
+        # Other work on the machine hurts llama.cpp's spinning OpenMP threads most: say how busy
+        # it was (1-minute load average, this run included) before and after the peer tables.
+        "load_average": [load_before, os.getloadavg()[0]],
         "threads": peer["threads"],
         "slots": peer["slots"],
         "context": peer["context"],
@@ -375,8 +379,15 @@ def run_peers(
         "turns": turns,
         "users": users,
         "memory": {
-            "sidecar (web + model worker)": (peak_rss_bytes(sidecar.process.pid), weights),
-            "llama-server": (peak_rss_bytes(peer["server"].process.pid), gguf.stat().st_size),
+            name: {
+                "peak_bytes": peak_rss_bytes(pid),
+                "file_backed_bytes": compare.file_backed_bytes(pid),
+                "model_bytes": size,
+            }
+            for name, pid, size in (
+                ("sidecar (web + model worker)", sidecar.process.pid, weights),
+                ("llama-server", peer["server"].process.pid, gguf.stat().st_size),
+            )
         },
     }
 

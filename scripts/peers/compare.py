@@ -269,7 +269,8 @@ def markdown(peers: dict[str, Any]) -> str:
         f"Peer: {peers['llamacpp_version']}, `{Path(peers['gguf']).name}` "
         f"({peers['gguf_bytes']:,} bytes; the ONNX model's files: {peers['onnx_bytes']:,}); "
         f"{peers['threads']} threads for decode and prompt, {peers['slots']} slots, "
-        f"{peers['context']} tokens of KV cache. Ratios: llama.cpp / sidecar.",
+        f"{peers['context']} tokens of KV cache; load average {peers['load_average'][0]:.1f} "
+        f"before, {peers['load_average'][1]:.1f} after. Ratios: llama.cpp / sidecar.",
         "",
         "| prompt tokens | sidecar prefill tok/s | llama.cpp | ratio "
         "| sidecar decode tok/s | llama.cpp | ratio |",
@@ -320,12 +321,31 @@ def markdown(peers: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| server | peak RSS (MiB) | model files (MiB) | ratio to model files |",
-        "|---|---:|---:|---:|",
+        "| server | peak RSS (MiB) | of it mapped from files, at the end (MiB) "
+        "| model files (MiB) | peak / model files |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for name, (rss, files) in peers["memory"].items():
-        lines.append(f"| {name} | {rss / 2**20:.0f} | {files / 2**20:.0f} | {rss / files:.2f} |")
+    for name, mem in peers["memory"].items():
+        peak, files, mapped = mem["peak_bytes"], mem["model_bytes"], mem["file_backed_bytes"]
+        lines.append(
+            f"| {name} | {peak / 2**20:.0f} | {mapped / 2**20:.0f} | {files / 2**20:.0f} "
+            f"| {peak / files:.2f} |"
+        )
     return "\n".join(lines)
+
+
+def file_backed_bytes(pid: int) -> int:
+    """RssFile of a process and its children: resident pages mapped from files (llama.cpp maps
+    its GGUF and keeps the mapping after copying weights into repacked buffers)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("RssFile"))
+        total += int(kib) * 1024
+    return total
 
 
 def plot(peers: dict[str, Any], axes: Any) -> None:
@@ -341,6 +361,7 @@ def plot(peers: dict[str, Any], axes: Any) -> None:
             users, [row[name]["aggregate_tps"] for row in peers["users"]], style, label=label
         )
     axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks(lengths, [f"{n:.0f}" for n in lengths])
     axes[0].set_title("prefill tok/s by prompt length")
     axes[0].set_xlabel("prompt tokens")
     axes[1].set_xticks([row["n"] for row in peers["users"]])
