@@ -9,7 +9,8 @@ and every matrix the ONNX model quantizes taken over block by block. MatMulNBits
 fp16 scale per block of 32) up to the order of the nibbles in a block and the scale's width,
 so each weight is (q - 8) * scale in both files, the scale rounded to fp16. Token embedding and
 output follow what `llama-quantize ... Q4_0` does (llama.cpp's src/llama-quant.cpp): the token
-embedding (fp32 in the ONNX file) becomes Q4_0, the output matrix Q6_K; the norms stay fp32.
+embedding (fp32 in the ONNX file) becomes Q4_0, the output matrix Q6_K (Q8_0 when its rows are
+not whole 256-weight super-blocks, as on the tiny preset); the norms stay fp32.
 `--output-type q4_0` keeps the output at 4 bits instead, as the ONNX model has it.
 
 The tokenizer is the model's own vocabulary (tokenizer.json) as a `gpt2`-type BPE with its

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -33,9 +34,7 @@ def server_binary() -> Path:
 
 
 def version(binary: Path | None = None) -> str:
-    """llama-server's own build line, e.g. 'version: 1 (0c1e570)'."""
-    import subprocess
-
+    """llama-server's own version line, e.g. 'version: 0.5.0-dev (build 1, commit 0c1e570)'."""
     binary = binary or server_binary()
     out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("version")]
