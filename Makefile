@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test lint coverage hooks venv clean
+.PHONY: run test lint coverage hooks venv peers clean
 
 $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,12 @@ $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.t
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Opt-in: llama.cpp's server (built from source for this CPU) and the GGUF writer, for
+# `python scripts/bench.py --peers`.
+peers: venv
+	$(PY) -m pip install --quiet -r requirements-peers.txt
+	VENV=$(VENV) bash scripts/peers/build_llamacpp.sh
 
 run: venv
 	$(PY) scripts/run_local.py --model $(MODEL)

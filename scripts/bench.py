@@ -4,6 +4,7 @@
     python scripts/bench.py              # Phi-3-mini shapes (generated once, ~2.7 GB)
     python scripts/bench.py --quick      # the `small` model, fewer repetitions (~1 minute)
     python scripts/bench.py --model DIR  # any onnxruntime-genai model, the real Phi-3 included
+    python scripts/bench.py --peers      # also llama.cpp's server on the same model (make peers)
 
 Variants run interleaved (engine, sidecar, app, engine, ...) so drift hits all alike. Prints
 Markdown tables; writes every sample to JSON and a plot to PNG under --out.
@@ -12,6 +13,7 @@ Markdown tables; writes every sample to JSON and a plot to PNG under --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -56,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="onnxruntime's pool threads spin (the sidecar's default) or sleep when idle",
     )
     parser.add_argument("--out", default=str(REPO / "bench-results"), help="results folder")
+    add_peer_args(parser)
     args = parser.parse_args(argv)
     quick = args.quick
     args.preset = args.preset or ("small" if quick else "phi3-mini")
@@ -64,7 +67,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.reps = args.reps or (2 if quick else 3)
     args.pause = (0.2 if quick else 1.0) if args.pause is None else args.pause
     args.concurrency = [int(n) for n in args.concurrency.split(",")]
+    args.peer_lengths = [int(n) for n in args.peer_lengths.split(",")]
+    args.peer_users = [int(n) for n in args.peer_users.split(",")]
     return args
+
+
+def add_peer_args(parser: argparse.ArgumentParser) -> None:
+    """--peers: llama.cpp's server as a variant and the peer tables (scripts/peers/)."""
+    group = parser.add_argument_group("peers (llama.cpp's server; install with `make peers`)")
+    group.add_argument("--peers", action="store_true", help="compare with llama.cpp's server")
+    group.add_argument(
+        "--peer-lengths", default="16,128,512,1024", help="prompt tokens of the prefill table"
+    )
+    group.add_argument("--turn-tokens", type=int, default=96, help="tokens per user turn")
+    group.add_argument("--peer-users", default="1,2,4", help="simultaneous users to compare")
 
 
 def ensure_model(args: argparse.Namespace, scratch: Path) -> Path:
@@ -143,8 +159,10 @@ VARIANTS = ("engine-default", "engine", "sidecar", "app")
 
 def summarize(samples: list[Sample], prompt_tokens: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    for variant in VARIANTS:
+    for variant in (*VARIANTS, "llamacpp"):
         mine = [s for s in samples if s.variant == variant]
+        if not mine:
+            continue
         out[variant] = {
             "ttft_s": statistics.median(s.ttft_s for s in mine),
             # The time to first token is the prefill (and one decode step): its rate.
@@ -194,6 +212,10 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "| process | peak RSS (MiB) | ratio to model files |", "|---|---:|---:|"]
     for name, rss in result["peak_rss_bytes"].items():
         lines.append(f"| {name} | {rss / 2**20:.0f} | {rss / weights:.2f} |")
+    if "peers" in result:
+        from scripts.peers import compare
+
+        lines += ["", compare.markdown(result["peers"])]
     return "\n".join(lines)
 
 
@@ -206,7 +228,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     summary = result["summary"]
     variants = list(summary)
     conc = result["concurrency"]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    peers = result.get("peers")
+    fig, axes = plt.subplots(1, 5 if peers else 3, figsize=(21 if peers else 13, 3.8))
     axes[0].bar(variants, [summary[v]["decode_tps"] for v in variants], color="#3b6ea8")
     axes[0].set_title("decode tokens/s (median)")
     axes[1].bar(variants, [summary[v]["ttft_s"] * 1000 for v in variants], color="#a85f3b")
@@ -218,6 +241,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[2].set_title("sidecar under N concurrent streams")
     axes[2].set_xlabel("N")
     axes[2].legend()
+    if peers:
+        from scripts.peers import compare
+
+        compare.plot(peers, axes[3:])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -258,6 +285,110 @@ def interleave(
     return samples
 
 
+def peer_model(model_dir: Path, scratch: Path) -> Path:
+    """--peers: the GGUF of the model (converted once, beside it when that folder is writable)
+    after checking that llama-server is installed."""
+    from scripts.peers import gguf_model, llamacpp
+
+    if not llamacpp.server_binary().exists():
+        raise SystemExit(f"--peers: {llamacpp.server_binary()} is missing; run `make peers`")
+    writable = os.access(model_dir.parent, os.W_OK) and not model_dir.is_relative_to(scratch)
+    return gguf_model.ensure(model_dir, None if writable else scratch)
+
+
+def peer_run(
+    client: httpx.Client, peer: dict[str, Any], ids: Any, args: argparse.Namespace
+) -> Callable[[int], Sample]:
+    """The llamacpp variant of the interleaved table: the same prompt ids, no prompt cache."""
+    from scripts.peers import llamacpp
+
+    url = peer["server"].url
+    return lambda rep: llamacpp.complete(client, url, ids, args.new_tokens, rep)[0]
+
+
+def start_peer(
+    args: argparse.Namespace,
+    stack: contextlib.ExitStack,
+    gguf: Path | None,
+    engine: RawEngine,
+    threads: int,
+    scratch: Path,
+) -> dict[str, Any] | None:
+    """--peers: llama-server on the GGUF, as many slots as the most users, our thread count."""
+    if gguf is None:
+        return None
+    from scripts.peers import compare, llamacpp
+
+    context = compare.context_size(
+        engine,
+        lengths=args.peer_lengths,
+        turn_tokens=args.turn_tokens,
+        users=args.peer_users,
+        users_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        reps=args.reps,
+    )
+    slots = max(args.peer_users)
+    log = scratch / "llama-server.log"
+    server = stack.enter_context(
+        llamacpp.server(gguf, log, threads=threads, slots=slots, context=context)
+    )
+    print(f"llama-server: {threads} threads, {slots} slots, context {context}", flush=True)
+    return {"server": server, "gguf": gguf, "threads": threads, "slots": slots, "context": context}
+
+
+def run_peers(
+    args: argparse.Namespace,
+    peer: dict[str, Any],
+    engine: RawEngine,
+    sidecar: services.Service,
+    weights: int,
+) -> dict[str, Any]:
+    """The peer tables (scripts/peers/compare.py), each one interleaved run."""
+    from scripts.peers import compare, llamacpp
+
+    run = compare.Peers(
+        engine, sidecar.url, peer["server"].url, args.new_tokens, args.reps, args.pause
+    )
+    load_before = os.getloadavg()[0]
+    print("prefill and decode by prompt length, sidecar and llama.cpp:", flush=True)
+    prefill = run.prefill(args.peer_lengths)
+    print("turns of one conversation, each server's prompt cache on:", flush=True)
+    turns = run.turns(args.turn_tokens)
+    print("simultaneous users:", flush=True)
+    users = run.users(args.peer_users, args.prompt_tokens)
+    gguf = peer["gguf"]
+    return {
+        "llamacpp_version": f"llama.cpp llama-server {llamacpp.version()}",
+        "llamacpp_args": llamacpp.server_args(
+            gguf, threads=peer["threads"], slots=peer["slots"], context=peer["context"], port=0
+        )[1:],
+        "gguf": str(gguf),
+        "gguf_bytes": gguf.stat().st_size,
+        "onnx_bytes": weights,
+        # Other work on the machine hurts llama.cpp's spinning OpenMP threads most: say how busy
+        # it was (1-minute load average, this run included) before and after the peer tables.
+        "load_average": [load_before, os.getloadavg()[0]],
+        "threads": peer["threads"],
+        "slots": peer["slots"],
+        "context": peer["context"],
+        "prefill": prefill,
+        "turns": turns,
+        "users": users,
+        "memory": {
+            name: {
+                "peak_bytes": peak_rss_bytes(pid),
+                "file_backed_bytes": compare.file_backed_bytes(pid),
+                "model_bytes": size,
+            }
+            for name, pid, size in (
+                ("sidecar (web + model worker)", sidecar.process.pid, weights),
+                ("llama-server", peer["server"].process.pid, gguf.stat().st_size),
+            )
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -266,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         scratch = Path(tmp)
         model_dir = ensure_model(args, scratch)
         weights = sum(p.stat().st_size for p in model_dir.glob("*.onnx*"))
+        gguf = peer_model(model_dir, scratch) if args.peers else None
         budget = cpu_budget()
         spinning = args.thread_spinning == "on"
         tuned = session_options(budget.count, spinning)
@@ -286,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
             ) as sidecar,
             services.chatapp(sidecar.url, scratch / "app.log") as app,
             httpx.Client(timeout=600) as client,
+            contextlib.ExitStack() as stack,
         ):
+            peer = start_peer(args, stack, gguf, engine, budget.count, scratch)
             runs: dict[str, Callable[[int], Sample]] = {
                 "engine-default": lambda rep: default_engine.run(messages, args.new_tokens, rep),
                 "engine": lambda rep: engine.run(messages, args.new_tokens, rep),
@@ -295,10 +429,13 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "app": lambda rep: via_app(client, app.url, messages, args.new_tokens, rep),
             }
+            if peer:
+                runs["llamacpp"] = peer_run(client, peer, engine.prompt_ids(messages), args)
             print(f"interleaved runs ({args.warmup} warm-up, {args.reps} timed each):")
             samples = interleave(runs, args.reps, args.warmup, args.pause)
             print("concurrent streams through the sidecar:", flush=True)
             concurrency = [run_concurrent(sidecar.url, messages, args, n) for n in args.concurrency]
+            peers = run_peers(args, peer, engine, sidecar, weights) if peer else None
             default_engine.close()
             rss = {
                 "sidecar (web + model worker)": peak_rss_bytes(sidecar.process.pid),
@@ -320,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         "peak_rss_bytes": rss,
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+    if peers:
+        result["peers"] = peers
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     (out / f"bench-{stamp}.json").write_text(json.dumps(result, indent=2))
     table = markdown(result)
