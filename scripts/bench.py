@@ -29,15 +29,22 @@ from typing import Any
 
 import httpx
 
-from scripts import services
-from scripts.bench_variants import EngineProcess, RawEngine, Sample, via_app, via_sidecar
+from scripts import bench_turns, services
+from scripts.bench_variants import (
+    EngineProcess,
+    RawEngine,
+    Sample,
+    sized_messages,
+    via_app,
+    via_sidecar,
+)
 from sidecar.model.cpus import cpu_budget
 from sidecar.model.engine import session_options
 from sidecar.model.folder import is_complete
+from sidecar.settings import Settings
 
 REPO = services.REPO
 PRESET_DIRS = {"phi3-mini": REPO / "models" / "generated-phi3-mini", "small": None, "tiny": None}
-WORDS = ("the", "model", "streams", "each", "token", "to", "the", "page", "as", "it", "decodes")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="on",
         help="onnxruntime's pool threads spin (the sidecar's default) or sleep when idle",
     )
+    parser.add_argument(
+        "--turn-words", type=int, default=40, help="words of each user message in the turns table"
+    )
+    parser.add_argument(
+        "--turn-reply-tokens", type=int, default=None, help="reply tokens per turn (default 48)"
+    )
     parser.add_argument("--out", default=str(REPO / "bench-results"), help="results folder")
     add_peer_args(parser)
     args = parser.parse_args(argv)
@@ -65,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.prompt_tokens = args.prompt_tokens or (256 if quick else 128)
     args.new_tokens = args.new_tokens or (24 if quick else 32)
     args.reps = args.reps or (2 if quick else 3)
+    args.turn_reply_tokens = args.turn_reply_tokens or (24 if quick else 48)
     args.pause = (0.2 if quick else 1.0) if args.pause is None else args.pause
     args.concurrency = [int(n) for n in args.concurrency.split(",")]
     args.peer_lengths = [int(n) for n in args.peer_lengths.split(",")]
@@ -95,16 +109,6 @@ def ensure_model(args: argparse.Namespace, scratch: Path) -> Path:
     return out
 
 
-def make_messages(engine: RawEngine, prompt_tokens: int) -> list[dict[str, str]]:
-    """A user turn whose rendered prompt is `prompt_tokens` long (or just over)."""
-    words: list[str] = []
-    while True:
-        words.append(WORDS[len(words) % len(WORDS)])
-        messages = [{"role": "user", "content": " ".join(words)}]
-        if len(engine.prompt_ids(messages)) >= prompt_tokens:
-            return messages
-
-
 def peak_rss_bytes(pid: int, *, children: bool = True) -> int:
     """Kernel-tracked peak RSS (VmHWM) of a process and (optionally) its children, summed."""
     import psutil
@@ -118,18 +122,18 @@ def peak_rss_bytes(pid: int, *, children: bool = True) -> int:
     return total
 
 
-def run_concurrent(
-    url: str, messages: list[dict[str, str]], args: argparse.Namespace, n: int
-) -> dict[str, Any]:
-    """N streams released at once through the sidecar; 503s are counted, not retried."""
+def run_concurrent(url: str, engine: RawEngine, args: argparse.Namespace, n: int) -> dict[str, Any]:
+    """N streams released at once through the sidecar, each with a prompt of its own (none can
+    reuse another's cached tokens); 503s are counted, not retried."""
     samples: list[Sample] = []
     lock = threading.Lock()
     barrier = threading.Barrier(n)
+    chats = [sized_messages(engine, args.prompt_tokens, 500 + 10 * n + i) for i in range(n)]
 
     def one(i: int) -> None:
         with httpx.Client(timeout=600) as client:
             barrier.wait()
-            sample = via_sidecar(client, url, messages, args.new_tokens, i)
+            sample = via_sidecar(client, url, chats[i], args.new_tokens, i)
         with lock:
             samples.append(sample)
 
@@ -208,10 +212,21 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {row['n']} | {row['accepted']} | {row['rejected_503']} "
             f"| {row['aggregate_tps']:.2f} | {med} | {worst} |"
         )
+    budget_mb = result["prompt_cache_mb"]
+    if result.get("turns"):
+        lines += bench_turns.markdown(result["turns"], budget_mb)
     weights = result["weights_bytes"]
     lines += ["", "| process | peak RSS (MiB) | ratio to model files |", "|---|---:|---:|"]
     for name, rss in result["peak_rss_bytes"].items():
         lines.append(f"| {name} | {rss / 2**20:.0f} | {rss / weights:.2f} |")
+    limit = (weights + budget_mb * 2**20) * 1.1
+    sidecar_rss = result["peak_rss_bytes"]["sidecar (web + model worker)"]
+    lines += [
+        "",
+        f"Sidecar peak RSS {sidecar_rss / 2**20:.0f} MiB against model files + PROMPT_CACHE_MB "
+        f"({budget_mb}) + 10% = {limit / 2**20:.0f} MiB: "
+        f"{'within' if sidecar_rss <= limit else 'over'}.",
+    ]
     if "peers" in result:
         from scripts.peers import compare
 
@@ -248,6 +263,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def prompt_cache_mb() -> int:
+    """The conversation cache budget the sidecars run with: the environment's, else the default."""
+    raw = os.environ.get("PROMPT_CACHE_MB", "").strip()
+    return int(raw) if raw else int(Settings.model_fields["prompt_cache_mb"].default)
 
 
 def machine() -> str:
@@ -297,13 +318,16 @@ def peer_model(model_dir: Path, scratch: Path) -> Path:
 
 
 def peer_run(
-    client: httpx.Client, peer: dict[str, Any], ids: Any, args: argparse.Namespace
+    client: httpx.Client,
+    peer: dict[str, Any],
+    ids: Callable[[int], Any],
+    args: argparse.Namespace,
 ) -> Callable[[int], Sample]:
     """The llamacpp variant of the interleaved table: the same prompt ids, no prompt cache."""
     from scripts.peers import llamacpp
 
     url = peer["server"].url
-    return lambda rep: llamacpp.complete(client, url, ids, args.new_tokens, rep)[0]
+    return lambda rep: llamacpp.complete(client, url, ids(rep), args.new_tokens, rep)[0]
 
 
 def start_peer(
@@ -408,8 +432,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tuned configuration (the sidecar's default): {config}", flush=True)
         engine = RawEngine(str(model_dir), tuned)
         default_engine = EngineProcess(str(model_dir), None, "engine-default")
-        messages = make_messages(engine, args.prompt_tokens)
-        prompt_tokens = len(engine.prompt_ids(messages))
+        # Each repetition its own prompt (warm-ups included): the sidecar's conversation cache
+        # must not serve one repetition from another's tokens; the engines have no cache.
+        prompts: dict[int, list[dict[str, str]]] = {}
+
+        def prompt(rep: int) -> list[dict[str, str]]:
+            if rep not in prompts:
+                prompts[rep] = sized_messages(engine, args.prompt_tokens, 100 + rep)
+            return prompts[rep]
+
+        prompt_tokens = int(statistics.median(len(engine.prompt_ids(prompt(r))) for r in range(3)))
         # Room in the queue for the largest burst, so the concurrency rows measure queueing.
         queue = str(max(args.concurrency))
         with (
@@ -422,19 +454,34 @@ def main(argv: list[str] | None = None) -> int:
         ):
             peer = start_peer(args, stack, gguf, engine, budget.count, scratch)
             runs: dict[str, Callable[[int], Sample]] = {
-                "engine-default": lambda rep: default_engine.run(messages, args.new_tokens, rep),
-                "engine": lambda rep: engine.run(messages, args.new_tokens, rep),
+                "engine-default": lambda rep: default_engine.run(prompt(rep), args.new_tokens, rep),
+                "engine": lambda rep: engine.run(prompt(rep), args.new_tokens, rep),
                 "sidecar": lambda rep: via_sidecar(
-                    client, sidecar.url, messages, args.new_tokens, rep
+                    client, sidecar.url, prompt(rep), args.new_tokens, rep
                 ),
-                "app": lambda rep: via_app(client, app.url, messages, args.new_tokens, rep),
+                "app": lambda rep: via_app(client, app.url, prompt(rep), args.new_tokens, rep),
             }
             if peer:
-                runs["llamacpp"] = peer_run(client, peer, engine.prompt_ids(messages), args)
+                runs["llamacpp"] = peer_run(
+                    client, peer, lambda rep: engine.prompt_ids(prompt(rep)), args
+                )
             print(f"interleaved runs ({args.warmup} warm-up, {args.reps} timed each):")
             samples = interleave(runs, args.reps, args.warmup, args.pause)
             print("concurrent streams through the sidecar:", flush=True)
-            concurrency = [run_concurrent(sidecar.url, messages, args, n) for n in args.concurrency]
+            concurrency = [run_concurrent(sidecar.url, engine, args, n) for n in args.concurrency]
+            print("turns of one conversation, cache on and off:", flush=True)
+            with services.sidecar(
+                model_dir, scratch / "sidecar-nocache.log", PROMPT_CACHE_MB="0"
+            ) as uncached:
+                turns = bench_turns.run_turns(
+                    sidecar.url,
+                    uncached.url,
+                    engine,
+                    turn_words=args.turn_words,
+                    reply_tokens=args.turn_reply_tokens,
+                    reps=args.reps,
+                    pause=args.pause,
+                )
             peers = run_peers(args, peer, engine, sidecar, weights) if peer else None
             default_engine.close()
             rss = {
@@ -454,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarize(samples, prompt_tokens),
         "samples": [s.as_dict() for s in samples],
         "concurrency": concurrency,
+        "turns": turns,
+        "prompt_cache_mb": prompt_cache_mb(),
         "peak_rss_bytes": rss,
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }

@@ -1,8 +1,14 @@
-"""The three ways scripts/bench.py drives one generation, each timed the same way.
+"""The ways scripts/bench.py drives one generation, each timed the same way, and the prompts
+they are given.
 
 Every variant asks for exactly `new_tokens` tokens (greedy, EOS held off with a minimum length),
 and reports time to first token, decode rate over the remaining tokens and total time, measured
 from just before the request to the arrival of the last piece of text.
+
+Prompts: `sized_messages(engine, tokens, shift)` is a one-turn chat of a given length whose text
+starts with the number `shift`; two shifts differ from their first token on, so the sidecar's
+conversation cache (or llama.cpp's) cannot reuse one for the other. Every timed request gets a
+shift of its own unless it is meant to be cached.
 """
 
 from __future__ import annotations
@@ -16,6 +22,23 @@ from typing import Any
 
 import httpx
 
+WORDS = ("the", "model", "streams", "each", "token", "to", "the", "page", "as", "it", "decodes")
+
+
+def words(count: int, shift: int) -> str:
+    """`count` words after the number `shift`."""
+    return f"{shift}. " + " ".join(WORDS[(i + shift) % len(WORDS)] for i in range(count))
+
+
+def sized_messages(engine: RawEngine, prompt_tokens: int, shift: int) -> list[dict[str, str]]:
+    """A one-turn chat whose rendered prompt is `prompt_tokens` long (or just over)."""
+    count = 1
+    while True:
+        messages = [{"role": "user", "content": words(count, shift)}]
+        if len(engine.prompt_ids(messages)) >= prompt_tokens:
+            return messages
+        count += max(1, (prompt_tokens - len(engine.prompt_ids(messages))) // 2)
+
 
 @dataclass
 class Sample:
@@ -26,6 +49,8 @@ class Sample:
     total_s: float
     tokens: int
     status: int = 200
+    cached_tokens: int | None = None  # the sidecar's X-Cached-Tokens
+    text: str = ""  # the reply, where a caller needs it (bench_turns.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,24 +151,35 @@ def _options(new_tokens: int) -> dict[str, int]:
 
 
 def via_sidecar(
-    client: httpx.Client, url: str, messages: list[dict[str, str]], new_tokens: int, rep: int
+    client: httpx.Client,
+    url: str,
+    messages: list[dict[str, str]],
+    new_tokens: int,
+    rep: int,
+    variant: str = "sidecar",
 ) -> Sample:
     """POST /predict: a text/plain stream; a 503 (queue full) is recorded, not raised."""
     start = time.perf_counter()
     body = {"messages": messages, **_options(new_tokens)}
+    chunks: list[bytes] = []
     with client.stream("POST", url + "/predict", json=body) as response:
         if response.status_code != 200:
             response.read()
-            return Sample("sidecar", rep, 0.0, 0.0, 0.0, 0, response.status_code)
+            return Sample(variant, rep, 0.0, 0.0, 0.0, 0, response.status_code)
+        cached = response.headers.get("x-cached-tokens")
         first = last = 0.0
         for chunk in response.iter_raw():
             if not chunk:
                 continue
+            chunks.append(chunk)
             last = time.perf_counter()
             if not first:
                 first = last
     # A text/plain stream carries no count; min_new_tokens == max_new_tokens pins it.
-    return _sample("sidecar", rep, start, first, last, new_tokens)
+    sample = _sample(variant, rep, start, first, last, new_tokens)
+    sample.cached_tokens = int(cached) if cached is not None else None
+    sample.text = b"".join(chunks).decode("utf-8")
+    return sample
 
 
 def via_app(

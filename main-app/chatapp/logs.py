@@ -68,6 +68,7 @@ class ChatRecord:
     request_id: str
     messages: int | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
     dropped_messages: int | None = None
     pieces: int = 0
     ttft_ms: float | None = None
@@ -87,6 +88,7 @@ class ChatRecord:
             "outcome": outcome,
             "messages": self.messages,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "dropped_messages": self.dropped_messages,
             "pieces": self.pieces,
             "ttft_ms": self.ttft_ms,

@@ -81,6 +81,7 @@ class Relay:
                         record.pieces,
                         *_speed(started, first, last, record.pieces),
                         prompt_tokens=self._reply.prompt_tokens,
+                        cached_tokens=self._reply.cached_tokens,
                         dropped_messages=self._reply.dropped_messages,
                     )
                     return
@@ -157,8 +158,6 @@ def chat() -> Response:
         raise ApiError(400, "The request body is not valid JSON.", "invalid_request")
     config = current_app.config
     payload = wire.parse_chat_request(body, config["MAX_MESSAGES"], config["MAX_NEW_TOKENS_LIMIT"])
-    # The integrator forwards this to the sidecar's prompt cache.
-    payload.pop("conversation_id", None)
     record.messages = len(payload["messages"])
     default = config["MAX_NEW_TOKENS"]
     if "max_new_tokens" not in payload and default:
@@ -166,6 +165,7 @@ def chat() -> Response:
         payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
     reply = _sidecar().predict(payload, record.request_id)
     record.prompt_tokens = reply.prompt_tokens
+    record.cached_tokens = reply.cached_tokens
     record.dropped_messages = reply.dropped_messages
     body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
     return Response(

@@ -50,6 +50,7 @@ class ReplyStream:
     def __init__(self, response: requests.Response) -> None:
         self._response = response
         self.prompt_tokens = _int_header(response, "X-Prompt-Tokens")
+        self.cached_tokens = _int_header(response, "X-Cached-Tokens")
         self.dropped_messages = _int_header(response, "X-Dropped-Messages")
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._closed = threading.Event()

@@ -92,8 +92,8 @@ def _invalid(message: str) -> ApiError:
 def parse_chat_request(
     body: Any, max_messages: int, max_new_tokens_limit: int | None = None
 ) -> dict[str, Any]:
-    """Check a decoded `POST /chat` body; returns the JSON to send to the sidecar's /predict,
-    plus `conversation_id` when the page sent one (the caller takes it out of the payload)."""
+    """Check a decoded `POST /chat` body; returns the JSON to send to the sidecar's /predict
+    (a `conversation_id` becomes its `cache_scope`)."""
     if not isinstance(body, dict):
         raise _invalid("The request must be a JSON object with a list of messages.")
     messages = body.get("messages")
@@ -143,7 +143,7 @@ def parse_chat_request(
     if conversation_id is not None:
         if not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id):
             raise _invalid("conversation_id must be 1 to 64 letters, digits, '-' or '_'.")
-        payload["conversation_id"] = conversation_id
+        payload["cache_scope"] = conversation_id
     return payload
 
 
@@ -171,6 +171,7 @@ def done(
     *,
     finish_reason: str | None = None,
     prompt_tokens: int | None = None,
+    cached_tokens: int | None = None,
     dropped_messages: int | None = None,
 ) -> bytes:
     obj: dict[str, Any] = {"done": True}
@@ -179,6 +180,8 @@ def done(
     obj.update(tokens=tokens, ttft_ms=ttft_ms, tokens_per_s=tokens_per_s)
     if prompt_tokens is not None:
         obj["prompt_tokens"] = prompt_tokens
+    if cached_tokens is not None:
+        obj["cached_tokens"] = cached_tokens
     if dropped_messages is not None:
         obj["dropped_messages"] = dropped_messages
     return _line(obj)

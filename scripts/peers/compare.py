@@ -28,33 +28,13 @@ from typing import Any
 
 import httpx
 
-from scripts.bench_variants import RawEngine, Sample, _sample
+from scripts.bench_variants import RawEngine, Sample, sized_messages, via_sidecar, words
 from scripts.peers import llamacpp
 
 PREFILL_LENGTHS = (16, 128, 512, 1024)
 TURNS = 5
 USERS = (1, 2, 4)
-WORDS = ("the", "model", "streams", "each", "token", "to", "the", "page", "as", "it", "decodes")
 REPLY = "Here is what I found about that, in a few short words for the page."
-# The response header a sidecar with a prompt cache reports reused tokens in (issue 11); until
-# then the sidecar's `cached` column says "-".
-SIDECAR_CACHED_HEADER = "X-Cached-Tokens"
-
-
-def words(count: int, shift: int) -> str:
-    """`count` words after the number `shift`: texts of two shifts differ from their start, so
-    no server can reuse one's prefix for the other (nor for the first table's prompt)."""
-    return f"{shift}. " + " ".join(WORDS[(i + shift) % len(WORDS)] for i in range(count))
-
-
-def sized_messages(engine: RawEngine, prompt_tokens: int, shift: int) -> list[dict[str, str]]:
-    """A one-turn chat whose rendered prompt is `prompt_tokens` long (or just over)."""
-    count = 1
-    while True:
-        messages = [{"role": "user", "content": words(count, shift)}]
-        if len(engine.prompt_ids(messages)) >= prompt_tokens:
-            return messages
-        count += max(1, (prompt_tokens - len(engine.prompt_ids(messages))) // 2)
 
 
 def conversation(engine: RawEngine, turn_tokens: int, shift: int) -> list[list[dict[str, str]]]:
@@ -75,25 +55,9 @@ def conversation(engine: RawEngine, turn_tokens: int, shift: int) -> list[list[d
 def sidecar_run(
     client: httpx.Client, url: str, messages: list[dict[str, str]], new_tokens: int, rep: int
 ) -> tuple[Sample, int | None]:
-    """POST /predict as scripts/bench_variants.via_sidecar does; also returns the cached prompt
-    tokens the sidecar reports (None when it reports none)."""
-    start = time.perf_counter()
-    body = {"messages": messages, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
-    first = last = 0.0
-    with client.stream("POST", url + "/predict", json=body) as response:
-        if response.status_code != 200:
-            response.read()
-            return Sample("sidecar", rep, 0.0, 0.0, 0.0, 0, response.status_code), None
-        cached = response.headers.get(SIDECAR_CACHED_HEADER)
-        for chunk in response.iter_raw():
-            if not chunk:
-                continue
-            last = time.perf_counter()
-            if not first:
-                first = last
-    return _sample("sidecar", rep, start, first, last, new_tokens), (
-        int(cached) if cached is not None else None
-    )
+    """POST /predict (bench_variants.via_sidecar), and the cached prompt tokens it reports."""
+    sample = via_sidecar(client, url, messages, new_tokens, rep)
+    return sample, sample.cached_tokens
 
 
 @dataclass

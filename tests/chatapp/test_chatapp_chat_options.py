@@ -1,5 +1,5 @@
-"""`POST /chat` options the page sends: `conversation_id` (kept out of the sidecar's payload)
-and reply lengths bounded by `MAX_NEW_TOKENS_LIMIT`, which the page reads from its markup."""
+"""`POST /chat` options the page sends: `conversation_id` (the sidecar's cache scope) and
+reply lengths bounded by `MAX_NEW_TOKENS_LIMIT`, which the page reads from its markup."""
 
 from __future__ import annotations
 
@@ -17,15 +17,13 @@ from tests.chatapp.fake_sidecar import FakeSidecar
 USER = {"role": "user", "content": "Hello"}
 
 
-def test_conversation_id_is_accepted_and_kept_from_the_sidecar(
-    client: FlaskClient, fake: FakeSidecar
-) -> None:
+def test_conversation_id_scopes_the_sidecars_cache(client: FlaskClient, fake: FakeSidecar) -> None:
     body = {"messages": [USER], "conversation_id": "3f2a_B-9" * 8}  # 64 characters
     response = client.post("/chat", json=body)
     assert response.status_code == 200
     assert list(fs.ndjson(response.get_data()))[-1]["done"] is True
-    # The sidecar refuses unknown fields: the id does not reach it (yet).
-    assert fake.requests == [{"messages": [USER]}]
+    # Only this conversation's requests may reuse each other's cached tokens.
+    assert fake.requests == [{"messages": [USER], "cache_scope": "3f2a_B-9" * 8}]
 
 
 @pytest.mark.parametrize(

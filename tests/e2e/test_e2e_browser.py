@@ -824,14 +824,10 @@ def test_endings_say_why_a_reply_ended(
     fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     _, app = fake_app
-    # The app's own wire format, as chatapp.wire writes it (cached_tokens comes with the
-    # sidecar's prompt cache).
-    done = json.loads(wire.done(64, 120.0, 9.5, finish_reason="length", prompt_tokens=300))
+    # The app's own wire format, as chatapp.wire writes it.
+    done = wire.done(64, 120.0, 9.5, finish_reason="length", prompt_tokens=300, cached_tokens=256)
     length_body = ndjson_body(
-        wire.delta("The answer starts"),
-        wire.PING,
-        wire.delta(" and goes on"),
-        (json.dumps({**done, "cached_tokens": 256}) + "\n").encode(),
+        wire.delta("The answer starts"), wire.PING, wire.delta(" and goes on"), done
     )
     stop_body = ndjson_body(wire.delta("Short."), wire.done(2, 80.0, 12.0, finish_reason="stop"))
     plain_body = ndjson_body(wire.delta("Old app."), wire.done(2, 80.0, None))

@@ -62,6 +62,23 @@ def test_conversation_in_many_scripts(
     assert objs[-1]["prompt_tokens"] > 0 and objs[-1]["dropped_messages"] == 0
 
 
+def test_a_conversations_next_turn_is_served_from_the_sidecars_cache(
+    live_app: services.Service,
+) -> None:
+    """The page's conversation_id scopes the sidecar's conversation cache; the done line says
+    how much of the prompt came from it."""
+    messages = [{"role": "user", "content": "Plan a short walk through the old town, please."}]
+    first = live.chat(live_app.url, messages, conversation_id="walk-1")
+    assert first[-1]["cached_tokens"] == 0
+    messages += [{"role": "assistant", "content": live.text_of(first)}]
+    messages += [{"role": "user", "content": "And where can we stop for coffee on the way?"}]
+    second = live.chat(live_app.url, messages, conversation_id="walk-1")
+    assert 0 < second[-1]["cached_tokens"] < second[-1]["prompt_tokens"]
+    # Another conversation with the same history shares nothing of it.
+    other = live.chat(live_app.url, messages, conversation_id="walk-2")
+    assert other[-1]["cached_tokens"] == 0
+
+
 def test_app_and_sidecar_log_lines_share_the_request_id(
     live_app: services.Service, sidecar_service: services.Service
 ) -> None:

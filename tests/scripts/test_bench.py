@@ -41,7 +41,16 @@ def test_quick_bench_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> 
     }
     assert all(rss > 0 for rss in data["peak_rss_bytes"].values())
     assert (out / json_path.name.replace(".json", ".png")).stat().st_size > 10_000
+    # The conversation cache's table: turn 1 reads everything, later turns continue the cache
+    # (the uncached sidecar's numbers sit beside them).
+    turns = data["turns"]
+    assert [row["turn"] for row in turns] == [1, 2, 3, 4, 5]
+    assert turns[0]["cached_tokens"] == 0
+    assert all(row["cached_tokens"] > 0 for row in turns[1:])
+    assert all(row["prompt_tokens"] > turns[0]["prompt_tokens"] for row in turns[1:])
+    assert data["prompt_cache_mb"] > 0
     table = (out / "latest.md").read_text()
+    assert "Conversation cache" in table and "| 5 |" in table
     for row in ("| engine-default |", "| engine |", "| sidecar |", "| app |", "| 3 | 3 | 0 |"):
         assert row in table
     # The tuned configuration is the sidecar's, and the run says what it was.

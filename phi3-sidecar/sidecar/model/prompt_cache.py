@@ -12,9 +12,11 @@ Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
   OpenAI client's `prompt_cache_key` or `user`; None is the shared unscoped pool), so nobody
   can time another scope's cached prefix, and of the same sampling mode (greedy or sampling is
   fixed when a generator is made).
-- An entry is lent only when it lies wholly inside the new prompt (nothing of it is lost) or
-  covers at least half of the prompt; a short shared prefix (a chat template's first tokens)
-  never clobbers another conversation's cache.
+- In the unscoped pool an entry is lent only to what is likely its own conversation: a request
+  that starts with the entry's whole last prompt (the next turn, a regenerated reply), or one
+  it lies wholly inside (nothing of it is lost), or one it covers at least half of; so a short
+  shared prefix (a chat template's first tokens) never clobbers another conversation's cache.
+  Within a scope, which is one conversation or one client, the best match is always lent.
 - Exactness. A prompt is read in chunks (PREFILL_CHUNK), and a chunk computed with other
   neighbours, or a reply's tokens computed one at a time, give K/V that differ from a fresh
   prefill's in the last bits; greedy decoding can then pick another token at a near tie. So
@@ -133,8 +135,13 @@ class PromptCache:
                 reused = min(common, entry.exact_end, len(prompt) - 1) // self.chunk * self.chunk
             if reused <= 0:
                 continue
-            if common < len(cached) and 2 * reused < len(prompt):
-                continue  # it would lose its own tokens for less than half of this prompt
+            if not (
+                scope is not None
+                or common >= entry.prompt_end  # its conversation's next turn
+                or common >= len(cached)  # nothing of it is lost
+                or 2 * reused >= len(prompt)
+            ):
+                continue  # another conversation's: it would lose its tokens for a short prefix
             if best is None or reused > best[1]:
                 best = (entry, reused)
         if best is not None:
@@ -168,8 +175,10 @@ class PromptCache:
 
     def give_back(self, entry: Entry, reusable: bool) -> None:
         """The request is over. A reusable entry stays, unless the budget cannot hold it; a
-        failed one is dropped. Idle entries that the returned one makes useless (a prefix of
-        it in the same scope and mode, with no more room) are dropped too."""
+        failed one is dropped. Idle entries that the returned one makes useless are dropped
+        too: same scope and mode, no more room, and their whole last prompt at the start of the
+        returned one (an earlier state of the same conversation: whatever would continue them
+        continues the returned one at least as far)."""
         if entry not in self.entries:
             return
         entry.lent = False
@@ -180,7 +189,7 @@ class PromptCache:
         tokens = entry.cached_tokens()
         for other in [e for e in self.entries if e is not entry and not e.lent]:
             if other.scope == entry.scope and other.sampling == entry.sampling:
-                held = other.cached_tokens()
+                held = other.cached_tokens()[: other.prompt_end]
                 if other.capacity <= entry.capacity and tokens[: len(held)] == held:
                     self._evict(other, counted=False)
         idle = sorted((e for e in self.entries if not e.lent), key=lambda e: e.last_used)

@@ -1,0 +1,152 @@
+"""model/prompt_cache.py's books, without a model: which entry is lent and how much of it,
+how much room a new generator gets, what is evicted. The real engine's side (rewinds, appends,
+the replies) is tested through the sidecar in test_sidecar_prompt_cache.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from sidecar.model.prompt_cache import GROWTH_TOKENS, Entry, PromptCache
+
+KB = 1024
+
+
+class Tokens:
+    """Stands in for a generator: get_sequence(0) is all the cache reads of it."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = list(ids)
+
+    def get_sequence(self, index: int) -> list[int]:
+        return self.ids
+
+
+def cache(budget_tokens: int = 100_000, *, exact: bool = False, chunk: int = 4) -> PromptCache:
+    return PromptCache(budget_tokens * KB, KB, 4096, chunk, exact)
+
+
+def kept(
+    pool: PromptCache,
+    prompt: list[int],
+    reply: list[int],
+    *,
+    scope: str | None = None,
+    capacity: int = 500,
+) -> Entry:
+    """An idle entry as a finished request leaves it: the prompt prefilled, the reply after it,
+    its last token not yet fed."""
+    entry = Entry(Tokens(prompt + reply), None, capacity, scope, False, capacity * KB)
+    pool.adopt(entry)
+    entry.prefilled(0, len(prompt), pool.chunk)
+    entry.kv_len = len(prompt) + max(0, len(reply) - 1)
+    pool.give_back(entry, reusable=True)
+    return entry
+
+
+PROMPT = list(range(100, 122))  # 22 tokens
+REPLY = list(range(500, 510))
+
+
+def test_the_next_turn_continues_into_the_reply() -> None:
+    pool = cache()
+    entry = kept(pool, PROMPT, REPLY)
+    next_turn = PROMPT + REPLY + [900, 901, 902]
+    lent = pool.lend(None, False, next_turn, 50)
+    assert lent == (entry, len(PROMPT) + len(REPLY) - 1)  # the unfed last token is re-read
+    assert entry.lent and pool.lend(None, False, next_turn, 50) is None  # lent once at a time
+
+
+def test_exact_mode_reuses_whole_prefilled_chunks_only() -> None:
+    pool = cache(exact=True)
+    entry = kept(pool, PROMPT, REPLY)
+    assert pool.lend(None, False, PROMPT + REPLY + [900], 50) == (entry, 20)  # 22 -> 20
+
+
+def test_a_regenerated_turn_reuses_whole_chunks_in_either_mode() -> None:
+    for exact in (False, True):
+        pool = cache(exact=exact)
+        entry = kept(pool, PROMPT, REPLY)
+        assert pool.lend(None, False, PROMPT, 50) == (entry, 20)
+
+
+def test_scope_and_sampling_mode_must_match() -> None:
+    pool = cache()
+    kept(pool, PROMPT, REPLY, scope="alice")
+    assert pool.lend("bob", False, [*PROMPT, 1], 50) is None
+    assert pool.lend(None, False, [*PROMPT, 1], 50) is None
+    assert pool.lend("alice", True, [*PROMPT, 1], 50) is None  # sampling: another generator
+    assert pool.lend("alice", False, [*PROMPT, 1], 50) is not None
+
+
+def test_another_conversations_short_shared_prefix_is_not_taken_from_the_unscoped_pool() -> None:
+    pool = cache()
+    kept(pool, PROMPT, REPLY)
+    stranger = PROMPT[:8] + list(range(2000, 2030))  # shares the template's first tokens
+    assert pool.lend(None, False, stranger, 50) is None
+    # Within a scope (one conversation or client) the best match is always lent.
+    pool = cache()
+    kept(pool, PROMPT, REPLY, scope="s")
+    assert pool.lend("s", False, stranger, 50) is not None
+
+
+def test_an_entry_too_small_for_the_request_is_not_lent() -> None:
+    pool = cache()
+    kept(pool, PROMPT, REPLY, capacity=60)
+    assert pool.lend(None, False, PROMPT + REPLY + [1], 61) is None
+
+
+def test_room_to_grow_within_the_context_and_the_budget() -> None:
+    assert cache().capacity_for(100) == 1280  # 100 + 1024, rounded up to 256
+    assert cache().capacity_for(3000) == 4096  # + half, capped by the context
+    assert cache(budget_tokens=700).capacity_for(100) == 700  # capped by the budget
+    assert cache(budget_tokens=50).capacity_for(100) == 100  # cannot be cached: exactly
+    assert PromptCache(0, KB, 4096).capacity_for(100) == 100  # cache off
+    assert GROWTH_TOKENS == 1024
+
+
+def test_least_recently_used_idle_entries_make_room() -> None:
+    pool = cache(budget_tokens=1000)
+    old = kept(pool, [1, 2, 3, 4, 5], [6], capacity=400)
+    new = kept(pool, [7, 8, 9, 10, 11], [12], capacity=400)
+    pool.make_room(400)
+    assert pool.entries == [new] and pool.evictions == 1
+    assert old not in pool.entries
+
+
+def test_a_lent_entry_is_never_evicted() -> None:
+    pool = cache(budget_tokens=1000)
+    entry = kept(pool, [1, 2, 3, 4, 5], [6], capacity=800)
+    assert pool.lend(None, False, [1, 2, 3, 4, 5, 6, 7], 10) is not None
+    pool.make_room(800)
+    assert pool.entries == [entry]
+
+
+def test_a_returned_entry_the_budget_cannot_hold_is_dropped() -> None:
+    pool = cache(budget_tokens=1000)
+    entry = Entry(Tokens([1, 2, 3]), None, 1200, None, False, 1200 * KB)
+    pool.adopt(entry)
+    pool.give_back(entry, reusable=True)
+    assert pool.entries == [] and pool.stats().bytes == 0
+
+
+def test_a_failed_generation_is_dropped_uncounted() -> None:
+    pool = cache()
+    entry = kept(pool, PROMPT, REPLY)
+    assert pool.lend(None, False, [*PROMPT, 1], 50) is not None
+    pool.give_back(entry, reusable=False)
+    assert pool.entries == [] and pool.evictions == 0
+
+
+@pytest.mark.parametrize("retokenized", [False, True])
+def test_an_earlier_state_of_the_same_conversation_is_dropped(retokenized: bool) -> None:
+    """A bigger generator took over the conversation (it outgrew the first): the first, whose
+    whole prompt starts the new one, can no longer be the better match and goes."""
+    pool = cache()
+    first = kept(pool, PROMPT, REPLY, capacity=100)
+    reply = [7777, *REPLY[1:]] if retokenized else REPLY
+    bigger = kept(pool, PROMPT + reply + [900, 901], [42, 43], capacity=3000)
+    assert pool.entries == [bigger] and first not in pool.entries
+    other = kept(pool, [1, 2, 3, 4, 5, 6], [7])  # another conversation stays
+    assert set(pool.entries) == {bigger, other}
