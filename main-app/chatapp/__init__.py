@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask
-
-from chatapp import errors, health, pages, relay, settings
-from chatapp.upstream import Sidecar
+if TYPE_CHECKING:
+    from flask import Flask
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    # Imported here, not at the top: gunicorn's config reads chatapp.settings in the master
+    # process, and Flask, requests and urllib3 must load only after the gevent worker has
+    # patched the standard library (sockets, ssl, threads).
+    from flask import Flask
+
+    from chatapp import errors, health, pages, relay, settings
+    from chatapp.upstream import Sidecar
+
     app = Flask(__name__)
     app.config.from_mapping(settings.DEFAULTS)
     app.config.from_mapping(settings.from_environ(os.environ))

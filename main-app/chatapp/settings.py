@@ -3,7 +3,7 @@
 `create_app` starts from `DEFAULTS`, then applies `from_environ(os.environ)`, then the test
 config. Nothing here reads the environment at import time. `HOST` and `PORT` are read by the
 servers that run the app (`chatapp.gunicorn_conf`, `python -m chatapp`) through `listen_address`;
-`WEB_CONCURRENCY` and `GUNICORN_THREADS` size gunicorn (`server_size`).
+`WEB_CONCURRENCY` and `GUNICORN_CONNECTIONS` size gunicorn (`server_size`).
 
 Environment variable (default): meaning
 
@@ -131,7 +131,8 @@ def log_level(environ: Mapping[str, str]) -> str:
 
 
 def server_size(environ: Mapping[str, str]) -> tuple[int, int]:
-    """(WEB_CONCURRENCY, GUNICORN_THREADS): gunicorn processes, and threads in each."""
+    """(WEB_CONCURRENCY, GUNICORN_CONNECTIONS): gunicorn processes, and the connections each
+    serves at once (gevent: one greenlet each, open streams and idle clients alike)."""
     workers = _positive_int("WEB_CONCURRENCY", environ.get("WEB_CONCURRENCY", "").strip() or "2")
-    threads = _positive_int("GUNICORN_THREADS", environ.get("GUNICORN_THREADS", "").strip() or "16")
-    return workers, threads
+    raw = environ.get("GUNICORN_CONNECTIONS", "").strip() or "1000"
+    return workers, _positive_int("GUNICORN_CONNECTIONS", raw)
