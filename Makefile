@@ -37,10 +37,10 @@ test: lint
 # start; report on the terminal and in build/coverage/html. Takes a little longer than `test`.
 coverage: venv
 	rm -rf build/coverage && mkdir -p build/coverage
-	$(VENV)/bin/coverage run -m pytest $(PYTEST_ARGS)
-	$(VENV)/bin/coverage combine --quiet
-	$(VENV)/bin/coverage report
-	$(VENV)/bin/coverage html --quiet
+	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage run -m pytest $(PYTEST_ARGS)
+	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage combine --quiet
+	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage report
+	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage html --quiet
 
 # The same checks before each commit (.pre-commit-config.yaml runs this venv's pinned tools).
 hooks: venv

@@ -25,6 +25,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from chatapp.upstream import Sidecar
 
     app = Flask(__name__)
+    # "//" in a path is a 404, not a redirect: Werkzeug would redirect to a URL built from the
+    # Host header, which a client can forge (GET /static//chat.js, Host: evil.example).
+    app.url_map.merge_slashes = False
     app.config.from_mapping(settings.DEFAULTS)
     app.config.from_mapping(settings.from_environ(os.environ))
     if test_config is not None:
@@ -34,6 +37,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config["SIDECAR_URL"],
         connect_timeout=app.config["SIDECAR_CONNECT_TIMEOUT"],
         read_timeout=app.config["SIDECAR_READ_TIMEOUT"],
+        api_key=app.config["SIDECAR_API_KEY"],
     )
     errors.register(app)
     app.register_blueprint(pages.bp)

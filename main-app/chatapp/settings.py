@@ -22,6 +22,11 @@ Environment variable (default): meaning
   send one; unset, the sidecar decides.
 - `MAX_NEW_TOKENS_LIMIT` (`4096`): the largest `max_new_tokens` (and `min_new_tokens`) a
   browser may ask for, else 400; the page's settings offer up to this.
+- `SIDECAR_API_KEY` (unset): sent to the sidecar as `Authorization: Bearer <key>`, for a
+  sidecar started with `API_KEY`.
+- `ALLOWED_HOSTS` (unset: any): the Host header values this app answers, comma-separated: names
+  and `*.example.com`; others get 400 `invalid_host`. Set it when the app is reached directly
+  (not behind App Service's front end, which only forwards the site's own names).
 - `LOG_LEVEL` (`info`): `debug`, `info`, `warning` or `error`; the app's JSON log lines from
   that level up (one `info` line per chat, see `chatapp.logs`).
 - `HOST` (`0.0.0.0`) and `PORT` (`8080`, where App Service sends outside traffic): the address
@@ -44,6 +49,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_NEW_TOKENS": None,
     "MAX_NEW_TOKENS_LIMIT": 4096,
     "LOG_LEVEL": "info",
+    "SIDECAR_API_KEY": None,
+    "TRUSTED_HOSTS": None,  # Flask's own name; the environment says ALLOWED_HOSTS
 }
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -87,6 +94,18 @@ def _log_level(name: str, raw: str) -> str:
     return level
 
 
+def _secret(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _hosts(name: str, raw: str) -> list[str] | None:
+    """ALLOWED_HOSTS as Flask's TRUSTED_HOSTS (".example.com" matches its subdomains)."""
+    hosts = [h.strip().lower() for h in raw.split(",") if h.strip()]
+    if "*" in hosts:
+        return None
+    return [h[1:] if h.startswith("*.") else h for h in hosts]
+
+
 # Environment variable -> (config key, parser).
 _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SIDECAR_URL": ("SIDECAR_URL", _url),
@@ -98,6 +117,8 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
     "MAX_NEW_TOKENS_LIMIT": ("MAX_NEW_TOKENS_LIMIT", _positive_int),
     "LOG_LEVEL": ("LOG_LEVEL", _log_level),
+    "SIDECAR_API_KEY": ("SIDECAR_API_KEY", _secret),
+    "ALLOWED_HOSTS": ("TRUSTED_HOSTS", _hosts),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sidecar import catalog
@@ -78,6 +78,15 @@ class Settings(BaseSettings):
         "long prompt is read. 64 costs no measurable prefill speed (docs/benchmarks.md, 'Prefill "
         "chunk'). 0 is refused; a value over the prompt's length appends it in one call.",
     )
+    worker_stall_s: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds the model worker may go without finishing a step (a token, or a "
+        "chunk of PREFILL_CHUNK prompt tokens) while it is ready, before the watchdog fails its "
+        "replies, kills it and starts another. Keep it above the longest step: one prompt chunk "
+        "on the slowest CPU the sidecar runs on.",
+    )
     prompt_cache_mb: int = Field(
         default=2048,
         ge=0,
@@ -122,12 +131,40 @@ class Settings(BaseSettings):
         default=catalog.DEFAULT.subfolder,
         description="Folder inside that repository which holds the model.",
     )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="Require `Authorization: Bearer <key>`; several keys comma-separated. Off by "
+        "default (on App Service only the main container is reachable from outside); turn it on "
+        "when the sidecar's port is published (web/access.py).",
+    )
+    api_key_probes: bool = Field(
+        default=False,
+        description="Require the API key on /healthz, /readyz and /metrics too (they are open by "
+        "default, for probes and scrapers).",
+    )
+    allowed_hosts: str = Field(
+        default="*",
+        min_length=1,
+        description="Host header values accepted, comma-separated: names, `*.example.com`, or "
+        "`*` for any (the default). Others get 400 invalid_host.",
+    )
     engine_factory: str = Field(
         default="sidecar.model.engine:load_engine",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="module:function that builds the engine in the model worker (tests use it "
         "to inject faults).",
     )
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        raw = self.api_key.get_secret_value() if self.api_key is not None else ""
+        return tuple(key.strip() for key in raw.split(",") if key.strip())
+
+    @property
+    def allowed_host_patterns(self) -> tuple[str, ...]:
+        """The ALLOWED_HOSTS patterns, lower case; empty when any host is accepted."""
+        patterns = tuple(p.strip().lower() for p in self.allowed_hosts.split(",") if p.strip())
+        return () if "*" in patterns else patterns
 
     @property
     def served_model_name(self) -> str:

@@ -56,6 +56,7 @@ class Engine:
         self.context_length = int(genai_config["model"]["context_length"])
         self.max_length = min(max_length or self.context_length, self.context_length)
         self.num_layers = int(genai_config["model"]["decoder"]["num_hidden_layers"])
+        self.vocab_size = int(genai_config["model"].get("vocab_size") or 0)  # 0: unknown
         # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self._cache_budget = prompt_cache_mb * 2**20
@@ -168,7 +169,8 @@ class Generation:
                 generator = self._entry.generator
                 if generator.token_count() > self.cached_tokens:
                     generator.rewind_to(self.cached_tokens)
-                self._entry.params.set_search_options(**_turn_options(request, prompt))
+                turn = _turn_options(request, prompt, engine.vocab_size)
+                self._entry.params.set_search_options(**turn)
             except Exception:
                 self._cache.give_back(self._entry, reusable=False)
                 raise
@@ -180,7 +182,7 @@ class Generation:
                 self._cache.make_room(capacity)
             params = og.GeneratorParams(engine.model)
             # The KV cache is allocated for max_length up front (capacity_for says how much).
-            options = {"max_length": capacity, **_turn_options(request, prompt)}
+            options = {"max_length": capacity, **_turn_options(request, prompt, engine.vocab_size)}
             options |= {"do_sample": sampling}
             if request.seed is not None:
                 options["random_seed"] = request.seed
@@ -253,7 +255,15 @@ class Generation:
         return (self.generated - 1) / elapsed if elapsed > 0 else None
 
 
-def _turn_options(request: Generate, prompt: Prompt) -> dict[str, Any]:
+def _top_k(top_k: int | None, vocab_size: int) -> int:
+    """0 (no cut) when absent; a cut wider than the vocabulary is no cut either, and
+    onnxruntime-genai fails on it, so it is capped."""
+    if top_k is None:
+        return 0
+    return min(top_k, vocab_size) if vocab_size else top_k
+
+
+def _turn_options(request: Generate, prompt: Prompt, vocab_size: int) -> dict[str, Any]:
     """The search options of one turn: those a continued generator takes again (min_length is
     absolute, and the sampling values are read at every step); max_length, do_sample and the
     seed are fixed when a generator is made."""
@@ -264,7 +274,7 @@ def _turn_options(request: Generate, prompt: Prompt) -> dict[str, Any]:
         options |= {
             "temperature": request.temperature,
             "top_p": request.top_p if request.top_p is not None else 1.0,
-            "top_k": request.top_k if request.top_k is not None else 0,  # 0: no top-k cut
+            "top_k": _top_k(request.top_k, vocab_size),
         }
     return options
 

@@ -141,6 +141,8 @@ class Scheduler:
     def _handle(self, message: ipc.ToWorker) -> None:
         if isinstance(message, ipc.Generate):
             self._start(message)
+        elif isinstance(message, ipc.Ping):
+            self._outbox.send(ipc.Pong())
         elif isinstance(message, ipc.Cancel):
             job = self._jobs.pop(message.key, None)
             if job is not None:
@@ -213,7 +215,7 @@ class Scheduler:
         if text is not None:  # None: a chunk of the prompt was appended, no token yet
             job.finished_at.append(time.monotonic())
             if text:
-                self._outbox.send(ipc.Piece(key, text))
+                self._outbox.send(ipc.Piece(key, text, job.generation.generated))
         if job.generation.finish is not None:
             del self._jobs[key]
             self._end(key, job, job.generation.finish)
