@@ -26,8 +26,9 @@ import onnxruntime_genai as og
 
 from sidecar.ipc import Finish, Generate
 from sidecar.model.cpus import cpu_budget
-from sidecar.model.folder import ModelFolderError, first_line, read_genai_config, read_json
-from sidecar.model.prompt import Prompt, PromptBuilder, added_tokens_of
+from sidecar.model.family import read_facts
+from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
+from sidecar.model.prompt import Prompt, PromptBuilder
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.engine")
@@ -64,17 +65,17 @@ class Engine:
                 f"{first_line(exc)}; "
                 "check that the folder is complete (download it again)"
             ) from exc
-        model_eos = genai_config["model"].get("eos_token_id", [])
-        self.eos_ids = frozenset(
-            [int(i) for i in self.tokenizer.eos_token_ids]
-            + ([int(model_eos)] if isinstance(model_eos, int) else [int(i) for i in model_eos])
+        template = _TemplateTokenizer(self.tokenizer)
+        self.facts = read_facts(
+            path, genai_config, template, self.tokenizer.eos_token_ids, self.tokenizer.bos_token_id
         )
-        added = added_tokens_of(
-            [read_json(path / "tokenizer.json"), read_json(path / "tokenizer_config.json")]
-        )
-        bos = int(self.tokenizer.bos_token_id)
+        log.info("model", extra={"fields": self.facts.log_fields()})
+        self.eos_ids = self.facts.eos_ids
         self.prompts = PromptBuilder(
-            _TemplateTokenizer(self.tokenizer), added, bos if bos >= 0 else None
+            template,
+            self.facts.added_tokens,
+            self.facts.bos_id,
+            system_role=self.facts.system_role,
         )
 
     def start(self, request: Generate) -> Generation:
@@ -113,8 +114,12 @@ class _TemplateTokenizer:
     def encode(self, text: str) -> list[int]:
         return [int(i) for i in self._tokenizer.encode(text)]
 
-    def apply_chat_template(self, messages: str) -> str:
-        return str(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    def apply_chat_template(self, messages: str, add_generation_prompt: bool = True) -> str:
+        return str(
+            self._tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt
+            )
+        )
 
 
 class Generation:
@@ -128,8 +133,10 @@ class Generation:
         self.last_token_at: float | None = None
         self._eos = engine.eos_ids
         params = og.GeneratorParams(engine.model)
-        # The KV cache is allocated for max_length up front: only what this request can use.
-        options: dict[str, Any] = {"max_length": len(prompt.ids) + prompt.max_new_tokens}
+        # The KV cache is allocated for max_length up front: only what this request can use
+        # (at least a sliding-window model's window: onnxruntime refuses a smaller cache).
+        needed = len(prompt.ids) + prompt.max_new_tokens
+        options: dict[str, Any] = {"max_length": max(needed, engine.facts.min_cache_length)}
         if request.min_new_tokens:  # EOS is suppressed until then
             min_new = min(request.min_new_tokens, prompt.max_new_tokens)
             options["min_length"] = len(prompt.ids) + min_new
