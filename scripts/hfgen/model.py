@@ -11,10 +11,6 @@ from typing import Any
 from scripts.hfgen.families import TINY, Family
 from scripts.hfgen.tokenizer import build_tokenizer
 
-# Multiplies the output rows of the end-of-turn tokens: random weights then end a greedy reply
-# within a few tokens for some prompts, and run on for others (tests want both).
-EOT_BOOST = 2.0
-
 
 def make_hf_model(family: Family, out: Path, seed: int = 0) -> Path:
     """Write the folder (created); same family and seed, same files. Returns `out`."""
@@ -33,8 +29,7 @@ def make_hf_model(family: Family, out: Path, seed: int = 0) -> Path:
 
     config = AutoConfig.for_model(
         family.model_type,
-        **TINY,
-        **family.config,
+        **(TINY | family.config),
         vocab_size=vocab_size,
         bos_token_id=id_of(family.bos),
         eos_token_id=_one_or_list([ids[t] for t in family.config_eos]),
@@ -46,7 +41,7 @@ def make_hf_model(family: Family, out: Path, seed: int = 0) -> Path:
     with torch.no_grad():
         head = model.get_output_embeddings().weight
         for token in {family.end_of_turn, *family.generation_eos}:
-            head[ids[token]] *= EOT_BOOST
+            head[ids[token]] *= family.eot_boost
     model.generation_config.eos_token_id = _one_or_list([ids[t] for t in family.generation_eos])
     model.generation_config.bos_token_id = id_of(family.bos)
     model.save_pretrained(out)
