@@ -35,6 +35,16 @@ class Settings(BaseSettings):
         description="The model's name in /v1/models, /readyz and replies; default: the model "
         "folder's name (for a downloaded catalog model, the folder it was downloaded into).",
     )
+    model_device: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="Where the model runs: cpu, or cuda (an NVIDIA GPU; needs the image's cuda "
+        "target, onnxruntime-genai-cuda, and a model folder built for CUDA).",
+    )
+    provider_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="onnxruntime-genai's options for the MODEL_DEVICE provider, as a JSON "
+        'object of strings, e.g. {"device_id": "0", "enable_cuda_graph": "0"} for cuda.',
+    )
     host: str = Field(default="0.0.0.0", min_length=1, description="Interface to listen on.")
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
     max_length: int | None = Field(
@@ -150,6 +160,11 @@ class Settings(BaseSettings):
             "model_path": Path("/home/models") / entry.folder,
         }
         return {**{k: v for k, v in defaults.items() if k not in given}, **data}
+
+    @field_validator("model_device", mode="before")
+    @classmethod
+    def _lower_device(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home o
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ class Engine:
         thread_spinning: bool = True,
         max_length: int | None = None,
         prefill_chunk: int = 64,
+        device: str = "cpu",
+        provider_options: Mapping[str, str] | None = None,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -56,10 +59,13 @@ class Engine:
         self.session_options = session_options(num_threads, thread_spinning)
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
         config.overlay(json.dumps(overlay))
+        use_device(config, device, provider_options or {})
         try:
             self.model = og.Model(config)
             self.tokenizer = og.Tokenizer(self.model)
         except Exception as exc:
+            if device != "cpu":
+                raise DeviceUnavailable(device_error(device, exc)) from exc
             raise ModelFolderError(
                 f"onnxruntime-genai could not load the model in {str(path)!r}: "
                 f"{first_line(exc)}; "
@@ -105,6 +111,56 @@ def session_options(num_threads: int, thread_spinning: bool) -> dict[str, Any]:
         "session.intra_op.allow_spinning": spin,
         "session.inter_op.allow_spinning": spin,
     }
+
+
+class DeviceUnavailable(ModelFolderError):
+    """MODEL_DEVICE cannot be used here; str() is one sentence for /readyz and the log."""
+
+
+def use_device(config: og.Config, device: str, options: Mapping[str, str]) -> None:
+    """Run on `device` whatever the folder's genai_config.json says: cpu is onnxruntime's
+    default provider (no provider listed), cuda is appended with its options."""
+    config.clear_providers()
+    if device == "cpu":
+        return
+    _preload_cuda_libraries()
+    config.append_provider(device)
+    for key, value in options.items():
+        config.set_provider_option(device, key, value)
+
+
+def _preload_cuda_libraries() -> None:
+    """The NVIDIA runtime libraries installed as Python packages (the cuda image's), loaded
+    before onnxruntime looks for them; a system CUDA installation needs nothing."""
+    try:
+        import onnxruntime
+
+        preload = getattr(onnxruntime, "preload_dlls", None)
+        if preload is not None:
+            preload(cuda=True, cudnn=True, msvc=False)
+    except Exception as exc:  # reported by the model load that follows, in a sentence
+        log.debug("CUDA libraries not preloaded", extra={"fields": {"error": first_line(exc)}})
+
+
+def device_error(device: str, error: BaseException) -> str:
+    """One sentence on why MODEL_DEVICE could not be used."""
+    text = first_line(error)
+    lowered = text.lower()
+    if f"{device} interface not available" in lowered or "libonnxruntime-genai-cuda" in lowered:
+        return (
+            f"MODEL_DEVICE={device}, but this onnxruntime-genai is the CPU build: run the "
+            "image's cuda target (onnxruntime-genai-cuda), or set MODEL_DEVICE=cpu"
+        )
+    if any(
+        sign in lowered
+        for sign in ("libcuda.so", "no cuda-capable device", "driver", "cudaerrornodevice")
+    ):
+        return (
+            f"MODEL_DEVICE={device}, but no NVIDIA GPU or driver is available to this process "
+            f"({text}): run on a GPU node with the NVIDIA driver and container toolkit, or set "
+            "MODEL_DEVICE=cpu"
+        )
+    return f"MODEL_DEVICE={device}: onnxruntime-genai could not load the model on the GPU: {text}"
 
 
 class _TemplateTokenizer:
@@ -219,4 +275,6 @@ def load_engine(settings: Settings) -> Engine:
         thread_spinning=settings.thread_spinning,
         max_length=settings.max_length,
         prefill_chunk=settings.prefill_chunk,
+        device=settings.model_device,
+        provider_options=settings.provider_options,
     )
