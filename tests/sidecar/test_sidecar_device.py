@@ -59,15 +59,27 @@ def test_cuda_without_a_cuda_build_fails_readiness_with_one_sentence(
     [
         (
             "libcuda.so.1: cannot open shared object file: No such file or directory",
-            "no NVIDIA GPU or driver is available to this process",
+            "no usable NVIDIA GPU or driver is available to this process",
         ),
         (
             "CUDA failure 100: no CUDA-capable device is detected ; GPU=0",
-            "no NVIDIA GPU or driver is available to this process",
+            "no usable NVIDIA GPU or driver is available to this process",
         ),
         (
             "CUDA driver version is insufficient for CUDA runtime version",
-            "no NVIDIA GPU or driver is available to this process",
+            "no usable NVIDIA GPU or driver is available to this process",
+        ),
+        (
+            # The cuda build in the image's cuda target on this machine (no GPU, no driver).
+            "Cuda interface not available: CUDA error in Create at "
+            "/ort_genai_src/src/ep/cuda/cuda_common.h:80 - CUDA driver version is insufficient "
+            "for CUDA runtime version",
+            "GPU or driver is available to this process (CUDA driver version is insufficient",
+        ),
+        (
+            "Cuda interface not available: Failed to load library: libcublasLt.so.13: cannot "
+            "open shared object file: No such file or directory",
+            "a CUDA library could not be loaded (Cuda interface not available: Failed to load",
         ),
         ("out of memory\nat ...", "could not load the model on the GPU: out of memory"),
     ],

@@ -146,7 +146,9 @@ def device_error(device: str, error: BaseException) -> str:
     """One sentence on why MODEL_DEVICE could not be used."""
     text = first_line(error)
     lowered = text.lower()
-    if f"{device} interface not available" in lowered or "libonnxruntime-genai-cuda" in lowered:
+    # "Cuda interface not available: CUDA error in Create at <file>:<line> - <what>"
+    reason = text.rsplit(" - ", 1)[-1] if "cuda error in" in lowered else text
+    if "libonnxruntime-genai-cuda.so: cannot open shared object file" in lowered:
         return (
             f"MODEL_DEVICE={device}, but this onnxruntime-genai is the CPU build: run the "
             "image's cuda target (onnxruntime-genai-cuda), or set MODEL_DEVICE=cpu"
@@ -156,9 +158,14 @@ def device_error(device: str, error: BaseException) -> str:
         for sign in ("libcuda.so", "no cuda-capable device", "driver", "cudaerrornodevice")
     ):
         return (
-            f"MODEL_DEVICE={device}, but no NVIDIA GPU or driver is available to this process "
-            f"({text}): run on a GPU node with the NVIDIA driver and container toolkit, or set "
-            "MODEL_DEVICE=cpu"
+            f"MODEL_DEVICE={device}, but no usable NVIDIA GPU or driver is available to this "
+            f"process ({reason}): run on a GPU node with an NVIDIA driver recent enough for "
+            "CUDA 13 and the NVIDIA container toolkit, or set MODEL_DEVICE=cpu"
+        )
+    if "cannot open shared object file" in lowered:
+        return (
+            f"MODEL_DEVICE={device}, but a CUDA library could not be loaded ({reason}): run "
+            "the image's cuda target, which ships them, or install the NVIDIA runtime libraries"
         )
     return f"MODEL_DEVICE={device}: onnxruntime-genai could not load the model on the GPU: {text}"
 
