@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sidecar import catalog
@@ -34,6 +34,16 @@ class Settings(BaseSettings):
         max_length=256,
         description="The model's name in /v1/models, /readyz and replies; default: the model "
         "folder's name (for a downloaded catalog model, the folder it was downloaded into).",
+    )
+    model_device: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="Where the model runs: cpu, or cuda (an NVIDIA GPU; needs the image's cuda "
+        "target, onnxruntime-genai-cuda, and a model folder built for CUDA).",
+    )
+    provider_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="onnxruntime-genai's options for the MODEL_DEVICE provider, as a JSON "
+        'object of strings, e.g. {"device_id": "0", "enable_cuda_graph": "0"} for cuda.',
     )
     host: str = Field(default="0.0.0.0", min_length=1, description="Interface to listen on.")
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
@@ -122,6 +132,11 @@ class Settings(BaseSettings):
         default=False,
         description="Download the model into MODEL_PATH at start when it has no complete model.",
     )
+    model_id: str | None = Field(
+        default=None,
+        description="A catalog model (sidecar/catalog.py; `phi3-download --list`): sets the "
+        "defaults of MODEL_REPO_ID, MODEL_SUBFOLDER and MODEL_PATH to that entry's.",
+    )
     model_repo_id: str = Field(
         default=catalog.DEFAULT.repo_id,
         min_length=1,
@@ -178,6 +193,33 @@ class Settings(BaseSettings):
             if path.parts[-len(subfolder.parts) :] == subfolder.parts:
                 path = path.parents[len(subfolder.parts) - 1]
         return path.name or str(path)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _catalog_defaults(cls, data: object) -> object:
+        """MODEL_ID fills in what it names, unless the variable itself is set."""
+        if not isinstance(data, dict):
+            return data
+        name = next((v for k, v in data.items() if k.lower() == "model_id"), None)
+        if not name:
+            return data
+        if name not in catalog.ENTRIES:
+            raise ValueError(
+                f"MODEL_ID {name!r} is not in the catalog; known: " + ", ".join(catalog.ENTRIES)
+            )
+        entry = catalog.ENTRIES[name]
+        given = {k.lower() for k in data}
+        defaults = {
+            "model_repo_id": entry.repo_id,
+            "model_subfolder": entry.subfolder,
+            "model_path": Path("/home/models") / entry.folder,
+        }
+        return {**{k: v for k, v in defaults.items() if k not in given}, **data}
+
+    @field_validator("model_device", mode="before")
+    @classmethod
+    def _lower_device(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("log_level", mode="before")
     @classmethod

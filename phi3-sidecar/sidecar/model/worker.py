@@ -31,7 +31,7 @@ from typing import Protocol
 from sidecar import ipc
 from sidecar.jsonlog import configure_logging
 from sidecar.model.folder import ModelFolderError, download_if_needed, first_line
-from sidecar.model.prompt import Prompt, PromptTooLong, UnsafePrompt
+from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.worker")
@@ -168,6 +168,15 @@ class Scheduler:
         except UnsafePrompt:
             self._outbox.send(
                 ipc.Rejected(request.key, "unencodable_prompt", "the messages cannot be encoded")
+            )
+            return
+        except TemplateRefused as exc:
+            self._outbox.send(
+                ipc.Rejected(
+                    request.key,
+                    "unencodable_prompt",
+                    f"the model's chat template refuses these messages: {exc}",
+                )
             )
             return
         except Exception as exc:
