@@ -57,7 +57,7 @@ class Metrics:
             "/v1/chat/completions together) by outcome.",
             "# TYPE sidecar_requests_total counter",
         ]
-        for outcome in ("eos", "length", "cancelled", "error", "rejected"):
+        for outcome in ("eos", "stop", "length", "cancelled", "error", "rejected"):
             self.outcomes.setdefault(outcome, 0)
         for outcome, count in sorted(self.outcomes.items()):
             lines.append(f'sidecar_requests_total{{outcome="{outcome}"}} {count}')
