@@ -140,7 +140,7 @@ def chatapp(
     env: Mapping[str, str] | None = None,
     **settings: str,
 ) -> contextlib.AbstractContextManager[Service]:
-    """The Flask app as production runs it (gunicorn + gthread config), on `port` (default: a
+    """The Flask app as production runs it (gunicorn + its gevent config), on `port` (default: a
     free one); waits for /healthz."""
     port = port or free_port()
     environ = {"SIDECAR_URL": sidecar_url, "HOST": "127.0.0.1", "PORT": str(port)}

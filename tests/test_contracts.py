@@ -17,7 +17,7 @@ import pytest
 
 from chatapp import logs as app_logs
 from chatapp import settings as app_settings
-from chatapp import upstream as app_upstream
+from chatapp import upstream_predict as app_upstream
 from chatapp import wire as app_wire
 from sidecar import ipc
 from sidecar import jsonlog as sidecar_jsonlog

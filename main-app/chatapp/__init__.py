@@ -22,7 +22,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from flask import Flask
 
     from chatapp import errors, health, pages, relay, settings
-    from chatapp.upstream import Sidecar
+    from chatapp.upstream import make_upstream
 
     app = Flask(__name__)
     # "//" in a path is a 404, not a redirect: Werkzeug would redirect to a URL built from the
@@ -33,12 +33,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if test_config is not None:
         app.config.from_mapping(test_config)
 
-    app.extensions["sidecar"] = Sidecar(
-        app.config["SIDECAR_URL"],
-        connect_timeout=app.config["SIDECAR_CONNECT_TIMEOUT"],
-        read_timeout=app.config["SIDECAR_READ_TIMEOUT"],
-        api_key=app.config["SIDECAR_API_KEY"],
-    )
+    app.extensions["upstream"] = make_upstream(app.config)
     errors.register(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(relay.bp)

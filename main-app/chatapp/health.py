@@ -30,7 +30,7 @@ PUBLIC_DETAIL = ("ready", "phase", "phase_seconds", "model")
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    sidecar = current_app.extensions["sidecar"].readiness()
+    sidecar = current_app.extensions["upstream"].readiness()
     detail = sidecar.get("detail")
     if isinstance(detail, dict):
         sidecar["detail"] = {key: detail[key] for key in PUBLIC_DETAIL if key in detail}

@@ -69,6 +69,7 @@ class ChatRecord:
     messages: int | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    finish_reason: str | None = None
     dropped_messages: int | None = None
     pieces: int = 0
     ttft_ms: float | None = None
@@ -89,6 +90,7 @@ class ChatRecord:
             "messages": self.messages,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finish_reason,
             "dropped_messages": self.dropped_messages,
             "pieces": self.pieces,
             "ttft_ms": self.ttft_ms,

@@ -13,7 +13,6 @@ out (`_tag_and_log_refusal`), a streamed one when the server closes the stream (
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 import time
@@ -26,7 +25,7 @@ from werkzeug.exceptions import HTTPException
 from chatapp import errors, wire
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
-from chatapp.upstream import Broken, End, ReplyStream, Sidecar
+from chatapp.upstream import Broken, Done, ReplyStream, Upstream
 
 bp = Blueprint("relay", __name__)
 log = logging.getLogger(__name__)
@@ -55,7 +54,6 @@ class Relay:
         self._record.finish(200, self._outcome)
 
     def _relay(self, heartbeat: float, stall: float) -> Generator[bytes, None, None]:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         record = self._record
         started = record.started
         first = last = silent_since = started
@@ -65,39 +63,35 @@ class Relay:
                 now = time.monotonic()
                 if event is None:
                     if now - silent_since >= stall:
-                        log.warning("sidecar silent for %s s mid-reply; hanging up", stall)
-                        self._outcome = "upstream_timeout"
-                        yield wire.error(
-                            "The model service stopped responding in the middle of the reply.",
-                            "upstream_timeout",
+                        log.warning(
+                            "the model service silent for %s s mid-reply; hanging up", stall
                         )
+                        self._outcome = "upstream_timeout"
+                        yield wire.error(STALLED, "upstream_timeout")
                         return
                     yield wire.PING
                     continue
-                if isinstance(event, End):
-                    tail = decoder.decode(b"", final=True)
-                    if tail:
-                        yield wire.delta(tail)
+                if isinstance(event, Done):
                     self._outcome = "done"
+                    record.finish_reason = event.finish_reason
+                    if event.prompt_tokens is not None:
+                        record.prompt_tokens = event.prompt_tokens
+                    if event.cached_tokens is not None:
+                        record.cached_tokens = event.cached_tokens
+                    if event.dropped_messages is not None:
+                        record.dropped_messages = event.dropped_messages
                     yield wire.done(
                         record.pieces,
                         *_speed(started, first, last, record.pieces),
-                        prompt_tokens=self._reply.prompt_tokens,
-                        cached_tokens=self._reply.cached_tokens,
-                        dropped_messages=self._reply.dropped_messages,
+                        finish_reason=event.finish_reason,
+                        prompt_tokens=record.prompt_tokens,
+                        cached_tokens=record.cached_tokens,
+                        dropped_messages=record.dropped_messages,
                     )
                     return
                 if isinstance(event, Broken):
-                    if event.timed_out:
-                        message, type = (
-                            "The model service stopped responding in the middle of the reply.",
-                            "upstream_timeout",
-                        )
-                    else:
-                        message, type = (
-                            "The model service stopped in the middle of the reply.",
-                            "upstream_disconnected",
-                        )
+                    type = "upstream_timeout" if event.timed_out else "upstream_disconnected"
+                    message = STALLED if event.timed_out else (event.message or STOPPED)
                     log.warning("reply broke off after %d pieces: %s", record.pieces, type)
                     self._outcome = type
                     yield wire.error(message, type)
@@ -106,12 +100,14 @@ class Relay:
                 if record.pieces == 0:
                     first = now
                 record.pieces += 1
-                text = decoder.decode(event)
-                if text:
-                    yield wire.delta(text)
+                yield wire.delta(event.text)
         finally:
             self._reply.close()
             record.ttft_ms, record.tokens_per_s = _speed(started, first, last, record.pieces)
+
+
+STALLED = "The model service stopped responding in the middle of the reply."
+STOPPED = "The model service stopped in the middle of the reply."
 
 
 def _speed(
@@ -125,9 +121,9 @@ def _speed(
     return ttft_ms, tokens_per_s
 
 
-def _sidecar() -> Sidecar:
-    sidecar: Sidecar = current_app.extensions["sidecar"]
-    return sidecar
+def _upstream() -> Upstream:
+    upstream: Upstream = current_app.extensions["upstream"]
+    return upstream
 
 
 @bp.before_request
@@ -179,10 +175,7 @@ def chat() -> Response:
     if "max_new_tokens" not in payload and default:
         # The app's default never undercuts a minimum the request asked for.
         payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
-    reply = _sidecar().predict(payload, record.request_id)
-    record.prompt_tokens = reply.prompt_tokens
-    record.cached_tokens = reply.cached_tokens
-    record.dropped_messages = reply.dropped_messages
+    reply = _upstream().start(payload, record.request_id)
     body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
     return Response(
         body_iter,

@@ -7,7 +7,12 @@ servers that run the app (`chatapp.gunicorn_conf`, `python -m chatapp`) through 
 
 Environment variable (default): meaning
 
-- `SIDECAR_URL` (`http://localhost:8000`): base URL of the model service (the sidecar).
+- `SIDECAR_URL` (`http://localhost:8000`): base URL of the model service (the sidecar, or an
+  OpenAI-compatible server: its root or its `/v1`).
+- `UPSTREAM_API` (`predict`): how to talk to it: `predict` (our sidecar's `POST /predict`) or
+  `openai` (`POST /v1/chat/completions` on any OpenAI-compatible server).
+- `UPSTREAM_MODEL` (unset): with `openai`, the model to ask for; unset, the first one the server
+  lists at `GET /v1/models`.
 - `SIDECAR_CONNECT_TIMEOUT` (`3`): seconds to open a connection to the sidecar.
 - `SIDECAR_READ_TIMEOUT` (`300`): the longest silence, in seconds, tolerated from the sidecar,
   before its answer starts and between two pieces of a reply. The prefill of a long prompt on a
@@ -22,8 +27,9 @@ Environment variable (default): meaning
   send one; unset, the sidecar decides.
 - `MAX_NEW_TOKENS_LIMIT` (`4096`): the largest `max_new_tokens` (and `min_new_tokens`) a
   browser may ask for, else 400; the page's settings offer up to this.
-- `SIDECAR_API_KEY` (unset): sent to the sidecar as `Authorization: Bearer <key>`, for a
-  sidecar started with `API_KEY`.
+- `UPSTREAM_API_KEY` (unset; `SIDECAR_API_KEY` is the same setting by another name): sent as
+  `Authorization: Bearer <key>`, for our sidecar started with `API_KEY` or any server that wants
+  a key.
 - `ALLOWED_HOSTS` (unset: any): the Host header values this app answers, comma-separated: names
   and `*.example.com`; others get 400 `invalid_host`. Set it when the app is reached directly
   (not behind App Service's front end, which only forwards the site's own names).
@@ -49,11 +55,14 @@ DEFAULTS: dict[str, Any] = {
     "MAX_NEW_TOKENS": None,
     "MAX_NEW_TOKENS_LIMIT": 4096,
     "LOG_LEVEL": "info",
-    "SIDECAR_API_KEY": None,
+    "UPSTREAM_API": "predict",
+    "UPSTREAM_MODEL": None,
+    "UPSTREAM_API_KEY": None,
     "TRUSTED_HOSTS": None,  # Flask's own name; the environment says ALLOWED_HOSTS
 }
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+UPSTREAM_APIS = ("predict", "openai")
 
 
 class SettingsError(ValueError):
@@ -98,6 +107,17 @@ def _secret(name: str, raw: str) -> str:
     return raw.strip()
 
 
+def _upstream_api(name: str, raw: str) -> str:
+    api = raw.strip().lower()
+    if api not in UPSTREAM_APIS:
+        raise SettingsError(f"{name} must be one of {', '.join(UPSTREAM_APIS)}, got {raw!r}")
+    return api
+
+
+def _model(name: str, raw: str) -> str:
+    return raw.strip()
+
+
 def _hosts(name: str, raw: str) -> list[str] | None:
     """ALLOWED_HOSTS as Flask's TRUSTED_HOSTS (".example.com" matches its subdomains)."""
     hosts = [h.strip().lower() for h in raw.split(",") if h.strip()]
@@ -117,7 +137,10 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
     "MAX_NEW_TOKENS_LIMIT": ("MAX_NEW_TOKENS_LIMIT", _positive_int),
     "LOG_LEVEL": ("LOG_LEVEL", _log_level),
-    "SIDECAR_API_KEY": ("SIDECAR_API_KEY", _secret),
+    "UPSTREAM_API": ("UPSTREAM_API", _upstream_api),
+    "UPSTREAM_MODEL": ("UPSTREAM_MODEL", _model),
+    "UPSTREAM_API_KEY": ("UPSTREAM_API_KEY", _secret),
+    "SIDECAR_API_KEY": ("UPSTREAM_API_KEY", _secret),  # the same setting by its #12 name
     "ALLOWED_HOSTS": ("TRUSTED_HOSTS", _hosts),
 }
 
@@ -128,7 +151,10 @@ def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     for name, (key, parse) in _FROM_ENV.items():
         raw = environ.get(name, "")
         if raw.strip():
-            config[key] = parse(name, raw)
+            value = parse(name, raw)
+            if key in config and config[key] != value:
+                raise SettingsError(f"{name} and another name of the same setting disagree")
+            config[key] = value
     return config
 
 

@@ -1,11 +1,17 @@
-"""The sidecar client: the only module that speaks HTTP to the model service.
+"""The model service as the app sees it: one interface, whichever API it speaks.
 
-`Sidecar.predict` opens a streaming `POST /predict` and turns every failure before the reply
-starts into an `ApiError` with a readable sentence. The reply itself is read by a `ReplyStream`:
-a reader thread pulls chunks as they arrive (whole HTTP chunks, never byte by byte) into a
-queue, so the relay can wait on it with a timeout and write heartbeats while the sidecar is
-silent. `ReplyStream.close` shuts the socket down at once, which is how the sidecar learns that
-nobody is listening any more and stops generating.
+`UPSTREAM_API` picks the module that speaks it: `predict` (our sidecar's `POST /predict`, the
+default: `upstream_predict.py`) or `openai` (`POST /v1/chat/completions` on any
+OpenAI-compatible server: our sidecar's `/v1`, App Service's built-in model sidecars, Ollama,
+llama.cpp's `llama-server`, Foundry Local: `upstream_openai.py`). Each module turns every failure
+before the reply starts into an `ApiError` with one readable sentence, and the reply into the
+same events: `Text` as it comes, then `Done` (how it ended, the counts the server gave) or
+`Broken`.
+
+A `ReplyStream` reads the reply on a thread (whole HTTP chunks as they arrive, never byte by
+byte) into a queue, so the relay can wait on it with a timeout and write heartbeats while the
+server is silent. `ReplyStream.close` shuts the socket down at once, which is how the server
+learns that nobody is listening any more and stops generating.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import logging
 import queue
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 
@@ -30,41 +37,54 @@ DEFAULT_RETRY_AFTER = 5
 
 
 @dataclass(frozen=True)
-class End:
-    """The reply finished normally (the sidecar sent the last chunk)."""
+class Text:
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The reply finished: why (`stop` or `length`, when the server says) and its counts."""
+
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    dropped_messages: int | None = None
 
 
 @dataclass(frozen=True)
 class Broken:
-    """The reply broke off: the connection dropped, or the sidecar stayed silent too long."""
+    """The reply broke off: the connection dropped, the server stayed silent too long, or it
+    said it failed (`message`, one sentence of its own)."""
 
     timed_out: bool
+    message: str | None = None
 
 
-Event = bytes | End | Broken
+Event = Text | Done | Broken
 
 
 class ReplyStream:
-    """A reply being streamed from the sidecar; iterate with `next(timeout)`, always `close`."""
+    """A reply being streamed; iterate with `next(timeout)`, always `close`."""
 
-    def __init__(self, response: requests.Response) -> None:
+    def __init__(
+        self, response: requests.Response, events: Callable[[requests.Response], Iterator[Event]]
+    ) -> None:
         self._response = response
-        self.prompt_tokens = _int_header(response, "X-Prompt-Tokens")
-        self.cached_tokens = _int_header(response, "X-Cached-Tokens")
-        self.dropped_messages = _int_header(response, "X-Dropped-Messages")
-        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._closed = threading.Event()
-        self._reader = threading.Thread(target=self._read, name="sidecar-reply", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, args=(events,), name="upstream-reply", daemon=True
+        )
         self._reader.start()
 
-    def _read(self) -> None:
+    def _read(self, events: Callable[[requests.Response], Iterator[Event]]) -> None:
         event: Event
         try:
-            # chunk_size=None: each HTTP chunk as soon as it arrives, whatever its size.
-            for chunk in self._response.iter_content(chunk_size=None):
-                if chunk:
-                    self._events.put(chunk)
-            event = End()
+            for event in events(self._response):
+                self._queue.put(event)
+                if not isinstance(event, Text):
+                    return
+            event = Broken(timed_out=False)  # the stream ended without saying how
         except requests.Timeout:
             event = Broken(timed_out=True)
         except requests.ConnectionError as exc:
@@ -72,21 +92,21 @@ class ReplyStream:
             event = Broken(timed_out="timed out" in str(exc).lower())
         except Exception:  # anything else while reading is a broken reply too
             event = Broken(timed_out=False)
-        self._events.put(event)
+        self._queue.put(event)
 
     def next(self, timeout: float) -> Event | None:
-        """The next chunk or final event; None if nothing arrived within `timeout` seconds."""
+        """The next event; None if nothing arrived within `timeout` seconds."""
         try:
-            return self._events.get(timeout=timeout)
+            return self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
 
     def close(self) -> None:
-        """Drop the connection to the sidecar now (idempotent)."""
+        """Drop the connection now (idempotent)."""
         if self._closed.is_set():
             return
         self._closed.set()
-        # shutdown() wakes the reader thread blocked in recv() and sends FIN to the sidecar
+        # shutdown() wakes the reader thread blocked in recv() and sends FIN to the server
         # right away; close() alone would wait for that recv() to return.
         connection = getattr(self._response.raw, "connection", None)
         sock = getattr(connection, "sock", None)
@@ -97,94 +117,35 @@ class ReplyStream:
             self._response.close()
 
 
-def _int_header(response: requests.Response, name: str) -> int | None:
-    raw = response.headers.get(name, "")
-    return int(raw) if raw.isdigit() else None
+def lines(response: requests.Response) -> Iterator[bytes]:
+    """A streamed body's lines as they arrive (without their line ends), the last one too."""
+    pending = b""
+    # chunk_size=None: each HTTP chunk as soon as it arrives, whatever its size.
+    for chunk in response.iter_content(chunk_size=None):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending
 
 
-def _retry_after(response: requests.Response) -> int:
-    raw = response.headers.get("Retry-After", "")
-    try:
-        return max(1, int(raw))
-    except ValueError:
-        return DEFAULT_RETRY_AFTER
+class Upstream(Protocol):
+    """What the relay and the health route need of a model service."""
+
+    base_url: str
+
+    def start(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
+        """Start a streamed reply to a /chat payload (chatapp.wire); ApiError if none starts."""
+        ...
+
+    def readiness(self) -> dict[str, Any]:
+        """`{"reachable", "ready", "detail"?: {"phase", "model", ...}}`; never raises."""
+        ...
 
 
-def _error_body(response: requests.Response) -> tuple[str, str, str]:
-    """(message, type, phase) from the sidecar's error envelope; empty strings where absent."""
-    try:
-        error = response.json().get("error", {})
-        fields = error.get("message", ""), error.get("type", ""), error.get("phase", "")
-    except (ValueError, AttributeError):
-        return "", "", ""
-    message, type, phase = (field if isinstance(field, str) else "" for field in fields)
-    return message, type, phase
-
-
-def _refusal(response: requests.Response) -> ApiError:
-    """The ApiError for a sidecar answer that is not a 200 stream.
-
-    The sidecar's error types (phi3-sidecar/sidecar/web/errors.py): `not_ready` (503, with the
-    `phase`: starting, downloading, loading, warming_up, restarting, or failed), `overloaded`
-    (503, its queue is full),
-    `context_length_exceeded` and `body_too_large` (413), `invalid_request` and others (4xx).
-    """
-    status = response.status_code
-    message, type, phase = _error_body(response)
-    if status == 503:
-        seconds = _retry_after(response)
-        if type == "not_ready" and phase == "failed":
-            return ApiError(
-                503, "The model service could not load the model; see its log.", "model_failed"
-            )
-        if type == "not_ready" and phase == "restarting":
-            return ApiError(
-                503,
-                f"The model is restarting; trying again in {seconds} s.",
-                "restarting",
-                retry_after=seconds,
-            )
-        if type == "not_ready":
-            return ApiError(
-                503,
-                f"The model is still loading; trying again in {seconds} s.",
-                "loading",
-                retry_after=seconds,
-            )
-        return ApiError(
-            503,
-            f"The model is busy with other replies; trying again in {seconds} s.",
-            "busy",
-            retry_after=seconds,
-        )
-    if status == 401:  # the sidecar has an API_KEY, and ours is missing or wrong
-        return ApiError(
-            502,
-            "The chat app may not use the model service: its key was refused "
-            "(set SIDECAR_API_KEY to one of the sidecar's API_KEY values).",
-            "upstream_unauthorized",
-        )
-    if status == 413 and type == "body_too_large":
-        return ApiError(
-            413, "The conversation is too long to send; start a new chat.", "payload_too_large"
-        )
-    if status == 413:
-        return ApiError(
-            413,
-            "Your message is too long for the model's context; shorten it or start a new chat.",
-            "context_overflow",
-        )
-    if 400 <= status < 500 and message:
-        # The sidecar's validation messages name the field and never echo the input.
-        detail = message.strip()[:300].rstrip(".")
-        return ApiError(
-            400, f"The model service refused the conversation ({detail}).", "invalid_request"
-        )
-    return ApiError(502, "The model service could not answer this message.", "upstream_error")
-
-
-class Sidecar:
-    """Client for one sidecar base URL."""
+class Connection:
+    """How the app reaches a model service: its base URL, timeouts and key."""
 
     def __init__(
         self,
@@ -196,63 +157,81 @@ class Sidecar:
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        # The sidecar's API_KEY, if it has one (phi3-sidecar/sidecar/web/access.py).
-        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # Sent as a bearer token: our sidecar's API_KEY, or an OpenAI-compatible server's key.
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def predict(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
-        """Start a streamed reply; raises ApiError if the sidecar does not start one.
-
-        `request_id` goes along as `X-Request-Id`, so the sidecar's log line carries it too.
-        """
+    def post_stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> requests.Response:
+        """POST a JSON body for a streamed answer; a failure to connect or answer is an
+        ApiError with one sentence (503 not reachable, 504 too slow, 502 otherwise)."""
         try:
-            response = requests.post(
-                self.base_url + "/predict",
-                # UTF-8 as is, not \u escapes: the sidecar limits the body size in bytes.
-                data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode(),
+            return requests.post(
+                self.base_url + path,
+                # UTF-8 as is, not \\u escapes: servers limit the body size in bytes.
+                data=json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
                 stream=True,
                 timeout=(self.connect_timeout, self.read_timeout),
-                headers={
-                    "Content-Type": "application/json",
-                    "Accept": "text/plain",
-                    "X-Request-Id": request_id,
-                    **self._auth,
-                },
+                headers={"Content-Type": "application/json", **headers, **self.auth},
             )
         except requests.ConnectTimeout:
             raise ApiError(503, NOT_REACHABLE, "upstream_unavailable") from None
         except requests.Timeout:
-            log.warning("sidecar did not answer within %s s", self.read_timeout)
+            log.warning("the model service did not answer within %s s", self.read_timeout)
             raise ApiError(
                 504, "The model service did not answer in time.", "upstream_timeout"
             ) from None
         except requests.ConnectionError:
-            log.warning("sidecar not reachable at %s", self.base_url)
+            log.warning("the model service is not reachable at %s", self.base_url)
             raise ApiError(503, NOT_REACHABLE, "upstream_unavailable") from None
         except requests.RequestException as exc:
-            log.warning("request to the sidecar failed: %s", type(exc).__name__)
+            log.warning("the request to the model service failed: %s", type(exc).__name__)
             raise ApiError(
                 502, "The model service could not answer this message.", "upstream_error"
             ) from None
-        if response.status_code != 200:
-            with response:
-                error = _refusal(response)
-            log.warning("sidecar answered %s; relayed as %s", response.status_code, error.type)
-            raise error
-        return ReplyStream(response)
 
-    def readiness(self) -> dict[str, Any]:
-        """The sidecar's /readyz answer for the app's health route; never raises."""
+    def get_json(self, path: str) -> tuple[int, Any] | None:
+        """A short GET for the health route: (status, body or None); None if unreachable."""
         try:
             # Short timeouts: a container health check waits on this answer.
             timeout = (min(self.connect_timeout, 1.0), 2.0)
-            response = requests.get(self.base_url + "/readyz", timeout=timeout, headers=self._auth)
+            response = requests.get(self.base_url + path, timeout=timeout, headers=self.auth)
         except requests.RequestException:
-            return {"reachable": False, "ready": False}
+            return None
         try:
-            body: Any = response.json()
+            return response.status_code, response.json()
         except ValueError:
-            body = None
-        result: dict[str, Any] = {"reachable": True, "ready": response.status_code == 200}
-        if isinstance(body, dict):
-            result["detail"] = body
-        return result
+            return response.status_code, None
+
+
+def retry_after(response: requests.Response) -> int:
+    raw = response.headers.get("Retry-After", "")
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        return DEFAULT_RETRY_AFTER
+
+
+def unauthorized() -> ApiError:
+    return ApiError(
+        502,
+        "The chat app may not use the model service: its key was refused "
+        "(set UPSTREAM_API_KEY, or SIDECAR_API_KEY, to a key the model service accepts).",
+        "upstream_unauthorized",
+    )
+
+
+def make_upstream(config: dict[str, Any]) -> Upstream:
+    """The upstream the app's config asks for (chatapp.settings: UPSTREAM_API, SIDECAR_URL)."""
+    from chatapp.upstream_openai import OpenAIUpstream
+    from chatapp.upstream_predict import PredictUpstream
+
+    connection = Connection(
+        config["SIDECAR_URL"],
+        connect_timeout=config["SIDECAR_CONNECT_TIMEOUT"],
+        read_timeout=config["SIDECAR_READ_TIMEOUT"],
+        api_key=config["UPSTREAM_API_KEY"],
+    )
+    if config["UPSTREAM_API"] == "openai":
+        return OpenAIUpstream(connection, config["UPSTREAM_MODEL"])
+    return PredictUpstream(connection)

@@ -26,7 +26,8 @@ A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`
 `message` is one sentence for the person using the page. The types:
 
 - `loading` (503 + `Retry-After`): the model is still loading; try again after that many seconds.
-- `busy` (503 + `Retry-After`): the model service has as many replies queued as it takes.
+- `busy` (503 + `Retry-After`): the model service has as many replies queued as it takes (or,
+  another OpenAI-compatible server, answered 429).
 - `upstream_unavailable` (503): the model service is not reachable.
 - `model_failed` (503): the model service could not load its model (no point retrying).
 - `context_overflow` (413): the newest message does not fit in the model's context.
@@ -35,7 +36,7 @@ A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`
 - `upstream_timeout` (504): the model service did not start answering in time.
 - `restarting` (503 + `Retry-After`): the model service is replacing a model worker that died or
   stopped answering; try again after that many seconds.
-- `upstream_unauthorized` (502): the model service refused the app's key (`SIDECAR_API_KEY`).
+- `upstream_unauthorized` (502): the model service refused the app's key (`UPSTREAM_API_KEY`).
 - `invalid_host` (400): the request's Host is not one of `ALLOWED_HOSTS`.
 - `upstream_error` (502), `internal_error` (500), `not_found` (404), `method_not_allowed` (405).
 
@@ -98,8 +99,8 @@ def _invalid(message: str) -> ApiError:
 def parse_chat_request(
     body: Any, max_messages: int, max_new_tokens_limit: int | None = None
 ) -> dict[str, Any]:
-    """Check a decoded `POST /chat` body; returns the JSON to send to the sidecar's /predict
-    (a `conversation_id` becomes its `cache_scope`)."""
+    """Check a decoded `POST /chat` body; returns the request in /predict's terms (a
+    `conversation_id` becomes its `cache_scope`), which upstream_openai.py maps to OpenAI's."""
     if not isinstance(body, dict):
         raise _invalid("The request must be a JSON object with a list of messages.")
     messages = body.get("messages")

@@ -41,6 +41,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/readyz":
             status, body = fake.readyz
             refuse(self, status, body)
+        elif self.path == "/v1/models":  # an OpenAI-compatible server's model list
+            status, body = fake.models
+            refuse(self, status, body)
         else:
             refuse(self, 404, {"error": {"message": "not found", "type": "not_found"}})
 
@@ -49,6 +52,7 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length)
         fake.raw_bodies.append(body)
+        fake.paths.append(self.path)
         fake.headers.append(self.headers)
         fake.requests.append(json.loads(body or b"null"))
         try:
@@ -67,6 +71,8 @@ class FakeSidecar:
     def __init__(self) -> None:
         self.requests: list[Any] = []
         self.raw_bodies: list[bytes] = []
+        self.paths: list[str] = []
+        self.models: tuple[int, Any] = (200, {"object": "list", "data": [{"id": "fake-model"}]})
         self.headers: list[Message] = []
         self.client_gone = threading.Event()
         # The real sidecar's /readyz body (phi3-sidecar/sidecar/web/probes.py).
@@ -153,3 +159,44 @@ def ndjson(lines: bytes) -> Iterator[dict[str, Any]]:
     assert lines.endswith(b"\n"), "an NDJSON body ends with a newline"
     for line in lines.decode("utf-8").split("\n")[:-1]:
         yield json.loads(line)
+
+
+def chunk(content: str | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A chat.completion.chunk as OpenAI-compatible servers stream it."""
+    delta = {} if content is None else {"content": content}
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return {"id": "c1", "object": "chat.completion.chunk", "choices": [choice], **extra}
+
+
+USAGE = {
+    "prompt_tokens": 12,
+    "completion_tokens": 3,
+    "total_tokens": 15,
+    "prompt_tokens_details": {"cached_tokens": 8},
+}
+
+
+def sse(
+    handler: Handler,
+    events: list[Any],
+    *,
+    done: bool = True,
+    comments: bool = False,
+    delay: float = 0.0,
+) -> None:
+    """Stream server-sent events, each `data: <json>` (or a raw bytes line), then `data: [DONE]`
+    unless done=False; comments=True puts keep-alive comment lines between them."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    for event in events:
+        if comments:
+            write_chunk(handler, b": keep-alive\n\n")
+        data = event if isinstance(event, bytes) else json.dumps(event).encode()
+        write_chunk(handler, b"data: " + data + b"\n\n")
+        time.sleep(delay)
+    if done:
+        write_chunk(handler, b"data: [DONE]\n\n")
+    handler.wfile.write(b"0\r\n\r\n")
+    handler.wfile.flush()

@@ -58,7 +58,7 @@ def test_environment_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None
     assert app.config["MAX_NEW_TOKENS"] == 64
     assert app.config["HEARTBEAT_INTERVAL"] == 1.0
     assert app.config["LOG_LEVEL"] == "warning"
-    assert app.extensions["sidecar"].base_url == "http://127.0.0.1:9001"
+    assert app.extensions["upstream"].base_url == "http://127.0.0.1:9001"
 
 
 def test_test_config_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -204,3 +204,78 @@ def test_k8s_gpu_overlay_renders_with_kustomize() -> None:
     assert containers["sidecar"]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert containers["app"]["image"] == "phi3-chat/app:latest"  # the rest is infra/k8s
     assert {"PORT", "MODEL_DEVICE"} <= {e["name"] for e in containers["sidecar"]["env"]}
+
+
+class _Reset:
+    """Compose's `!reset`: the key is removed from the merged file."""
+
+
+class _Override:
+    """Compose's `!override`: the value replaces the base's instead of merging with it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    pass
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: _Reset())
+_ComposeLoader.add_constructor(
+    "!override",
+    lambda loader, node: _Override(
+        loader.construct_mapping(node, deep=True)
+        if isinstance(node, yaml.MappingNode)
+        else loader.construct_sequence(node, deep=True)  # type: ignore[arg-type]
+    ),
+)
+
+
+def compose_merge(base: Any, override: Any) -> Any:
+    """Compose's merge rules, as far as these files use them: mappings merge key by key,
+    sequences append, `!reset` removes and `!override` replaces."""
+    if isinstance(override, _Override):
+        return override.value
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for key, value in override.items():
+            if isinstance(value, _Reset):
+                merged.pop(key, None)
+            elif key in merged and key not in ("command", "entrypoint", "test"):
+                merged[key] = compose_merge(merged[key], value)
+            else:
+                merged[key] = value.value if isinstance(value, _Override) else value
+        return merged
+    if isinstance(base, list) and isinstance(override, list):
+        return base + override
+    return override
+
+
+def substitute(value: str) -> str:
+    """${NAME:-default} with NAME unset, as Compose interpolates it."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def test_compose_ollama_override_puts_the_app_in_front_of_ollama(compose: dict[str, Any]) -> None:
+    from chatapp.settings import from_environ
+
+    override = yaml.load((INFRA / "docker-compose.ollama.yml").read_text(), _ComposeLoader)
+    services = compose_merge(compose, override)["services"]
+    ollama, pull, app = services["sidecar"], services["ollama-pull"], services["app"]
+    # Ollama's pinned image replaces our build, with none of our sidecar's settings left.
+    assert "build" not in ollama and re.fullmatch(r"\S+/ollama:\d+\.\d+\.\d+", ollama["image"])
+    assert "MODEL_DOWNLOAD" not in ollama["environment"]
+    assert ollama["volumes"] == ["ollama:/root/.ollama"]
+    assert ollama["ports"] == compose["services"]["sidecar"]["ports"]  # only the app's port
+    port = ollama["environment"]["OLLAMA_HOST"].rsplit(":", 1)[1]
+    # The app speaks OpenAI to it, inside the shared namespace, for the model that was pulled.
+    settings = from_environ({k: substitute(str(v)) for k, v in app["environment"].items()})
+    assert settings["UPSTREAM_API"] == "openai"
+    assert settings["SIDECAR_URL"] == f"http://localhost:{port}"
+    assert pull["network_mode"] == app["network_mode"] == "service:sidecar"
+    assert pull["image"] == ollama["image"]
+    assert [substitute(part) for part in pull["command"]] == ["pull", settings["UPSTREAM_MODEL"]]
+    assert pull["depends_on"]["sidecar"]["condition"] == "service_healthy"
+    assert app["depends_on"]["ollama-pull"]["condition"] == "service_completed_successfully"
+    assert "ollama" in compose_merge(compose, override)["volumes"]

@@ -9,7 +9,6 @@ does); without it these tests fail on CI (CI=true) and are skipped elsewhere.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,17 +25,7 @@ pytest.importorskip("gguf", reason="requirements-peers.txt is not installed")
 from scripts.bench_variants import RawEngine
 from scripts.peers import gguf_model, llamacpp
 
-pytestmark = pytest.mark.peers
-
-
-@pytest.fixture(scope="module", autouse=True)
-def llama_server_built() -> None:
-    if llamacpp.server_binary().exists():
-        return
-    message = f"{llamacpp.server_binary()} is not built: run `make peers`"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message + " (CI=true: .ci/run builds it)", pytrace=False)
-    pytest.skip(message)
+pytestmark = [pytest.mark.peers, pytest.mark.usefixtures("llama_server_built")]
 
 
 @pytest.fixture(scope="module")

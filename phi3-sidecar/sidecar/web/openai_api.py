@@ -6,20 +6,26 @@ Azure App Service's built-in SLM sidecar extensions answer at this path, so Open
 cancellation, log line and metrics; only the body (openai_schemas.py) and the reply's format
 differ.
 
-Request, application/json (unknown fields are refused with 422):
+Request, application/json (unknown fields are refused with 400 invalid_value, naming them):
   messages      as /predict's (roles system|user|assistant, system only first, the last one
-                from the user); content is a string or a list of text parts
-                [{"type": "text", "text": "..."}], joined with newlines; other parts
-                (image_url, input_audio, ...) are refused with 422
-  model         any string, echoed (absent: the name of the model folder)
+                from the user), plus role developer (OpenAI's newer name for system) and a
+                message `name` (accepted, not shown to the model); content is a string or a
+                list of text parts [{"type": "text", "text": "..."}], joined with newlines;
+                other parts (image_url, input_audio, ...) are refused
+  model         any string, echoed (absent: the served model's name). Not checked against the
+                one model served: clients often send a fixed name. GET /v1/models/{id} is the
+                place where an unknown id is a 404 model_not_found.
   max_completion_tokens or max_tokens   /predict's max_new_tokens (both: only if equal)
   temperature, top_p, seed, top_k       as /predict: absent temperature means greedy (OpenAI's
                 default is 1); top_k is not OpenAI's (vLLM has it)
-  stream        bool, default false; stream_options {"include_usage": bool} only with it
-  Accepted only where they change nothing (absent, null or this value), else 422 naming the
-  field: n 1, stop [] (stop sequences are not implemented), presence_penalty 0,
-  frequency_penalty 0, logprobs false, top_logprobs 0, logit_bias {}, tools [],
-  tool_choice "none", response_format {"type": "text"}, store false. Ignored, any string:
+  stop          a string or up to 4 (model/stops.py): the reply ends before the first one, no
+                part of it ever shown, finish_reason "stop"
+  stream        bool, default false; stream_options {"include_usage", "include_obfuscation"}
+                only with it (no obfuscation padding is sent)
+  Accepted only where they change nothing (absent, null or this value), else 400 naming the
+  field: n 1, presence_penalty 0, frequency_penalty 0, logprobs false, top_logprobs 0,
+  logit_bias {}, tools [], tool_choice "none", response_format {"type": "text"}. Accepted with
+  any value of their type: store, parallel_tool_calls, metadata (OpenAI's limits),
   safety_identifier. prompt_cache_key (else user), a string: scopes the conversation cache:
   only requests with the same key reuse each other's cached tokens.
 
@@ -41,9 +47,13 @@ Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the
   and the usage; the last event is `data: [DONE]`. An error after the first byte ends the
   response without [DONE] and without its final chunk (as /predict), logged with the id.
 
-Errors before the reply: /predict's ({"error": {"message", "type"}}; 400, 413 (also
-context_length_exceeded), 415, 422, 503 + Retry-After). A client that disconnects stops its
-generation within one token, also while it waits for a non-streamed reply.
+Errors before the reply: OpenAI's {"error": {"message", "type", "param", "code"}} with OpenAI's
+statuses (errors.py REFUSALS, its openai columns): 400 invalid_request_error (code
+invalid_value with the field in param, context_length_exceeded, invalid_json, ...), 401
+invalid_api_key, 404 model_not_found / not_found, 413 request_too_large, 415, and 503
+server_error (model_not_ready, with "phase"; overloaded) with Retry-After, which the openai SDK
+honours when it retries. A client that disconnects stops its generation within one token, also
+while it waits for a non-streamed reply.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Validated as strictly as /predict's (schemas.py: the same message rules, the same option
 ranges, no type coercion). Fields that OpenAI clients often send but that this service does not
 implement are accepted only when absent, null or at the value where they change nothing; any
-other value is a 422 naming the field, never silently ignored.
+other value is refused naming the field (400 invalid_value, OpenAI's status), never silently
+ignored.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ Request, application/json, validated strictly (no type coercion; unknown fields 
   temperature (0-2; 0 or absent: greedy), top_p, top_k, seed    sampling
   cache_scope   who may reuse this conversation's cached tokens (1-256 characters; the chat
                 app sends one per browser conversation); absent: the shared unscoped pool
-
   stop          up to 4 strings that end the reply where they would begin (never shown)
 
 Reply: 200 text/plain; charset=utf-8, streamed: each chunk is the text of one or more new

@@ -1,0 +1,251 @@
+"""Any OpenAI-compatible server's `POST /v1/chat/completions` (UPSTREAM_API=openai).
+
+Our sidecar's `/v1`, App Service's built-in model sidecars, Ollama, llama.cpp's `llama-server`,
+Foundry Local and vLLM all speak it; they differ in what they send, and the reader takes each
+difference as it comes:
+
+- The request streams (`stream: true`) and asks for the usage chunk
+  (`stream_options.include_usage`); a server that sends none leaves the counts out.
+- Server-sent events: `data: <chunk>` lines; comment lines (`: keep-alive`) and other fields
+  (`event:`, `id:`) are skipped; `data: [DONE]` ends the stream, and a stream that ends after
+  a chunk with a `finish_reason` but without `[DONE]` is complete too. One that ends with
+  neither broke off.
+- An error mid-stream (`data: {"error": {...}}`, as llama-server and vLLM send it) breaks the
+  reply with the server's message.
+- The model: `UPSTREAM_MODEL`, or the first one `GET /v1/models` lists (asked once, and again
+  while none is known). Readiness is that list naming a model; a server without the list (404)
+  counts as ready when `UPSTREAM_MODEL` names the model.
+- The conversation's `cache_scope` goes as `prompt_cache_key` (our sidecar's cache scope; other
+  servers ignore it); `min_new_tokens` has no OpenAI equivalent and is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import requests
+
+from chatapp.errors import ApiError
+from chatapp.upstream import (
+    Broken,
+    Connection,
+    Done,
+    Event,
+    ReplyStream,
+    Text,
+    lines,
+    retry_after,
+    unauthorized,
+)
+
+log = logging.getLogger(__name__)
+
+CHAT_PATH = "/chat/completions"
+MODELS_PATH = "/models"
+
+
+class OpenAIUpstream:
+    def __init__(self, connection: Connection, model: str | None) -> None:
+        self._connection = connection
+        self.base_url = connection.base_url
+        self._configured = model
+        self._discovered: str | None = None
+        # The API's root: SIDECAR_URL may name the server (http://host:11434) or its /v1.
+        self._root = "" if connection.base_url.endswith("/v1") else "/v1"
+
+    @property
+    def model(self) -> str | None:
+        if self._configured:
+            return self._configured
+        if self._discovered is None:
+            self._discovered = self._first_model()
+        return self._discovered
+
+    def start(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
+        model = self.model
+        if model is None:
+            raise ApiError(
+                502,
+                "The model service lists no model; set UPSTREAM_MODEL to the one to use.",
+                "upstream_error",
+            )
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": payload["messages"],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if "max_new_tokens" in payload:
+            body["max_tokens"] = payload["max_new_tokens"]
+        if "temperature" in payload:
+            body["temperature"] = payload["temperature"]
+        if "cache_scope" in payload:
+            body["prompt_cache_key"] = payload["cache_scope"]
+        headers = {"Accept": "text/event-stream", "X-Request-Id": request_id}
+        response = self._connection.post_stream(self._root + CHAT_PATH, body, headers)
+        if response.status_code != 200:
+            with response:
+                error = _refusal(response)
+            log.warning(
+                "the model service answered %s; relayed as %s", response.status_code, error.type
+            )
+            if response.status_code == 404:
+                self._discovered = None  # the model may have changed: ask again next time
+            raise error
+        return ReplyStream(response, events)
+
+    def readiness(self) -> dict[str, Any]:
+        answer = self._connection.get_json(self._root + MODELS_PATH)
+        if answer is None:
+            return {"reachable": False, "ready": False}
+        status, body = answer
+        ready = status == 200 and bool(_model_ids(body))
+        if ready and not self._configured:
+            self._discovered = _model_ids(body)[0]
+        if status in (404, 405) and self._configured:
+            # A server without a model list: it answers, and the model is named; whether that
+            # model is loaded only a chat can tell.
+            ready = True
+        phase = "ready" if ready else ("failed" if status in (401, 403) else "loading")
+        detail: dict[str, Any] = {"ready": ready, "phase": phase}
+        if ready:
+            detail["model"] = self._configured or self._discovered
+        return {"reachable": True, "ready": ready, "detail": detail}
+
+    def _first_model(self) -> str | None:
+        answer = self._connection.get_json(self._root + MODELS_PATH)
+        ids = _model_ids(answer[1]) if answer is not None and answer[0] == 200 else []
+        return ids[0] if ids else None
+
+
+def _model_ids(body: Any) -> list[str]:
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def events(response: requests.Response) -> Iterator[Event]:
+    finish: str | None = None
+    usage: dict[str, Any] = {}
+    for line in lines(response):
+        if not line.startswith(b"data:"):
+            continue  # comments (": keep-alive"), event:, id:, retry:, blank separators
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            continue
+        if "error" in chunk:
+            yield Broken(timed_out=False, message=_error_message(chunk["error"]))
+            return
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            content = (choice.get("delta") or {}).get("content")
+            if isinstance(content, str) and content:
+                yield Text(content)
+            if isinstance(choice.get("finish_reason"), str):
+                finish = choice["finish_reason"]
+    else:
+        if finish is None:  # ended with neither [DONE] nor a finish: broken off
+            return
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    yield Done(
+        finish_reason=finish,
+        prompt_tokens=_int(usage.get("prompt_tokens")),
+        cached_tokens=_int(cached),
+    )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _error_message(error: Any) -> str | None:
+    message = error.get("message") if isinstance(error, dict) else error
+    if not isinstance(message, str) or not message.strip():
+        return None
+    return f"The model service stopped: {message.strip()[:300].rstrip('.')}."
+
+
+def _error_of(response: requests.Response) -> tuple[str, str, str]:
+    """(message, type, code) from an OpenAI-style error body; empty strings where absent."""
+    try:
+        error = response.json().get("error", {})
+    except (ValueError, AttributeError):
+        return "", "", ""
+    if isinstance(error, str):  # some servers answer {"error": "text"}
+        return error, "", ""
+    if not isinstance(error, dict):
+        return "", "", ""
+    fields = (error.get("message"), error.get("type"), error.get("code"))
+    message, kind, code = (f if isinstance(f, str) else "" for f in fields)
+    return message, kind, code
+
+
+def _refusal(response: requests.Response) -> ApiError:
+    """The ApiError for an answer that is not a 200 stream, whichever server gave it."""
+    status = response.status_code
+    message, kind, code = _error_of(response)
+    detail = message.strip()[:300].rstrip(".")
+    if status in (401, 403):
+        return unauthorized()
+    if status == 429 or (status == 503 and code in ("overloaded", "")):
+        seconds = retry_after(response)
+        return ApiError(
+            503,
+            f"The model is busy with other replies; trying again in {seconds} s.",
+            "busy",
+            retry_after=seconds,
+        )
+    if status == 503:  # our sidecar: model_not_ready, with its phase
+        phase = _phase(response)
+        if phase == "failed":
+            return ApiError(
+                503, "The model service could not load the model; see its log.", "model_failed"
+            )
+        seconds = retry_after(response)
+        if phase == "restarting":
+            sentence, type = f"The model is restarting; trying again in {seconds} s.", "restarting"
+        else:
+            sentence, type = f"The model is still loading; trying again in {seconds} s.", "loading"
+        return ApiError(503, sentence, type, retry_after=seconds)
+    if code == "context_length_exceeded" or "context" in kind or "context" in code:
+        return ApiError(
+            413,
+            "Your message is too long for the model's context; shorten it or start a new chat.",
+            "context_overflow",
+        )
+    if status == 413:
+        return ApiError(
+            413, "The conversation is too long to send; start a new chat.", "payload_too_large"
+        )
+    if status == 404:
+        return ApiError(
+            502,
+            f"The model service does not know the model ({detail or 'not found'}); "
+            "set UPSTREAM_MODEL to one it lists.",
+            "upstream_error",
+        )
+    if 400 <= status < 500 and detail:
+        return ApiError(
+            400, f"The model service refused the conversation ({detail}).", "invalid_request"
+        )
+    return ApiError(502, "The model service could not answer this message.", "upstream_error")
+
+
+def _phase(response: requests.Response) -> str:
+    try:
+        error = response.json().get("error", {})
+        phase = error.get("phase", "") if isinstance(error, dict) else ""
+    except (ValueError, AttributeError):
+        return ""
+    return phase if isinstance(phase, str) else ""

@@ -1,0 +1,182 @@
+"""Our sidecar's `POST /predict` (UPSTREAM_API=predict, the default).
+
+The request asks for `Accept: application/x-ndjson`: `{"text"}` events, then a `done` event
+that says how the reply ended (`finish_reason`) and its counts, or an `error` event. A sidecar
+that answers `text/plain` (before it had events) still works: its chunks are the text, UTF-8
+decoded incrementally so a character split across chunks stays whole, and the end of the stream
+is the end of the reply, without a finish reason. Refusals are the sidecar's envelope
+(`{"error": {"message", "type", "phase"?}}`, phi3-sidecar/sidecar/web/errors.py).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import requests
+
+from chatapp.errors import ApiError
+from chatapp.upstream import (
+    Broken,
+    Connection,
+    Done,
+    Event,
+    ReplyStream,
+    Text,
+    lines,
+    retry_after,
+    unauthorized,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PredictUpstream:
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.base_url = connection.base_url
+
+    def start(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
+        headers = {"Accept": "application/x-ndjson", "X-Request-Id": request_id}
+        response = self._connection.post_stream("/predict", payload, headers)
+        if response.status_code != 200:
+            with response:
+                error = _refusal(response)
+            log.warning("sidecar answered %s; relayed as %s", response.status_code, error.type)
+            raise error
+        return ReplyStream(response, events)
+
+    def readiness(self) -> dict[str, Any]:
+        answer = self._connection.get_json("/readyz")
+        if answer is None:
+            return {"reachable": False, "ready": False}
+        status, body = answer
+        result: dict[str, Any] = {"reachable": True, "ready": status == 200}
+        if isinstance(body, dict):
+            result["detail"] = body
+        return result
+
+
+def events(response: requests.Response) -> Iterator[Event]:
+    if response.headers.get("Content-Type", "").startswith("application/x-ndjson"):
+        yield from _ndjson(response)
+    else:
+        yield from _plain(response)
+
+
+def _ndjson(response: requests.Response) -> Iterator[Event]:
+    for line in lines(response):
+        if not line.strip():
+            continue
+        event = json.loads(line)
+        if "text" in event:
+            yield Text(str(event["text"]))
+        elif event.get("done"):
+            yield Done(
+                finish_reason=_str(event.get("finish_reason")),
+                prompt_tokens=_int(event.get("prompt_tokens")),
+                cached_tokens=_int(event.get("cached_tokens")),
+                dropped_messages=_int(event.get("dropped_messages")),
+            )
+            return
+        elif "error" in event:
+            yield Broken(timed_out=False)
+            return
+
+
+def _plain(response: requests.Response) -> Iterator[Event]:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in response.iter_content(chunk_size=None):
+        if text := decoder.decode(chunk):
+            yield Text(text)
+    if tail := decoder.decode(b"", final=True):
+        yield Text(tail)
+    yield Done(
+        prompt_tokens=_int_header(response, "X-Prompt-Tokens"),
+        cached_tokens=_int_header(response, "X-Cached-Tokens"),
+        dropped_messages=_int_header(response, "X-Dropped-Messages"),
+    )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int_header(response: requests.Response, name: str) -> int | None:
+    raw = response.headers.get(name, "")
+    return int(raw) if raw.isdigit() else None
+
+
+def _error_body(response: requests.Response) -> tuple[str, str, str]:
+    """(message, type, phase) from the sidecar's error envelope; empty strings where absent."""
+    try:
+        error = response.json().get("error", {})
+        fields = error.get("message", ""), error.get("type", ""), error.get("phase", "")
+    except (ValueError, AttributeError):
+        return "", "", ""
+    message, type, phase = (field if isinstance(field, str) else "" for field in fields)
+    return message, type, phase
+
+
+def _refusal(response: requests.Response) -> ApiError:
+    """The ApiError for a sidecar answer that is not a 200 stream.
+
+    The sidecar's error types (phi3-sidecar/sidecar/web/errors.py): `not_ready` (503, with the
+    `phase`: starting, downloading, loading, warming_up, restarting, or failed), `overloaded`
+    (503, its queue is full),
+    `context_length_exceeded` and `body_too_large` (413), `invalid_request` and others (4xx).
+    """
+    status = response.status_code
+    message, type, phase = _error_body(response)
+    if status == 503:
+        seconds = retry_after(response)
+        if type == "not_ready" and phase == "failed":
+            return ApiError(
+                503, "The model service could not load the model; see its log.", "model_failed"
+            )
+        if type == "not_ready" and phase == "restarting":
+            return ApiError(
+                503,
+                f"The model is restarting; trying again in {seconds} s.",
+                "restarting",
+                retry_after=seconds,
+            )
+        if type == "not_ready":
+            return ApiError(
+                503,
+                f"The model is still loading; trying again in {seconds} s.",
+                "loading",
+                retry_after=seconds,
+            )
+        return ApiError(
+            503,
+            f"The model is busy with other replies; trying again in {seconds} s.",
+            "busy",
+            retry_after=seconds,
+        )
+    if status == 401:  # the sidecar has an API_KEY, and ours is missing or wrong
+        return unauthorized()
+    if status == 413 and type == "body_too_large":
+        return ApiError(
+            413, "The conversation is too long to send; start a new chat.", "payload_too_large"
+        )
+    if status == 413:
+        return ApiError(
+            413,
+            "Your message is too long for the model's context; shorten it or start a new chat.",
+            "context_overflow",
+        )
+    if 400 <= status < 500 and message:
+        # The sidecar's validation messages name the field and never echo the input.
+        detail = message.strip()[:300].rstrip(".")
+        return ApiError(
+            400, f"The model service refused the conversation ({detail}).", "invalid_request"
+        )
+    return ApiError(502, "The model service could not answer this message.", "upstream_error")
