@@ -94,6 +94,9 @@ class Started:
 class Piece:
     key: int
     text: str
+    # time.monotonic() when the worker made the piece's last token: the time between tokens
+    # for /metrics, on the clock of the process that made them.
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
