@@ -13,7 +13,8 @@ from typing import Any
 
 from flask import Flask
 
-from chatapp import errors, health, pages, relay, settings
+from chatapp import errors, health, metrics, pages, relay, settings
+from chatapp.telemetry import Telemetry
 from chatapp.upstream import Sidecar
 
 
@@ -29,8 +30,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         connect_timeout=app.config["SIDECAR_CONNECT_TIMEOUT"],
         read_timeout=app.config["SIDECAR_READ_TIMEOUT"],
     )
+    # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
+    app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
+    telemetry.install(app)
     errors.register(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(relay.bp)
     app.register_blueprint(health.bp)
+    if app.config["METRICS"]:
+        app.register_blueprint(metrics.bp)
     return app

@@ -8,7 +8,7 @@ GUNICORN_THREADS are parsed by `chatapp.settings`, as everywhere else in the app
 
 import os
 
-from chatapp import settings
+from chatapp import metrics, settings
 
 bind = settings.bind_address(os.environ)
 workers, threads = settings.server_size(os.environ)
@@ -19,6 +19,10 @@ keepalive = 5
 # No control socket: it would be one shared path ($HOME/.gunicorn/gunicorn.ctl) for every
 # gunicorn on the machine, and nothing here uses gunicornc.
 control_socket_disable = True
+# /metrics adds up every worker's numbers: each writes them into one folder (chatapp/metrics.py).
+on_starting = metrics.gunicorn_on_starting
+child_exit = metrics.gunicorn_child_exit
+on_exit = metrics.gunicorn_on_exit
 # No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.
 accesslog = None
 errorlog = "-"

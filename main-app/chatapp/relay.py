@@ -24,6 +24,7 @@ from flask import Blueprint, Response, current_app, g, request
 from chatapp import errors, wire
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
+from chatapp.telemetry import Telemetry
 from chatapp.upstream import Broken, End, ReplyStream, Sidecar
 
 bp = Blueprint("relay", __name__)
@@ -128,9 +129,15 @@ def _sidecar() -> Sidecar:
     return sidecar
 
 
+def _telemetry() -> Telemetry:
+    telemetry: Telemetry = current_app.extensions["telemetry"]
+    return telemetry
+
+
 @bp.before_request
 def _open_record() -> None:
-    g.chat = ChatRecord(request_id(request.headers.get("X-Request-Id")))
+    rid = request_id(request.headers.get("X-Request-Id"))
+    g.chat = ChatRecord(rid, observer=_telemetry().chat_observer(rid))  # telemetry: the end
 
 
 @bp.after_request
@@ -163,11 +170,16 @@ def chat() -> Response:
     if "max_new_tokens" not in payload and default:
         # The app's default never undercuts a minimum the request asked for.
         payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
-    reply = _sidecar().predict(payload, record.request_id)
+    try:
+        reply = _sidecar().predict(payload, record.request_id)
+    except ApiError as error:  # telemetry: the hop to the sidecar failed before the reply
+        _telemetry().upstream_error(error.type)
+        raise
     record.prompt_tokens = reply.prompt_tokens
     record.cached_tokens = reply.cached_tokens
     record.dropped_messages = reply.dropped_messages
     body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
+    _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(
         body_iter,
         mimetype=wire.MIMETYPE,
