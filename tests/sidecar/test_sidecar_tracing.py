@@ -193,6 +193,7 @@ def test_azure_monitor_gets_a_request_and_its_phases(
         time.sleep(0.05)
     request, *phases = of_request()
     assert request["data"]["baseData"]["name"] == "POST /predict"
+    assert request["tags"]["ai.cloud.role"] == "phi3-sidecar"  # its role on the application map
     assert request["data"]["baseData"]["responseCode"] == "200"
     assert {p["data"]["baseData"]["name"] for p in phases} == PHASES
     assert {p["tags"]["ai.operation.parentId"] for p in phases} == {
