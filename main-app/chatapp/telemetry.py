@@ -91,7 +91,9 @@ class Telemetry:
                 from opentelemetry.trace import StatusCode
 
                 span.set_attribute("phi3.outcome", outcome)
-                if outcome not in ("done", "client_gone"):
+                # A server error, or a stream that broke off (a client's mistake is no error).
+                broke_off = status == 200 and outcome not in ("done", "client_gone")
+                if status >= 500 or broke_off:
                     span.set_status(StatusCode.ERROR, outcome)
 
         return finished
