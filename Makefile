@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test lint coverage hooks venv peers clean
+.PHONY: run test lint coverage hooks venv peers export-deps export clean
 
 $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,19 @@ peers: venv
 	$(PY) -m pip install --quiet -r requirements-peers.txt
 	VENV=$(VENV) bash scripts/peers/build_llamacpp.sh
 
+# The model builder's heavy dependencies (torch CPU, transformers): only for `make export` and
+# the tests, which export tiny models of every family with the official builder.
+$(VENV)/.export-installed: $(VENV)/.installed requirements-export.txt
+	$(PY) -m pip install --quiet -r requirements-export.txt
+	touch $@
+
+export-deps: $(VENV)/.export-installed
+
+# Convert a Hugging Face model with onnxruntime-genai's builder, then load it and generate one
+# token: make export HF_MODEL=Qwen/Qwen2.5-0.5B-Instruct [EXPORT_ARGS='--precision int4 ...']
+export: export-deps
+	$(PY) scripts/export_model.py --model $(HF_MODEL) $(EXPORT_ARGS)
+
 run: venv
 	$(PY) scripts/run_local.py --model $(MODEL)
 
@@ -30,17 +43,17 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy phi3-sidecar/sidecar main-app/chatapp scripts tests
 
-test: lint
+test: lint export-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Line and branch coverage of both services and scripts/, including the processes the tests
 # start; report on the terminal and in build/coverage/html. Takes a little longer than `test`.
-coverage: venv
+coverage: venv export-deps
 	rm -rf build/coverage && mkdir -p build/coverage
-	$(VENV)/bin/coverage run -m pytest $(PYTEST_ARGS)
-	$(VENV)/bin/coverage combine --quiet
-	$(VENV)/bin/coverage report
-	$(VENV)/bin/coverage html --quiet
+	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage run -m pytest $(PYTEST_ARGS)
+	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage combine --quiet
+	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage report
+	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage html --quiet
 
 # The same checks before each commit (.pre-commit-config.yaml runs this venv's pinned tools).
 hooks: venv

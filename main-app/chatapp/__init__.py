@@ -9,17 +9,26 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask
-
-from chatapp import errors, health, metrics, pages, relay, settings
-from chatapp.telemetry import Telemetry
-from chatapp.upstream import Sidecar
+if TYPE_CHECKING:
+    from flask import Flask
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    # Imported here, not at the top: gunicorn's config reads chatapp.settings in the master
+    # process, and Flask, requests and urllib3 must load only after the gevent worker has
+    # patched the standard library (sockets, ssl, threads).
+    from flask import Flask
+
+    from chatapp import errors, health, metrics, pages, relay, settings
+    from chatapp.telemetry import Telemetry
+    from chatapp.upstream import Sidecar
+
     app = Flask(__name__)
+    # "//" in a path is a 404, not a redirect: Werkzeug would redirect to a URL built from the
+    # Host header, which a client can forge (GET /static//chat.js, Host: evil.example).
+    app.url_map.merge_slashes = False
     app.config.from_mapping(settings.DEFAULTS)
     app.config.from_mapping(settings.from_environ(os.environ))
     if test_config is not None:
@@ -29,6 +38,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config["SIDECAR_URL"],
         connect_timeout=app.config["SIDECAR_CONNECT_TIMEOUT"],
         read_timeout=app.config["SIDECAR_READ_TIMEOUT"],
+        api_key=app.config["SIDECAR_API_KEY"],
     )
     # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)

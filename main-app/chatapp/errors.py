@@ -8,7 +8,7 @@ unexpected exceptions (500) use the same envelope instead of an HTML page or a s
 from __future__ import annotations
 
 from flask import Flask, Response, current_app, jsonify
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, SecurityError
 
 # Flask's own HTTP errors, rephrased for people. Anything else keeps a generic sentence.
 _HTTP_ERRORS: dict[int, tuple[str, str]] = {
@@ -61,6 +61,8 @@ def _api_error(error: ApiError) -> Response:
 
 
 def _http_error(error: HTTPException) -> Response:
+    if isinstance(error, SecurityError):  # a Host outside ALLOWED_HOSTS (TRUSTED_HOSTS)
+        return error_response(400, "This host name is not served here.", "invalid_host")
     status = error.code or 500
     message, type = _HTTP_ERRORS.get(status, ("The request could not be handled.", "http_error"))
     # Keep headers such as Allow (405) or Retry-After, but not the HTML content type.

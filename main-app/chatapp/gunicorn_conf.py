@@ -1,28 +1,36 @@
 """Gunicorn settings for the chat app: `gunicorn -c python:chatapp.gunicorn_conf chatapp.wsgi:app`.
 
-gthread workers: each request runs on a thread, so a long streamed reply holds one thread and
-neither blocks other requests nor trips the worker timeout (the worker's main loop keeps
-reporting in while threads stream). HOST, PORT, LOG_LEVEL, WEB_CONCURRENCY and
-GUNICORN_THREADS are parsed by `chatapp.settings`, as everywhere else in the app.
+gevent workers: every connection is a greenlet, so a long streamed reply, and any number of idle
+or slow clients (up to worker_connections each), cost a little memory and no thread. With the
+threaded worker, a client that sent half a request's headers held a thread until it finished:
+45 of them took the app offline. The gevent worker reads each request's headers under a
+deadline of `keepalive` seconds, so a client that stalls, or sends a byte a second, is closed
+after that (scripts/measure_slow_clients.py; docs/benchmarks.md, "Slow clients"). HOST, PORT,
+LOG_LEVEL, WEB_CONCURRENCY and GUNICORN_CONNECTIONS are parsed by `chatapp.settings`.
 """
 
+import logging
 import os
 
-from chatapp import metrics, settings
+from chatapp import gunicorn_metrics, settings
+
+# Python warnings (gevent's, say) become JSON log lines like everything else on stderr.
+logging.captureWarnings(True)
 
 bind = settings.bind_address(os.environ)
-workers, threads = settings.server_size(os.environ)
-worker_class = "gthread"
+workers, worker_connections = settings.server_size(os.environ)
+worker_class = "gevent"
 timeout = 60  # worker heartbeat, not a limit on how long a reply may stream
 graceful_timeout = 20  # on SIGTERM, let replies in flight finish for this long
+# Seconds a client has to send a request's headers (and an idle kept-alive connection lives).
 keepalive = 5
 # No control socket: it would be one shared path ($HOME/.gunicorn/gunicorn.ctl) for every
 # gunicorn on the machine, and nothing here uses gunicornc.
 control_socket_disable = True
-# /metrics adds up every worker's numbers: each writes them into one folder (chatapp/metrics.py).
-on_starting = metrics.gunicorn_on_starting
-child_exit = metrics.gunicorn_child_exit
-on_exit = metrics.gunicorn_on_exit
+# /metrics adds up every worker's numbers: each writes them into one folder (gunicorn_metrics.py).
+on_starting = gunicorn_metrics.on_starting
+child_exit = gunicorn_metrics.child_exit
+on_exit = gunicorn_metrics.on_exit
 # No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.
 accesslog = None
 errorlog = "-"

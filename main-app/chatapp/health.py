@@ -1,10 +1,11 @@
 """`GET /healthz`: this app is alive (always 200 while it runs) and how the sidecar is doing.
 
 Body: `{"status": "ok", "model": str | null, "sidecar": {"reachable": bool, "ready": bool,
-"detail"?: {...}}}`, where `detail` is the sidecar's own `/readyz` JSON (for example its loading
-phase) and `model` the model's display name when the sidecar reports one there
-(`detail.model`), else null. The page polls it to show "model loading" before the first message
-and to name the model.
+"detail"?: {"ready", "phase", "phase_seconds", "model"}}}`: `detail` is the part of the
+sidecar's own `/readyz` JSON that a browser may see (its load phase and the model's name; not
+the reason text, which can name folders and library errors: that stays in the sidecar's log
+and its own /readyz). The page polls it to show "model loading" before the first message and
+to name the model.
 """
 
 from __future__ import annotations
@@ -24,9 +25,15 @@ def _model_name(sidecar: dict[str, Any]) -> str | None:
     return name.strip()[:100]
 
 
+PUBLIC_DETAIL = ("ready", "phase", "phase_seconds", "model")
+
+
 @bp.get("/healthz")
 def healthz() -> Response:
     sidecar = current_app.extensions["sidecar"].readiness()
+    detail = sidecar.get("detail")
+    if isinstance(detail, dict):
+        sidecar["detail"] = {key: detail[key] for key in PUBLIC_DETAIL if key in detail}
     response = jsonify({"status": "ok", "model": _model_name(sidecar), "sidecar": sidecar})
     response.headers["Cache-Control"] = "no-store"
     return response

@@ -8,44 +8,36 @@ sees it. Label values come from fixed sets of the code only (never a request id,
 - `chatapp_open_streams`: replies being streamed now.
 
 Under gunicorn every worker process counts its own chats, so each writes its numbers into one
-shared folder (prometheus-client's multiprocess mode) and /metrics adds them up: the gunicorn
-hooks below make the folder before the first worker starts (`PROMETHEUS_MULTIPROC_DIR`, unless
-it is set) and remove it at the end. That is why prometheus-client is imported only when an app
-is built, never when this module is: it picks its mode at import, and gunicorn's master imports
-this package before the folder exists.
+shared folder (prometheus-client's multiprocess mode) and /metrics adds them up: gunicorn's
+hooks make the folder before the first worker starts (chatapp/gunicorn_metrics.py), and the
+master never imports this module: prometheus-client picks its mode when it is imported.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Response, current_app
-
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+)
 
 bp = Blueprint("metrics", __name__)
 
-MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by gunicorn_metrics.on_starting
 # What ended a chat without a problem on the sidecar's side (ChatRecord.finish's outcome).
 _NOT_UPSTREAM = frozenset({"done", "client_gone"})
-_MADE_HERE = "CHATAPP_METRICS_DIR_MADE"  # the folder is ours to remove
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
 
 class ChatMetrics:
     def __init__(self) -> None:
-        from prometheus_client import (
-            CollectorRegistry,
-            Counter,
-            Gauge,
-            Histogram,
-            disable_created_metrics,
-        )
-
         disable_created_metrics()  # no `_created` series (a process-wide switch; idempotent)
         # In multiprocess mode the numbers live in the folder's files, not in a registry.
         self._registry: CollectorRegistry | None = (
@@ -86,8 +78,6 @@ class ChatMetrics:
         self.upstream_errors.labels(type).inc()
 
     def render(self) -> bytes:
-        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-
         registry = self._registry
         if registry is None:
             registry = CollectorRegistry()
@@ -99,25 +89,3 @@ class ChatMetrics:
 def metrics_text() -> Response:
     metrics: ChatMetrics = current_app.extensions["telemetry"].metrics
     return Response(metrics.render(), mimetype="text/plain; version=0.0.4")
-
-
-# -- gunicorn hooks (chatapp/gunicorn_conf.py), in its master process ---------------------------
-
-
-def gunicorn_on_starting(server: Any) -> None:
-    """Before the first worker: the folder the workers write their numbers into."""
-    if not os.environ.get(MULTIPROC_DIR):
-        os.environ[MULTIPROC_DIR] = tempfile.mkdtemp(prefix="chatapp-metrics-")
-        os.environ[_MADE_HERE] = "1"
-
-
-def gunicorn_child_exit(server: Any, worker: Any) -> None:
-    """A worker is gone: its live gauges (open streams) no longer count."""
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(worker.pid)
-
-
-def gunicorn_on_exit(server: Any) -> None:
-    if os.environ.pop(_MADE_HERE, None):
-        shutil.rmtree(os.environ[MULTIPROC_DIR], ignore_errors=True)

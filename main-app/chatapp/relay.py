@@ -14,12 +14,14 @@ out (`_tag_and_log_refusal`), a streamed one when the server closes the stream (
 from __future__ import annotations
 
 import codecs
+import json
 import logging
 import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
 from flask import Blueprint, Response, current_app, g, request
+from werkzeug.exceptions import HTTPException
 
 from chatapp import errors, wire
 from chatapp.errors import ApiError
@@ -151,6 +153,22 @@ def _tag_and_log_refusal(response: Response) -> Response:
     return response
 
 
+def _json_body() -> Any:
+    """The request's JSON; every way it can be wrong is a 400 in the envelope, never a 500."""
+    try:
+        raw = request.get_data(cache=True)
+    except HTTPException:
+        raise  # 413 over MAX_REQUEST_BYTES, and the like: Flask's own answer
+    except Exception:  # the server could not read it: a garbage chunk size, a cut-off body
+        raise ApiError(400, "The request body could not be read.", "invalid_request") from None
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, "The request's JSON is nested too deeply.", "invalid_request") from None
+    except ValueError:  # not JSON, or not UTF-8
+        raise ApiError(400, "The request body is not valid JSON.", "invalid_request") from None
+
+
 @bp.post("/chat")
 def chat() -> Response:
     record: ChatRecord = g.chat
@@ -160,9 +178,7 @@ def chat() -> Response:
             "Send the conversation as JSON (Content-Type: application/json).",
             "unsupported_media_type",
         )
-    body: Any = request.get_json(silent=True)
-    if body is None:
-        raise ApiError(400, "The request body is not valid JSON.", "invalid_request")
+    body = _json_body()
     config = current_app.config
     payload = wire.parse_chat_request(body, config["MAX_MESSAGES"], config["MAX_NEW_TOKENS_LIMIT"])
     record.messages = len(payload["messages"])
@@ -182,6 +198,6 @@ def chat() -> Response:
     _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(
         body_iter,
-        mimetype=wire.MIMETYPE,
+        content_type=wire.CONTENT_TYPE,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -3,7 +3,7 @@
 `create_app` starts from `DEFAULTS`, then applies `from_environ(os.environ)`, then the test
 config. Nothing here reads the environment at import time. `HOST` and `PORT` are read by the
 servers that run the app (`chatapp.gunicorn_conf`, `python -m chatapp`) through `listen_address`;
-`WEB_CONCURRENCY` and `GUNICORN_THREADS` size gunicorn (`server_size`).
+`WEB_CONCURRENCY` and `GUNICORN_CONNECTIONS` size gunicorn (`server_size`).
 
 Environment variable (default): meaning
 
@@ -22,6 +22,11 @@ Environment variable (default): meaning
   send one; unset, the sidecar decides.
 - `MAX_NEW_TOKENS_LIMIT` (`4096`): the largest `max_new_tokens` (and `min_new_tokens`) a
   browser may ask for, else 400; the page's settings offer up to this.
+- `SIDECAR_API_KEY` (unset): sent to the sidecar as `Authorization: Bearer <key>`, for a
+  sidecar started with `API_KEY`.
+- `ALLOWED_HOSTS` (unset: any): the Host header values this app answers, comma-separated: names
+  and `*.example.com`; others get 400 `invalid_host`. Set it when the app is reached directly
+  (not behind App Service's front end, which only forwards the site's own names).
 - `LOG_LEVEL` (`info`): `debug`, `info`, `warning` or `error`; the app's JSON log lines from
   that level up (one `info` line per chat, see `chatapp.logs`).
 - `HOST` (`0.0.0.0`) and `PORT` (`8080`, where App Service sends outside traffic): the address
@@ -58,6 +63,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_NEW_TOKENS": None,
     "MAX_NEW_TOKENS_LIMIT": 4096,
     "LOG_LEVEL": "info",
+    "SIDECAR_API_KEY": None,
+    "TRUSTED_HOSTS": None,  # Flask's own name; the environment says ALLOWED_HOSTS
     "METRICS": True,
     "OTEL_EXPORTER_OTLP_ENDPOINT": None,
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": None,
@@ -109,6 +116,18 @@ def _log_level(name: str, raw: str) -> str:
     return level
 
 
+def _secret(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _hosts(name: str, raw: str) -> list[str] | None:
+    """ALLOWED_HOSTS as Flask's TRUSTED_HOSTS (".example.com" matches its subdomains)."""
+    hosts = [h.strip().lower() for h in raw.split(",") if h.strip()]
+    if "*" in hosts:
+        return None
+    return [h[1:] if h.startswith("*.") else h for h in hosts]
+
+
 def _bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -137,6 +156,8 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
     "MAX_NEW_TOKENS_LIMIT": ("MAX_NEW_TOKENS_LIMIT", _positive_int),
     "LOG_LEVEL": ("LOG_LEVEL", _log_level),
+    "SIDECAR_API_KEY": ("SIDECAR_API_KEY", _secret),
+    "ALLOWED_HOSTS": ("TRUSTED_HOSTS", _hosts),
     "METRICS": ("METRICS", _bool),
     "OTEL_EXPORTER_OTLP_ENDPOINT": ("OTEL_EXPORTER_OTLP_ENDPOINT", _url),
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", _url),
@@ -178,7 +199,8 @@ def log_level(environ: Mapping[str, str]) -> str:
 
 
 def server_size(environ: Mapping[str, str]) -> tuple[int, int]:
-    """(WEB_CONCURRENCY, GUNICORN_THREADS): gunicorn processes, and threads in each."""
+    """(WEB_CONCURRENCY, GUNICORN_CONNECTIONS): gunicorn processes, and the connections each
+    serves at once (gevent: one greenlet each, open streams and idle clients alike)."""
     workers = _positive_int("WEB_CONCURRENCY", environ.get("WEB_CONCURRENCY", "").strip() or "2")
-    threads = _positive_int("GUNICORN_THREADS", environ.get("GUNICORN_THREADS", "").strip() or "16")
-    return workers, threads
+    raw = environ.get("GUNICORN_CONNECTIONS", "").strip() or "1000"
+    return workers, _positive_int("GUNICORN_CONNECTIONS", raw)

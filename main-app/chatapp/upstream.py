@@ -124,9 +124,9 @@ def _error_body(response: requests.Response) -> tuple[str, str, str]:
 def _refusal(response: requests.Response) -> ApiError:
     """The ApiError for a sidecar answer that is not a 200 stream.
 
-    The sidecar's error types (phi3-sidecar/sidecar/errors.py): `not_ready` (503, with the
-    `phase`: starting, downloading, loading, warming_up, or failed), `overloaded` (503, its queue
-    is full),
+    The sidecar's error types (phi3-sidecar/sidecar/web/errors.py): `not_ready` (503, with the
+    `phase`: starting, downloading, loading, warming_up, restarting, or failed), `overloaded`
+    (503, its queue is full),
     `context_length_exceeded` and `body_too_large` (413), `invalid_request` and others (4xx).
     """
     status = response.status_code
@@ -136,6 +136,13 @@ def _refusal(response: requests.Response) -> ApiError:
         if type == "not_ready" and phase == "failed":
             return ApiError(
                 503, "The model service could not load the model; see its log.", "model_failed"
+            )
+        if type == "not_ready" and phase == "restarting":
+            return ApiError(
+                503,
+                f"The model is restarting; trying again in {seconds} s.",
+                "restarting",
+                retry_after=seconds,
             )
         if type == "not_ready":
             return ApiError(
@@ -149,6 +156,13 @@ def _refusal(response: requests.Response) -> ApiError:
             f"The model is busy with other replies; trying again in {seconds} s.",
             "busy",
             retry_after=seconds,
+        )
+    if status == 401:  # the sidecar has an API_KEY, and ours is missing or wrong
+        return ApiError(
+            502,
+            "The chat app may not use the model service: its key was refused "
+            "(set SIDECAR_API_KEY to one of the sidecar's API_KEY values).",
+            "upstream_unauthorized",
         )
     if status == 413 and type == "body_too_large":
         return ApiError(
@@ -172,10 +186,18 @@ def _refusal(response: requests.Response) -> ApiError:
 class Sidecar:
     """Client for one sidecar base URL."""
 
-    def __init__(self, base_url: str, connect_timeout: float, read_timeout: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        connect_timeout: float,
+        read_timeout: float,
+        api_key: str | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        # The sidecar's API_KEY, if it has one (phi3-sidecar/sidecar/web/access.py).
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def predict(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
         """Start a streamed reply; raises ApiError if the sidecar does not start one.
@@ -193,6 +215,7 @@ class Sidecar:
                     "Content-Type": "application/json",
                     "Accept": "text/plain",
                     "X-Request-Id": request_id,
+                    **self._auth,
                 },
             )
         except requests.ConnectTimeout:
@@ -222,7 +245,7 @@ class Sidecar:
         try:
             # Short timeouts: a container health check waits on this answer.
             timeout = (min(self.connect_timeout, 1.0), 2.0)
-            response = requests.get(self.base_url + "/readyz", timeout=timeout)
+            response = requests.get(self.base_url + "/readyz", timeout=timeout, headers=self._auth)
         except requests.RequestException:
             return {"reachable": False, "ready": False}
         try:

@@ -33,11 +33,15 @@ A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`
 - `payload_too_large` (413), `invalid_request` (400), `unsupported_media_type` (415): the
   request itself is wrong (too big, malformed, not JSON).
 - `upstream_timeout` (504): the model service did not start answering in time.
+- `restarting` (503 + `Retry-After`): the model service is replacing a model worker that died or
+  stopped answering; try again after that many seconds.
+- `upstream_unauthorized` (502): the model service refused the app's key (`SIDECAR_API_KEY`).
+- `invalid_host` (400): the request's Host is not one of `ALLOWED_HOSTS`.
 - `upstream_error` (502), `internal_error` (500), `not_found` (404), `method_not_allowed` (405).
 
 The reply stream
 ----------------
-`200` with `Content-Type: application/x-ndjson`: UTF-8, one JSON object per line, each line
+`200` with `Content-Type: application/x-ndjson; charset=utf-8`: one JSON object per line, each line
 ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` only). In order:
 
 - `{"delta": "..."}`: the next piece of the reply, as the model writes it; the reply is the
@@ -77,6 +81,8 @@ from typing import Any
 from chatapp.errors import ApiError
 
 MIMETYPE = "application/x-ndjson"
+# With the charset said: clients that guess otherwise (the requests library) decode it right.
+CONTENT_TYPE = f"{MIMETYPE}; charset=utf-8"
 ROLES = ("system", "user", "assistant")
 # What the model service refuses in message text (its web/messages.py; tests/test_contracts.py
 # keeps them equal): C0 controls except tab, newline and carriage

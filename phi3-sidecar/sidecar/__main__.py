@@ -7,6 +7,7 @@ import sys
 
 import uvicorn
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from sidecar.jsonlog import configure_logging
 from sidecar.settings import Settings
@@ -29,6 +30,11 @@ def main() -> None:
             log.error(
                 "invalid setting", extra={"fields": {"setting": where, "error": error["msg"]}}
             )
+        sys.exit(2)
+    except SettingsError as exc:  # a value that is not JSON where JSON is wanted
+        configure_logging("info")
+        reason = str(exc.__cause__ or exc).strip().splitlines() or [type(exc).__name__]
+        log.error("invalid setting", extra={"fields": {"error": f"{exc}: {reason[0]}"}})
         sys.exit(2)
     configure_logging(settings.log_level, DropDeliberateAbort())
     uvicorn.run(

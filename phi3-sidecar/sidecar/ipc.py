@@ -1,9 +1,10 @@
 """What crosses the boundary between the web process (sidecar/web/) and the model worker
 process (sidecar/model/): how the worker is started, and the messages (pickled over pipes).
 
-Web -> worker: Generate, Cancel, Stop. Per-request messages carry the request's `key`.
+Web -> worker: Generate, Cancel, Stop, Ping. Per-request messages carry the request's `key`.
 Worker -> web: Phase (load progress), then per request either Rejected, or Started, any number
-of Piece, and one End.
+of Piece, and one End; CacheStats after a change; Pong for each Ping (read between two steps,
+so a worker that stops answering is noticed: web/model_client.py's watchdog).
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ def run(entry: str, *args: object) -> None:
 
 
 Role = Literal["system", "user", "assistant"]
-PhaseName = Literal["starting", "downloading", "loading", "warming_up", "ready", "failed"]
+# "restarting": the worker died or stopped answering and is being replaced (the web process
+# sets it); "failed": the model cannot load, and waiting will not help.
+PhaseName = Literal[
+    "starting", "downloading", "loading", "warming_up", "ready", "restarting", "failed"
+]
 Finish = Literal["eos", "length", "cancelled", "error"]
 # Why the worker refuses a request; the web process decides the status (web/errors.py).
 Refusal = Literal["context_length_exceeded", "unencodable_prompt", "start_failed"]
@@ -67,6 +72,16 @@ class Stop:
 
 
 @dataclass(frozen=True, slots=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class Phase:
     name: PhaseName
     reason: str | None = None
@@ -94,6 +109,7 @@ class Started:
 class Piece:
     key: int
     text: str
+    generated: int = 0  # tokens generated so far (a reply cut off by a crash still counts them)
     # time.monotonic() when the worker made the piece's last token: the time between tokens
     # for /metrics, on the clock of the process that made them.
     at: float = 0.0
@@ -117,5 +133,5 @@ class CacheStats:
     evictions: int = 0
 
 
-ToWorker = Generate | Cancel | Stop
-FromWorker = Phase | Rejected | Started | Piece | End | CacheStats
+ToWorker = Generate | Cancel | Stop | Ping
+FromWorker = Phase | Rejected | Started | Piece | End | CacheStats | Pong

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sidecar import catalog
@@ -34,6 +34,16 @@ class Settings(BaseSettings):
         max_length=256,
         description="The model's name in /v1/models, /readyz and replies; default: the model "
         "folder's name (for a downloaded catalog model, the folder it was downloaded into).",
+    )
+    model_device: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="Where the model runs: cpu, or cuda (an NVIDIA GPU; needs the image's cuda "
+        "target, onnxruntime-genai-cuda, and a model folder built for CUDA).",
+    )
+    provider_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="onnxruntime-genai's options for the MODEL_DEVICE provider, as a JSON "
+        'object of strings, e.g. {"device_id": "0", "enable_cuda_graph": "0"} for cuda.',
     )
     host: str = Field(default="0.0.0.0", min_length=1, description="Interface to listen on.")
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
@@ -78,6 +88,15 @@ class Settings(BaseSettings):
         "long prompt is read. 64 costs no measurable prefill speed (docs/benchmarks.md, 'Prefill "
         "chunk'). 0 is refused; a value over the prompt's length appends it in one call.",
     )
+    worker_stall_s: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds the model worker may go without finishing a step (a token, or a "
+        "chunk of PREFILL_CHUNK prompt tokens) while it is ready, before the watchdog fails its "
+        "replies, kills it and starts another. Keep it above the longest step: one prompt chunk "
+        "on the slowest CPU the sidecar runs on.",
+    )
     prompt_cache_mb: int = Field(
         default=2048,
         ge=0,
@@ -113,6 +132,11 @@ class Settings(BaseSettings):
         default=False,
         description="Download the model into MODEL_PATH at start when it has no complete model.",
     )
+    model_id: str | None = Field(
+        default=None,
+        description="A catalog model (sidecar/catalog.py; `phi3-download --list`): sets the "
+        "defaults of MODEL_REPO_ID, MODEL_SUBFOLDER and MODEL_PATH to that entry's.",
+    )
     model_repo_id: str = Field(
         default=catalog.DEFAULT.repo_id,
         min_length=1,
@@ -121,6 +145,23 @@ class Settings(BaseSettings):
     model_subfolder: str = Field(
         default=catalog.DEFAULT.subfolder,
         description="Folder inside that repository which holds the model.",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="Require `Authorization: Bearer <key>`; several keys comma-separated. Off by "
+        "default (on App Service only the main container is reachable from outside); turn it on "
+        "when the sidecar's port is published (web/access.py).",
+    )
+    api_key_probes: bool = Field(
+        default=False,
+        description="Require the API key on /healthz, /readyz and /metrics too (they are open by "
+        "default, for probes and scrapers).",
+    )
+    allowed_hosts: str = Field(
+        default="*",
+        min_length=1,
+        description="Host header values accepted, comma-separated: names, `*.example.com`, or "
+        "`*` for any (the default). Others get 400 invalid_host.",
     )
     # Telemetry (web/telemetry.py): traces only when one of the three destinations is set.
     otel_exporter_otlp_endpoint: str | None = Field(
@@ -168,6 +209,17 @@ class Settings(BaseSettings):
     )
 
     @property
+    def api_keys(self) -> tuple[str, ...]:
+        raw = self.api_key.get_secret_value() if self.api_key is not None else ""
+        return tuple(key.strip() for key in raw.split(",") if key.strip())
+
+    @property
+    def allowed_host_patterns(self) -> tuple[str, ...]:
+        """The ALLOWED_HOSTS patterns, lower case; empty when any host is accepted."""
+        patterns = tuple(p.strip().lower() for p in self.allowed_hosts.split(",") if p.strip())
+        return () if "*" in patterns else patterns
+
+    @property
     def served_model_name(self) -> str:
         """MODEL_NAME, else the model folder's name; for a folder downloaded from the catalog
         (<root>/<entry folder>/<subfolder>) the name of the folder it was downloaded into."""
@@ -190,6 +242,33 @@ class Settings(BaseSettings):
             self.traces_file,
         )
         return not self.otel_sdk_disabled and any(d is not None for d in destinations)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _catalog_defaults(cls, data: object) -> object:
+        """MODEL_ID fills in what it names, unless the variable itself is set."""
+        if not isinstance(data, dict):
+            return data
+        name = next((v for k, v in data.items() if k.lower() == "model_id"), None)
+        if not name:
+            return data
+        if name not in catalog.ENTRIES:
+            raise ValueError(
+                f"MODEL_ID {name!r} is not in the catalog; known: " + ", ".join(catalog.ENTRIES)
+            )
+        entry = catalog.ENTRIES[name]
+        given = {k.lower() for k in data}
+        defaults = {
+            "model_repo_id": entry.repo_id,
+            "model_subfolder": entry.subfolder,
+            "model_path": Path("/home/models") / entry.folder,
+        }
+        return {**{k: v for k, v in defaults.items() if k not in given}, **data}
+
+    @field_validator("model_device", mode="before")
+    @classmethod
+    def _lower_device(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("log_level", mode="before")
     @classmethod

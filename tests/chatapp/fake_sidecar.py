@@ -19,6 +19,15 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+READY = {
+    "ready": True,
+    "phase": "ready",
+    "reason": None,
+    "phase_seconds": 1.0,
+    "model": None,
+    "max_length": 4096,
+}
+
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -60,7 +69,8 @@ class FakeSidecar:
         self.raw_bodies: list[bytes] = []
         self.headers: list[Message] = []
         self.client_gone = threading.Event()
-        self.readyz: tuple[int, dict[str, Any]] = (200, {"status": "ready"})
+        # The real sidecar's /readyz body (phi3-sidecar/sidecar/web/probes.py).
+        self.readyz: tuple[int, dict[str, Any]] = (200, READY)
         self.predict: Callable[[Handler], object] = lambda h: chunked(h, [b"ok"])
         self._server = Server(("127.0.0.1", 0), Handler)
         self._server.fake = self

@@ -51,7 +51,7 @@ def test_pieces_are_relayed_as_they_arrive(fake: FakeSidecar, app: services.Serv
     fake.predict = held
     with httpx.stream("POST", app.url + "/chat", json=CHAT, timeout=10) as response:
         assert response.status_code == 200
-        assert response.headers["content-type"] == "application/x-ndjson"
+        assert response.headers["content-type"] == "application/x-ndjson; charset=utf-8"
         lines = response.iter_lines()
         assert json.loads(next(lines)) == {"delta": "Première "}
         release.set()

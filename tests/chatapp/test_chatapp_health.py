@@ -16,8 +16,25 @@ def test_ready_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
     assert response.get_json() == {
         "status": "ok",
         "model": None,
-        "sidecar": {"reachable": True, "ready": True, "detail": {"status": "ready"}},
+        "sidecar": {
+            "reachable": True,
+            "ready": True,
+            "detail": {"ready": True, "phase": "ready", "phase_seconds": 1.0, "model": None},
+        },
     }
+
+
+def test_the_sidecars_failure_reason_stays_out_of_the_public_health(
+    client: FlaskClient, fake: FakeSidecar
+) -> None:
+    """The reason can name the model's folder or a library's error: the sidecar's log and its
+    own /readyz (not published) say it; the page needs only the phase."""
+    reason = "onnxruntime-genai could not load the model in '/home/models/x': bad graph"
+    body = {"ready": False, "phase": "failed", "reason": reason, "phase_seconds": 3.0}
+    fake.readyz = (503, body)
+    answer = client.get("/healthz").get_json()
+    assert answer["sidecar"]["detail"] == {"ready": False, "phase": "failed", "phase_seconds": 3.0}
+    assert "/home/models" not in str(answer) and "onnxruntime" not in str(answer)
 
 
 def test_loading_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
@@ -39,7 +56,7 @@ def test_sidecar_down(make_app: Callable[..., Flask], down_url: str) -> None:
 
 
 def test_model_name_from_the_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
-    fake.readyz = (200, {"status": "ready", "model": " Phi-3-mini-4k-instruct "})
+    fake.readyz = (200, {"phase": "ready", "model": " Phi-3-mini-4k-instruct "})
     assert client.get("/healthz").get_json()["model"] == "Phi-3-mini-4k-instruct"
     fake.readyz = (503, {"status": "loading", "phase": "loading", "model": 7})
     assert client.get("/healthz").get_json()["model"] is None

@@ -3,6 +3,9 @@ chat ended, failures of the hop to the sidecar by type, replies streaming now.""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -95,3 +98,18 @@ def test_metrics_can_be_switched_off(make_app: Callable[..., Flask]) -> None:
     response = make_app(METRICS=False).test_client().get("/metrics")
     assert response.status_code == 404
     assert response.json is not None and response.json["error"]["type"] == "not_found"
+
+
+def test_gunicorns_master_loads_neither_flask_nor_prometheus_client() -> None:
+    """The config and its hooks module load nothing that must come after them: Flask and
+    requests after the gevent worker patched the standard library, prometheus-client after
+    on_starting chose its folder (it picks its mode when imported)."""
+    probe = (
+        "import json, runpy, sys; runpy.run_module('chatapp.gunicorn_conf'); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('flask', 'requests', 'urllib3', 'prometheus_client', 'opentelemetry'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(result.stdout) == []

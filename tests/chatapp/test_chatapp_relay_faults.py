@@ -104,6 +104,10 @@ def sidecar_error(type: str, message: str, **extra: str) -> dict[str, Any]:
             sidecar_error("not_ready", "the model is not ready (warming_up)", phase="warming_up"),
             "loading",
         ),
+        (
+            sidecar_error("not_ready", "the model is not ready", phase="restarting"),
+            "restarting",
+        ),
         (sidecar_error("overloaded", "too many requests are waiting"), "busy"),
         ({"detail": "queue full"}, "busy"),  # an unknown 503: retry as asked
     ],

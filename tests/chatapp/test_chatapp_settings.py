@@ -94,12 +94,14 @@ def test_listen_address_from_environment() -> None:
 def test_gunicorn_config(monkeypatch: pytest.MonkeyPatch) -> None:
     config = runpy.run_module("chatapp.gunicorn_conf")
     assert config["bind"] == "0.0.0.0:8080"
-    assert config["worker_class"] == "gthread"
-    assert config["threads"] > 1
+    # One greenlet per connection: long streams and slow clients hold no thread, and a
+    # request's headers must arrive within keepalive seconds.
+    assert config["worker_class"] == "gevent"
+    assert config["worker_connections"] >= 1000 and 0 < config["keepalive"] <= 10
     assert config["accesslog"] is None  # the app logs one richer line per chat
     monkeypatch.setenv("HOST", "::")
     monkeypatch.setenv("PORT", "9090")
     assert runpy.run_module("chatapp.gunicorn_conf")["bind"] == "[::]:9090"
-    monkeypatch.setenv("GUNICORN_THREADS", "zero")
-    with pytest.raises(SettingsError, match="GUNICORN_THREADS"):
+    monkeypatch.setenv("GUNICORN_CONNECTIONS", "zero")
+    with pytest.raises(SettingsError, match="GUNICORN_CONNECTIONS"):
         runpy.run_module("chatapp.gunicorn_conf")

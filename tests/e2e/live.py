@@ -17,7 +17,7 @@ def chat(url: str, messages: list[dict[str, str]], **options: Any) -> list[dict[
     """POST /chat and return every NDJSON object of the reply (raises on a non-200)."""
     response = httpx.post(url + "/chat", json={"messages": messages, **options}, timeout=60)
     response.raise_for_status()
-    assert response.headers["content-type"] == "application/x-ndjson"
+    assert response.headers["content-type"] == "application/x-ndjson; charset=utf-8"
     assert response.text.endswith("\n")
     return [json.loads(line) for line in response.text.split("\n")[:-1]]
 

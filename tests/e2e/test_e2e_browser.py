@@ -230,6 +230,28 @@ def test_busy_sidecar_is_retried(
         other.join()
 
 
+def test_a_restarting_model_is_waited_for_and_retried(
+    fake_app: tuple[FakeSidecar, services.Service], page: Page
+) -> None:
+    """The sidecar is replacing a crashed worker (503, phase restarting, Retry-After): the page
+    says so, counts down and sends again, and the reply arrives."""
+    fake, app = fake_app
+    restarting = {
+        "error": {"message": "the model is not ready", "type": "not_ready", "phase": "restarting"}
+    }
+    answers = [
+        lambda h: fs.refuse(h, 503, restarting, {"Retry-After": "2"}),
+        lambda h: fs.chunked(h, [b"Back again."]),
+    ]
+    fake.predict = lambda h: answers.pop(0)(h)
+    page.goto(app.url)
+    send(page, "Hello?")
+    answer = reply(page)
+    expect(answer.locator(".meta")).to_contain_text("Model restarting, retrying in")
+    expect(answer).to_have_attribute("data-state", "done", timeout=10_000)
+    expect(answer.locator(".text")).to_have_text("Back again.")
+
+
 def test_sidecar_down_shows_a_sentence(page: Page, start_app: AppFactory) -> None:
     with start_app(f"http://127.0.0.1:{services.free_port()}") as app:
         page.goto(app.url)

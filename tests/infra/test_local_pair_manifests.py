@@ -142,3 +142,65 @@ def test_kustomization_names_the_manifest_and_both_images(k8s: list[dict[str, An
     pod = kind(k8s, "Deployment")["spec"]["template"]["spec"]
     images = {c["image"].split(":")[0] for c in pod["containers"]}
     assert {i["name"] for i in kustomization["images"]} == images
+
+
+def test_compose_gpu_override_reserves_a_gpu_for_the_cuda_target() -> None:
+    gpu = load(INFRA / "docker-compose.gpu.yml")["services"]["sidecar"]
+    assert gpu["build"]["target"] == "cuda" in stages(REPO / "phi3-sidecar" / "Dockerfile")
+    assert gpu["environment"]["MODEL_DEVICE"] == "cuda"
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert_cuda_model(gpu["environment"])
+
+
+def assert_cuda_model(env: dict[str, str]) -> None:
+    """MODEL_ID is a catalog entry built for cuda, and MODEL_PATH its folder."""
+    from sidecar import catalog
+
+    entry = catalog.ENTRIES[env["MODEL_ID"]]
+    assert entry.device == "cuda"
+    assert env["MODEL_PATH"] == f"/home/models/{entry.folder}"
+    assert env["MODEL_DOWNLOAD"] == "1"
+
+
+def test_k8s_gpu_overlay_gives_the_sidecar_one_gpu() -> None:
+    overlay = load(INFRA / "k8s-gpu" / "kustomization.yaml")
+    assert overlay["resources"] == ["../k8s"]
+    (patch_file,) = [p["path"] for p in overlay["patches"]]
+    patch = load(INFRA / "k8s-gpu" / patch_file)
+    base = next(d for d in yaml.safe_load_all((INFRA / "k8s" / "phi3-chat.yaml").read_text()))
+    assert (patch["kind"], patch["metadata"]["name"]) == (base["kind"], base["metadata"]["name"])
+    (sidecar,) = patch["spec"]["template"]["spec"]["containers"]
+    assert sidecar["name"] == "sidecar"
+    assert sidecar["resources"]["limits"]["nvidia.com/gpu"] == 1
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    assert env["MODEL_DEVICE"] == "cuda"
+    assert_cuda_model(env)
+    mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+    volumes = {v["name"] for v in patch["spec"]["template"]["spec"]["volumes"]}
+    assert mounts == {"models": "/home/models"} and set(mounts) <= volumes
+    tolerated = {t["key"] for t in patch["spec"]["template"]["spec"]["tolerations"]}
+    assert "nvidia.com/gpu" in tolerated
+
+
+def test_k8s_gpu_overlay_renders_with_kustomize() -> None:
+    """kubectl's own kustomize builds the overlay (skipped where kubectl is not installed)."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(INFRA / "k8s-gpu")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d["kind"] == "Deployment")
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert containers["sidecar"]["image"] == "phi3-chat/sidecar:latest-cuda"
+    assert containers["sidecar"]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert containers["app"]["image"] == "phi3-chat/app:latest"  # the rest is infra/k8s
+    assert {"PORT", "MODEL_DEVICE"} <= {e["name"] for e in containers["sidecar"]["env"]}

@@ -137,3 +137,9 @@ class PacedEngine:
 def load_paced_engine(settings: Settings) -> PacedEngine:
     time.sleep(float(os.environ.get("LOAD_DELAY_S", "0")))  # a model that takes long to load
     return PacedEngine(load_real_engine(settings), float(os.environ.get("PACE_S", "0.05")))
+
+
+def load_faulty_slow_engine(settings: Settings) -> FaultyEngine:
+    """The faulty engine, two seconds to load: a replacement worker's coming back can be seen."""
+    time.sleep(2.0)
+    return load_faulty_engine(settings)

@@ -345,7 +345,9 @@ async function pollModelStatus() {
       next = 30000;
     } else if (sidecar.reachable) {
       const phase = sidecar.detail && typeof sidecar.detail.phase === "string" ? sidecar.detail.phase : "";
-      showModelStatus("loading", phase ? `Model loading (${phase})…` : "Model loading…");
+      if (phase === "failed") showModelStatus("down", "The model could not be loaded");
+      else if (phase === "restarting") showModelStatus("loading", "Model restarting…");
+      else showModelStatus("loading", phase ? `Model loading (${phase})…` : "Model loading…");
     } else {
       showModelStatus("down", "Model service not reachable");
     }
@@ -445,7 +447,7 @@ async function run(exchange) {
     const error = await readError(response);
     if (exchange.stopped) {
       finish(exchange, { kind: "stopped" });
-    } else if (response.status === 503 && (error.type === "loading" || error.type === "busy")) {
+    } else if (response.status === 503 && RETRIED.has(error.type)) {
       const seconds = parseInt(response.headers.get("Retry-After") || "", 10);
       waitAndRetry(exchange, error.type, Number.isFinite(seconds) && seconds > 0 ? seconds : 5);
     } else {
@@ -466,9 +468,16 @@ async function readError(response) {
   return { message: `The chat service answered with an error (HTTP ${response.status}).`, type: "http" };
 }
 
+/** Errors that heal by waiting: the page counts down Retry-After and sends again. */
+const RETRIED = new Map([
+  ["loading", "Model loading"],
+  ["restarting", "Model restarting"],
+  ["busy", "Model busy"],
+]);
+
 function waitAndRetry(exchange, type, seconds) {
-  if (type === "loading") showModelStatus("loading", "Model loading…");
-  const label = type === "loading" ? "Model loading" : "Model busy";
+  const label = RETRIED.get(type) || "Model busy";
+  if (type !== "busy") showModelStatus("loading", `${label}…`);
   let left = seconds;
   const tick = () => {
     if (exchange.finished) return;

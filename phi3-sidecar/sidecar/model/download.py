@@ -2,7 +2,8 @@
 
 Used by the sidecar on first start (MODEL_DOWNLOAD=1) and as a command of its own:
 
-    phi3-download [--out DIR] [--repo-id ID --subfolder PATH] [--revision REV]
+    phi3-download [--model NAME] [--out DIR] [--repo-id ID --subfolder PATH] [--revision REV]
+    phi3-download --list
 
 (also `python scripts/download_model.py` in a checkout). It prints the folder that holds
 genai_config.json: the sidecar's MODEL_PATH.
@@ -126,21 +127,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "download; does nothing when the folder is already complete. Honours HF_TOKEN, HF_HOME "
         "and HF_ENDPOINT."
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR, help="download into this folder")
-    p.add_argument("--repo-id", default=DEFAULT_REPO_ID, help="Hub repository (owner/name)")
     p.add_argument(
-        "--subfolder", default=DEFAULT_SUBFOLDER, help="folder of the repo with genai_config.json"
+        "--model",
+        choices=list(catalog.ENTRIES),
+        metavar="NAME",
+        help=f"a catalog model (--list shows them; default {catalog.DEFAULT.name}); "
+        "--repo-id, --subfolder and --revision override its parts",
     )
+    p.add_argument("--list", action="store_true", help="print the catalog and exit")
+    p.add_argument("--out", type=Path, help="download into this folder (default: models/<folder>)")
+    p.add_argument("--repo-id", help="Hub repository (owner/name)")
+    p.add_argument("--subfolder", help="folder of the repo with genai_config.json")
     p.add_argument("--revision", help="branch, tag or commit to pin (default: main)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    entry = catalog.ENTRIES[args.model] if args.model else catalog.DEFAULT
+    args.repo_id = args.repo_id or entry.repo_id
+    args.subfolder = entry.subfolder if args.subfolder is None else args.subfolder
+    args.out = args.out or Path("models") / entry.folder
+    if args.revision is None and args.model and entry.revision != "main":
+        args.revision = entry.revision
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
         p.error(f"--repo-id must look like owner/name, not {args.repo_id!r}")
     return args
 
 
+def catalog_table() -> str:
+    """`--list`: one line per catalog model."""
+    rows = [("NAME", "DEVICE", "SIZE", "CONTEXT", "LICENCE", "REPOSITORY / FOLDER")]
+    for e in catalog.ENTRIES.values():
+        where = f"{e.repo_id}/{e.subfolder}" if e.subfolder else e.repo_id
+        rows.append((e.name, e.device, e.size_text, str(e.context_length), e.licence, where))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        for row in rows
+    ]
+    return "\n".join(lines) + f"\n(default: {catalog.DEFAULT.name}; sizes 'about' are rounded)\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.list:
+        sys.stdout.write(catalog_table())
+        return 0
     # The Hub client logs warnings (e.g. "no files matched") that would repeat our own message.
     from huggingface_hub.utils import logging
 

@@ -19,6 +19,7 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home o
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Finish, Generate
 from sidecar.model.cpus import cpu_budget
-from sidecar.model.folder import ModelFolderError, first_line, read_genai_config, read_json
-from sidecar.model.prompt import Prompt, PromptBuilder, added_tokens_of
+from sidecar.model.family import read_facts
+from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
+from sidecar.model.prompt import Prompt, PromptBuilder
 from sidecar.model.prompt_cache import Entry, PromptCache
 from sidecar.settings import Settings
 
@@ -48,6 +50,8 @@ class Engine:
         prefill_chunk: int = 64,
         prompt_cache_mb: int = 0,
         prompt_cache_exact: bool = False,
+        device: str = "cpu",
+        provider_options: Mapping[str, str] | None = None,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -56,6 +60,7 @@ class Engine:
         self.context_length = int(genai_config["model"]["context_length"])
         self.max_length = min(max_length or self.context_length, self.context_length)
         self.num_layers = int(genai_config["model"]["decoder"]["num_hidden_layers"])
+        self.vocab_size = int(genai_config["model"].get("vocab_size") or 0)  # 0: unknown
         # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self._cache_budget = prompt_cache_mb * 2**20
@@ -63,26 +68,29 @@ class Engine:
         self.session_options = session_options(num_threads, thread_spinning)
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
         config.overlay(json.dumps(overlay))
+        use_device(config, device, provider_options or {})
         try:
             self.model = og.Model(config)
             self.tokenizer = og.Tokenizer(self.model)
         except Exception as exc:
+            if device != "cpu":
+                raise DeviceUnavailable(device_error(device, exc)) from exc
             raise ModelFolderError(
                 f"onnxruntime-genai could not load the model in {str(path)!r}: "
                 f"{first_line(exc)}; "
                 "check that the folder is complete (download it again)"
             ) from exc
-        model_eos = genai_config["model"].get("eos_token_id", [])
-        self.eos_ids = frozenset(
-            [int(i) for i in self.tokenizer.eos_token_ids]
-            + ([int(model_eos)] if isinstance(model_eos, int) else [int(i) for i in model_eos])
+        template = _TemplateTokenizer(self.tokenizer)
+        self.facts = read_facts(
+            path, genai_config, template, self.tokenizer.eos_token_ids, self.tokenizer.bos_token_id
         )
-        added = added_tokens_of(
-            [read_json(path / "tokenizer.json"), read_json(path / "tokenizer_config.json")]
-        )
-        bos = int(self.tokenizer.bos_token_id)
+        log.info("model", extra={"fields": self.facts.log_fields()})
+        self.eos_ids = self.facts.eos_ids
         self.prompts = PromptBuilder(
-            _TemplateTokenizer(self.tokenizer), added, bos if bos >= 0 else None
+            template,
+            self.facts.added_tokens,
+            self.facts.bos_id,
+            system_role=self.facts.system_role,
         )
 
     def start(self, request: Generate, *, cached: bool = True) -> Generation:
@@ -131,6 +139,63 @@ def session_options(num_threads: int, thread_spinning: bool) -> dict[str, Any]:
     }
 
 
+class DeviceUnavailable(ModelFolderError):
+    """MODEL_DEVICE cannot be used here; str() is one sentence for /readyz and the log."""
+
+
+def use_device(config: og.Config, device: str, options: Mapping[str, str]) -> None:
+    """Run on `device` whatever the folder's genai_config.json says: cpu is onnxruntime's
+    default provider (no provider listed), cuda is appended with its options."""
+    config.clear_providers()
+    if device == "cpu":
+        return
+    _preload_cuda_libraries()
+    config.append_provider(device)
+    for key, value in options.items():
+        config.set_provider_option(device, key, value)
+
+
+def _preload_cuda_libraries() -> None:
+    """The NVIDIA runtime libraries installed as Python packages (the cuda image's), loaded
+    before onnxruntime looks for them; a system CUDA installation needs nothing."""
+    try:
+        import onnxruntime
+
+        preload = getattr(onnxruntime, "preload_dlls", None)
+        if preload is not None:
+            preload(cuda=True, cudnn=True, msvc=False)
+    except Exception as exc:  # reported by the model load that follows, in a sentence
+        log.debug("CUDA libraries not preloaded", extra={"fields": {"error": first_line(exc)}})
+
+
+def device_error(device: str, error: BaseException) -> str:
+    """One sentence on why MODEL_DEVICE could not be used."""
+    text = first_line(error)
+    lowered = text.lower()
+    # "Cuda interface not available: CUDA error in Create at <file>:<line> - <what>"
+    reason = text.rsplit(" - ", 1)[-1] if "cuda error in" in lowered else text
+    if "libonnxruntime-genai-cuda.so: cannot open shared object file" in lowered:
+        return (
+            f"MODEL_DEVICE={device}, but this onnxruntime-genai is the CPU build: run the "
+            "image's cuda target (onnxruntime-genai-cuda), or set MODEL_DEVICE=cpu"
+        )
+    if any(
+        sign in lowered
+        for sign in ("libcuda.so", "no cuda-capable device", "driver", "cudaerrornodevice")
+    ):
+        return (
+            f"MODEL_DEVICE={device}, but no usable NVIDIA GPU or driver is available to this "
+            f"process ({reason}): run on a GPU node with an NVIDIA driver recent enough for "
+            "CUDA 13 and the NVIDIA container toolkit, or set MODEL_DEVICE=cpu"
+        )
+    if "cannot open shared object file" in lowered:
+        return (
+            f"MODEL_DEVICE={device}, but a CUDA library could not be loaded ({reason}): run "
+            "the image's cuda target, which ships them, or install the NVIDIA runtime libraries"
+        )
+    return f"MODEL_DEVICE={device}: onnxruntime-genai could not load the model on the GPU: {text}"
+
+
 class _TemplateTokenizer:
     def __init__(self, tokenizer: og.Tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -138,8 +203,12 @@ class _TemplateTokenizer:
     def encode(self, text: str) -> list[int]:
         return [int(i) for i in self._tokenizer.encode(text)]
 
-    def apply_chat_template(self, messages: str) -> str:
-        return str(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    def apply_chat_template(self, messages: str, add_generation_prompt: bool = True) -> str:
+        return str(
+            self._tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt
+            )
+        )
 
 
 class Generation:
@@ -168,19 +237,22 @@ class Generation:
                 generator = self._entry.generator
                 if generator.token_count() > self.cached_tokens:
                     generator.rewind_to(self.cached_tokens)
-                self._entry.params.set_search_options(**_turn_options(request, prompt))
+                turn = _turn_options(request, prompt, engine.vocab_size)
+                self._entry.params.set_search_options(**turn)
             except Exception:
                 self._cache.give_back(self._entry, reusable=False)
                 raise
         else:
             self.cached_tokens = 0
             capacity = self._cache.capacity_for(needed) if cached else needed
+            # A sliding-window model's cache is at least its window: onnxruntime refuses less.
+            capacity = max(capacity, engine.facts.min_cache_length)
             keep = cached and capacity * self._cache.bytes_per_token <= self._cache.budget_bytes
             if keep:
                 self._cache.make_room(capacity)
             params = og.GeneratorParams(engine.model)
             # The KV cache is allocated for max_length up front (capacity_for says how much).
-            options = {"max_length": capacity, **_turn_options(request, prompt)}
+            options = {"max_length": capacity, **_turn_options(request, prompt, engine.vocab_size)}
             options |= {"do_sample": sampling}
             if request.seed is not None:
                 options["random_seed"] = request.seed
@@ -253,7 +325,15 @@ class Generation:
         return (self.generated - 1) / elapsed if elapsed > 0 else None
 
 
-def _turn_options(request: Generate, prompt: Prompt) -> dict[str, Any]:
+def _top_k(top_k: int | None, vocab_size: int) -> int:
+    """0 (no cut) when absent; a cut wider than the vocabulary is no cut either, and
+    onnxruntime-genai fails on it, so it is capped."""
+    if top_k is None:
+        return 0
+    return min(top_k, vocab_size) if vocab_size else top_k
+
+
+def _turn_options(request: Generate, prompt: Prompt, vocab_size: int) -> dict[str, Any]:
     """The search options of one turn: those a continued generator takes again (min_length is
     absolute, and the sampling values are read at every step); max_length, do_sample and the
     seed are fixed when a generator is made."""
@@ -264,7 +344,7 @@ def _turn_options(request: Generate, prompt: Prompt) -> dict[str, Any]:
         options |= {
             "temperature": request.temperature,
             "top_p": request.top_p if request.top_p is not None else 1.0,
-            "top_k": request.top_k if request.top_k is not None else 0,  # 0: no top-k cut
+            "top_k": _top_k(request.top_k, vocab_size),
         }
     return options
 
@@ -293,4 +373,6 @@ def load_engine(settings: Settings) -> Engine:
         prefill_chunk=settings.prefill_chunk,
         prompt_cache_mb=settings.prompt_cache_mb,
         prompt_cache_exact=settings.prompt_cache_exact,
+        device=settings.model_device,
+        provider_options=settings.provider_options,
     )

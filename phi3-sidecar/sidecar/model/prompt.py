@@ -17,6 +17,14 @@ place of each message, which tells exactly which characters are template and whi
   That changes only how the forged text is spelled in tokens, never what the model is told
   about roles, and only for requests that contain such strings.
 In both cases no token id of an added token can come from message content.
+
+What else a template does with content is followed, never assumed: each placeholder is padded
+with whitespace, so the rendering shows whether the template trims content (Llama 3's and
+Gemma's do: `| trim`), and the content is trimmed the same way. A model whose template has no
+system role (Gemma's raises an error for one) gets the system message in front of the first
+user message, separated by a blank line, as Mistral's and Gemma 3's templates do themselves.
+An error the template raises (Gemma and Mistral insist that user and assistant alternate) is
+a TemplateRefused with the template's own sentence.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from sidecar.ipc import Role
 class Tokenizer(Protocol):
     def encode(self, text: str) -> Sequence[int]: ...
 
-    def apply_chat_template(self, messages: str) -> str: ...
+    def apply_chat_template(self, messages: str, add_generation_prompt: bool = True) -> str: ...
 
 
 class PromptTooLong(Exception):
@@ -48,6 +56,10 @@ class UnsafePrompt(Exception):
     """The content could not be encoded without special token ids (never seen in practice)."""
 
 
+class TemplateRefused(Exception):
+    """The model's chat template raised an error for these messages; str() is its sentence."""
+
+
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
@@ -57,12 +69,23 @@ class Prompt:
 
 Message = tuple[Role, str]
 
+# Around each placeholder: whitespace a template's `trim` removes and no template writes.
+_PAD = " \t \t"
+# onnxruntime-genai appends where in the template an error was raised, then the template.
+_TEMPLATE_POSITION = re.compile(r"\s+at row \d+, column \d+:?$")
+
 
 class PromptBuilder:
     def __init__(
-        self, tokenizer: Tokenizer, added_tokens: Mapping[str, int], bos_id: int | None
+        self,
+        tokenizer: Tokenizer,
+        added_tokens: Mapping[str, int],
+        bos_id: int | None,
+        *,
+        system_role: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
+        self._system_role = system_role
         self._added = dict(added_tokens)
         self._added_ids = frozenset(added_tokens.values())
         # Longest first, so the alternation prefers "<|endoftext|>" over a shorter prefix.
@@ -73,14 +96,14 @@ class PromptBuilder:
         self._auto_bos = bos_id if probe and bos_id is not None and probe[0] == bos_id else None
 
     def encode(self, messages: Sequence[Message]) -> list[int]:
-        segments = self._segments(messages)
+        segments = self._segments(self._fold_system(messages))
         legit = [s for s in segments if isinstance(s, int)]
         if all(isinstance(s, int) or not self._has_added(s) for s in segments):
             text = "".join(self._text_of(s) for s in segments)
-            ids = list(self._tokenizer.encode(text))
-            specials = [i for i in self._strip_bos(ids) if i in self._added_ids]
+            ids = self._strip_bos(list(self._tokenizer.encode(text)))
+            specials = [i for i in ids if i in self._added_ids]
             if specials == legit:
-                return ids
+                return self._with_bos(ids)
         return self._encode_cut(segments)
 
     def fit(self, messages: Sequence[Message], max_new_tokens: int, max_length: int) -> Prompt:
@@ -123,22 +146,52 @@ class PromptBuilder:
         nonce = secrets.token_hex(8)
         marks = [f"\ue000{nonce}.{i}\ue001" for i in range(len(messages))]
         skeleton = [
-            {"role": role, "content": mark} for (role, _), mark in zip(messages, marks, strict=True)
+            {"role": role, "content": _PAD + mark + _PAD}
+            for (role, _), mark in zip(messages, marks, strict=True)
         ]
-        rendered = self._tokenizer.apply_chat_template(json.dumps(skeleton))
+        rendered = self._render(json.dumps(skeleton))
         segments: list[str | int] = []
         pos = 0
         for (_, content), mark in zip(messages, marks, strict=True):
             at = rendered.find(mark, pos)
             if at < 0:  # a template may leave a message out; then so do we
                 continue
+            end = at + len(mark)
+            # Whichever side of the padding the template kept, it keeps of the content too.
+            if rendered.startswith(_PAD, end):
+                end += len(_PAD)
+            else:
+                content = content.rstrip()
+            if rendered.endswith(_PAD, pos, at):
+                at -= len(_PAD)
+            else:
+                content = content.lstrip()
             self._add_template(segments, rendered[pos:at])
             self._add_text(segments, content)
-            pos = at + len(mark)
+            pos = end
         self._add_template(segments, rendered[pos:])
         if nonce in "".join(self._text_of(s) for s in segments if isinstance(s, str)):
             raise UnsafePrompt("the chat template reordered the messages")
         return segments
+
+    def _fold_system(self, messages: Sequence[Message]) -> Sequence[Message]:
+        """For a template without a system role: the system message opens the first user
+        message instead."""
+        if self._system_role or not messages or messages[0][0] != "system":
+            return messages
+        rest = list(messages[1:])
+        for i, (role, content) in enumerate(rest):
+            if role == "user":
+                rest[i] = ("user", f"{messages[0][1]}\n\n{content}")
+                break
+        return rest
+
+    def _render(self, messages_json: str) -> str:
+        try:
+            return self._tokenizer.apply_chat_template(messages_json)
+        except Exception as exc:  # the template's raise_exception(), or a template error
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            raise TemplateRefused(_TEMPLATE_POSITION.sub("", lines[0])) from exc
 
     def _add_template(self, segments: list[str | int], text: str) -> None:
         pos = 0
@@ -167,6 +220,12 @@ class PromptBuilder:
     def _strip_bos(self, ids: list[int]) -> list[int]:
         return ids[1:] if self._auto_bos is not None and ids[:1] == [self._auto_bos] else ids
 
+    def _with_bos(self, ids: list[int]) -> list[int]:
+        """The BOS a tokenizer adds by itself, once: not again when the template wrote one."""
+        if self._auto_bos is not None and ids[:1] != [self._auto_bos]:
+            return [self._auto_bos, *ids]
+        return ids
+
     def _encode_cut(self, segments: list[str | int]) -> list[int]:
         ids: list[int] = []
         for segment in segments:
@@ -178,9 +237,7 @@ class PromptBuilder:
                 if self._added_ids.intersection(piece_ids):
                     raise UnsafePrompt("message text encodes to a special token")
                 ids.extend(piece_ids)
-        if self._auto_bos is not None and ids[:1] != [self._auto_bos]:
-            ids.insert(0, self._auto_bos)
-        return ids
+        return self._with_bos(ids)
 
     def _cut(self, text: str) -> list[str]:
         """Split text so that no piece contains an added-token string."""

@@ -31,7 +31,7 @@ from typing import Protocol
 from sidecar import ipc
 from sidecar.jsonlog import configure_logging
 from sidecar.model.folder import ModelFolderError, download_if_needed, first_line
-from sidecar.model.prompt import Prompt, PromptTooLong, UnsafePrompt
+from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.worker")
@@ -141,6 +141,8 @@ class Scheduler:
     def _handle(self, message: ipc.ToWorker) -> None:
         if isinstance(message, ipc.Generate):
             self._start(message)
+        elif isinstance(message, ipc.Ping):
+            self._outbox.send(ipc.Pong())
         elif isinstance(message, ipc.Cancel):
             job = self._jobs.pop(message.key, None)
             if job is not None:
@@ -166,6 +168,15 @@ class Scheduler:
         except UnsafePrompt:
             self._outbox.send(
                 ipc.Rejected(request.key, "unencodable_prompt", "the messages cannot be encoded")
+            )
+            return
+        except TemplateRefused as exc:
+            self._outbox.send(
+                ipc.Rejected(
+                    request.key,
+                    "unencodable_prompt",
+                    f"the model's chat template refuses these messages: {exc}",
+                )
             )
             return
         except Exception as exc:
@@ -214,7 +225,7 @@ class Scheduler:
             now = time.monotonic()
             job.finished_at.append(now)
             if text:
-                self._outbox.send(ipc.Piece(key, text, now))
+                self._outbox.send(ipc.Piece(key, text, job.generation.generated, now))
         if job.generation.finish is not None:
             del self._jobs[key]
             self._end(key, job, job.generation.finish)

@@ -13,7 +13,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from sidecar.settings import Settings
-from sidecar.web import errors
+from sidecar.web import errors, openapi
+from sidecar.web.access import AccessMiddleware
 from sidecar.web.admission import Admission
 from sidecar.web.metrics import Metrics
 from sidecar.web.model_client import ModelClient
@@ -46,9 +47,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="phi3-sidecar",
         lifespan=lifespan,
+        version="0.3.0",
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",  # openapi.py: the bodies and errors FastAPI cannot infer
         # FastAPI's built-in OpenTelemetry hooks: off, so a request costs only what this
         # service does (the one log line and /metrics), unless traces are configured: then
         # FastAPI makes the server spans (web/telemetry.py).
@@ -62,8 +64,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.model = model
     app.state.pipeline = Pipeline(model, admission, log_prompts=settings.log_prompts)
     errors.install(app)
+    openapi.install(app)
+    app.add_middleware(AccessMiddleware, settings=settings)
     if tracing is not None:  # inside RequestLogMiddleware: it reads the request's record
         app.add_middleware(TraceRequest, tracing=tracing)
+    # Added last, runs first: every request gets its log line, refused ones included.
     app.add_middleware(RequestLogMiddleware, metrics=metrics)
     app.include_router(probes_router)
     app.include_router(predict_router)

@@ -40,6 +40,9 @@ REFUSALS: dict[str, Answer] = {
     "invalid_encoding": Answer(400, "invalid_encoding"),
     "invalid_json": Answer(400, "invalid_json"),
     "invalid_field": Answer(422, "invalid_request"),
+    # who is asking (access.py)
+    "unauthorized": Answer(401, "unauthorized"),
+    "invalid_host": Answer(400, "invalid_host"),
     # the path and method (Starlette)
     "not_found": Answer(404, "not_found"),
     "method_not_allowed": Answer(405, "method_not_allowed"),
@@ -127,6 +130,13 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers or {})
+    if exc.status_code == 405 and "Allow" in headers:
+        # Starlette names the methods of the one route that matched the path; every GET route
+        # here has a HEAD twin (probes.py, openai_api.py), so either means both.
+        methods = {m.strip() for m in headers["Allow"].split(",")}
+        if methods & {"GET", "HEAD"}:
+            methods |= {"GET", "HEAD"}
+        headers["Allow"] = ", ".join(sorted(methods))
     reason = _HTTP_REASONS.get(exc.status_code)
     if reason is None:  # another status raised by Starlette: kept, with a generic type
         _mark(request, "http_error")

@@ -3,7 +3,13 @@
 Two plain threads move messages so the event loop never blocks on a pipe: a writer sends what
 the loop queues, a reader hands each worker message to the loop (call_soon_threadsafe), where
 it goes to the reply it belongs to. If the worker dies, every reply in flight is aborted,
-readiness turns 503 with the reason, and a new worker is started (with backoff).
+readiness turns 503 (phase `restarting`, with the reason), and a new worker is started (with
+backoff).
+
+A watchdog notices a worker that is alive but stuck (a hung call, a SIGSTOP): while the model
+is ready it pings the worker every few seconds, and the worker answers between two steps (a
+token, or a prompt chunk). A ping unanswered for WORKER_STALL_S means no step has finished for
+that long: the replies in flight are failed visibly, the worker is killed and replaced.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ log = logging.getLogger("sidecar.web.model_client")
 
 STOP_GRACE_S = 5.0
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+PING_INTERVAL_S = 2.0  # how often the watchdog asks a ready worker whether it still steps
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,13 @@ class Reply:
         self.start: asyncio.Future[ipc.Started | ipc.Rejected | ipc.End] = loop.create_future()
         self.end: asyncio.Future[ipc.End] = loop.create_future()
         self.pieces: asyncio.Queue[ipc.Piece | ipc.End] = asyncio.Queue()
+        self.generated = 0  # as the last piece said
 
     def deliver(self, message: ipc.FromWorker) -> None:
         if isinstance(message, ipc.Started | ipc.Rejected) and not self.start.done():
             self.start.set_result(message)
         elif isinstance(message, ipc.Piece):
+            self.generated = message.generated
             self.pieces.put_nowait(message)
         elif isinstance(message, ipc.End):
             if not self.start.done():
@@ -81,6 +90,11 @@ class ModelClient:
         self._stopping = False
         self._restart: asyncio.TimerHandle | None = None
         self._spawned_at = time.monotonic()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._last_heard = time.monotonic()  # any message from the worker
+        self._ping_sent: float | None = None  # an unanswered ping, if any
+        self._stalled: str | None = None  # why the watchdog killed the current worker
+        self._recovering: str | None = None  # why the worker is being replaced, until ready
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -88,9 +102,12 @@ class ModelClient:
         """Start the worker; returns at once (the model loads in the background)."""
         self._loop = asyncio.get_running_loop()
         self._spawn()
+        self._watchdog = asyncio.create_task(self._watch(), name="model-watchdog")
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._restart is not None:
             self._restart.cancel()
         self._abort_all()
@@ -122,6 +139,8 @@ class ModelClient:
         from_worker_w.close()
         self._process = process
         self._outbox = queue.SimpleQueue()
+        self._ping_sent = None
+        self._stalled = None
         self._set_phase(ipc.Phase("starting"))
         threading.Thread(
             target=self._write, args=(to_worker_w, self._outbox), name="worker-writer", daemon=True
@@ -176,6 +195,10 @@ class ModelClient:
     # -- on the event loop ------------------------------------------------------------------
 
     def _dispatch(self, message: ipc.FromWorker) -> None:
+        self._last_heard = time.monotonic()
+        if isinstance(message, ipc.Pong):
+            self._ping_sent = None
+            return
         if isinstance(message, ipc.Phase):
             self._set_phase(message)
             return
@@ -192,6 +215,13 @@ class ModelClient:
 
     def _set_phase(self, message: ipc.Phase) -> None:
         now = time.monotonic()
+        if message.name == "ready":
+            self._recovering = None
+        elif self._recovering is not None and message.name not in ("failed", "restarting"):
+            # A replacement coming up is still "restarting" to clients (retry soon), with
+            # where it is in the reason.
+            reason = f"{self._recovering}; {message.name.replace('_', ' ')}"
+            message = ipc.Phase("restarting", reason, message.context_length)
         self.phase = PhaseState(message.name, message.reason, now, message.context_length)
         if message.name == "ready":
             self._crashes = 0
@@ -200,7 +230,9 @@ class ModelClient:
             fields["reason"] = message.reason
         if message.name == "ready":
             fields["load_s"] = round(now - self._spawned_at, 2)
-        level = logging.ERROR if message.name == "failed" else logging.INFO
+        level = {"failed": logging.ERROR, "restarting": logging.WARNING}.get(
+            message.name, logging.INFO
+        )
         log.log(level, f"model {message.name}", extra={"fields": fields})
 
     def _worker_exited(self, epoch: int, exitcode: int | None) -> None:
@@ -214,18 +246,36 @@ class ModelClient:
         delay = RESTART_DELAYS_S[min(self._crashes, len(RESTART_DELAYS_S) - 1)]
         self._crashes += 1
         self.restarts += 1
-        self._set_phase(
-            ipc.Phase(
-                "failed",
-                f"the model worker exited unexpectedly (exit code {exitcode}); "
-                f"restarting in {delay:g} s",
-            )
-        )
+        why = self._stalled or f"the model worker exited unexpectedly (exit code {exitcode})"
+        self._recovering = why
+        self._set_phase(ipc.Phase("restarting", f"{why}; restarting in {delay:g} s"))
         assert self._loop is not None
         self._restart = self._loop.call_later(delay, self._spawn)
+
+    async def _watch(self) -> None:
+        """Ping a ready worker; kill one that leaves a ping unanswered for WORKER_STALL_S."""
+        stall = self._settings.worker_stall_s
+        while True:
+            await asyncio.sleep(min(1.0, stall / 4))
+            if self.phase.name != "ready" or self._stalled is not None:
+                continue
+            now = time.monotonic()
+            if self._ping_sent is None:
+                if now - self._last_heard >= PING_INTERVAL_S:
+                    self._ping_sent = now
+                    self._outbox.put(ipc.Ping())
+            elif now - max(self._ping_sent, self._last_heard) > stall:
+                self._kill_stalled(now - self._last_heard)
+
+    def _kill_stalled(self, silent_s: float) -> None:
+        self._stalled = f"the model worker stopped answering ({silent_s:.0f} s without a step)"
+        log.error("model worker stalled", extra={"fields": {"silent_s": round(silent_s, 1)}})
+        self._abort_all()  # fail the replies in flight now, not after the kill is noticed
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()  # SIGKILL ends a stopped process too; the reader sees EOF
 
     def _abort_all(self) -> None:
         replies, self._replies = self._replies, {}
         for key, reply in replies.items():
             self._on_generation_over()
-            reply.deliver(ipc.End(key, "error", 0, None))
+            reply.deliver(ipc.End(key, "error", reply.generated, None))

@@ -67,12 +67,14 @@ router = APIRouter()
 
 
 @router.get("/v1/models")
+@router.head("/v1/models", include_in_schema=False)
 async def list_models(settings: SettingsDep) -> dict[str, Any]:
     """OpenAI's model list: the one model this sidecar serves."""
     return {"object": "list", "data": [_model_object(settings)]}
 
 
 @router.get("/v1/models/{model_id:path}")
+@router.head("/v1/models/{model_id:path}", include_in_schema=False)
 async def get_model(model_id: str, settings: SettingsDep) -> dict[str, Any]:
     if model_id != settings.served_model_name:
         raise ApiError(

@@ -59,6 +59,8 @@ async def read_body(request: Request, limit: int, schema: type[Body]) -> Body:
         raise ApiError("invalid_encoding", "the body is not valid UTF-8") from None
     except ValueError:
         raise ApiError("invalid_json", "the body is not valid JSON") from None
+    except RecursionError:  # a few KB of [[[[...]]]] is deeper than the parser goes
+        raise ApiError("invalid_json", "the body's JSON is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError("invalid_field", "the body must be a JSON object")
     try:

@@ -15,12 +15,14 @@ router = APIRouter()
 
 
 @router.get("/healthz")
+@router.head("/healthz", include_in_schema=False)
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers (also while the model loads or has failed)."""
     return {"status": "ok"}
 
 
 @router.get("/readyz")
+@router.head("/readyz", include_in_schema=False)
 async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
     """Readiness: 200 once the model is loaded and a warm-up token was generated."""
     phase = model.phase
@@ -40,6 +42,7 @@ async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
 
 
 @router.get("/metrics")
+@router.head("/metrics", include_in_schema=False)
 async def metrics_text(
     model: ModelDep, admission: AdmissionDep, metrics: MetricsDep
 ) -> PlainTextResponse:

@@ -54,6 +54,12 @@ class RequestLogMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except BaseException:
+            # Starlette's outermost handler answers 500 after us: the line still says so.
+            if record.status is None:
+                record.status = 500
+                record.outcome = record.outcome or "error"
+            raise
         finally:
             record.duration_ms = round((time.monotonic() - record.started_at) * 1000, 1)
             if record.outcome is None:

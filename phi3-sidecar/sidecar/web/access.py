@@ -1,0 +1,80 @@
+"""Who may talk to the sidecar: an optional API key and an optional list of allowed hosts.
+
+Both are off by default: on App Service only the main container receives outside traffic and
+the sidecar is reached at localhost. Turn them on when the sidecar's port is reachable by
+others: a published compose port, a Kubernetes Service, a laptop on a shared network.
+
+- API_KEY: one or more keys, comma-separated. Requests must send `Authorization: Bearer <key>`
+  (what OpenAI clients send with api_key=...). Each key is compared in constant time, and all of
+  them always are, so the answer's timing says nothing about a key. /healthz, /readyz and
+  /metrics stay open for probes and scrapers unless API_KEY_PROBES=true.
+- ALLOWED_HOSTS: the Host header values accepted (a name, `*.example.com`, or `*` for any; a
+  port is ignored), against DNS rebinding and requests meant for another site.
+
+Refusals use errors.REFUSALS: 401 `unauthorized` (with `WWW-Authenticate: Bearer`) and 400
+`invalid_host`.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sidecar.settings import Settings
+from sidecar.web.errors import ApiError, error_response
+
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class AccessMiddleware:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self._keys = [key.encode() for key in settings.api_keys]
+        self._probes_open = not settings.api_key_probes
+        self._hosts = settings.allowed_host_patterns
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            error = self._refusal(scope["path"], headers)
+            if error is not None:
+                record = scope.get("state", {}).get("record")
+                if record is not None:
+                    record.error_type = error.kind
+                response = error_response(
+                    error.status, error.kind, error.message, error.headers, error.extra
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, path: str, headers: dict[bytes, bytes]) -> ApiError | None:
+        if self._hosts and not _host_allowed(headers.get(b"host", b""), self._hosts):
+            return ApiError("invalid_host", "this host name is not served here")
+        if self._keys and not (self._probes_open and path in PROBES):
+            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+            given = token.strip() if scheme.lower() == b"bearer" else b""
+            # Every key is compared, whatever matches, in constant time each.
+            matches = [hmac.compare_digest(given, key) for key in self._keys]
+            if not any(matches):
+                return ApiError(
+                    "unauthorized",
+                    "send a valid API key: Authorization: Bearer <key>",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return None
+
+
+def _host_allowed(raw: bytes, patterns: tuple[str, ...]) -> bool:
+    host = raw.decode("latin-1").strip().lower()
+    if host.startswith("["):  # [::1]:8000
+        host = host[: host.find("]") + 1]
+    else:
+        host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    for pattern in patterns:
+        if pattern == "*" or pattern == host:
+            return True
+        if pattern.startswith("*.") and host.endswith(pattern[1:]):
+            return True
+    return False
