@@ -37,7 +37,8 @@ Role = Literal["system", "user", "assistant"]
 PhaseName = Literal[
     "starting", "downloading", "loading", "warming_up", "ready", "restarting", "failed"
 ]
-Finish = Literal["eos", "length", "cancelled", "error"]
+# eos: the model ended its reply; stop: a stop sequence did; length: the token budget did.
+Finish = Literal["eos", "stop", "length", "cancelled", "error"]
 # Why the worker refuses a request; the web process decides the status (web/errors.py).
 Refusal = Literal["context_length_exceeded", "unencodable_prompt", "start_failed"]
 
@@ -55,6 +56,7 @@ class Generate:
     # Who may reuse this conversation's cached tokens (model/prompt_cache.py); None: the
     # shared unscoped pool.
     cache_scope: str | None = None
+    stop: tuple[str, ...] = ()  # stop sequences (model/stops.py)
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
 

@@ -252,7 +252,8 @@ INVALID: dict[str, dict[str, Any]] = {
         "stream": True,
         "stream_options": {"include_usage": 1},
     },
-    "stop": {"messages": HI, "stop": ["\n"]},
+    "stop-too-many": {"messages": HI, "stop": ["a", "b", "c", "d", "e"]},
+    "logit-bias": {"messages": HI, "logit_bias": {"50256": -100}},
     "presence-penalty": {"messages": HI, "presence_penalty": 0.5},
     "logprobs": {"messages": HI, "logprobs": True},
     "tools": {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
@@ -269,9 +270,14 @@ INVALID: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("body", INVALID.values(), ids=INVALID.keys())
-def test_invalid_requests_are_422(sidecar_service: Service, body: dict[str, Any]) -> None:
-    message = assert_error(chat(sidecar_service.url, body), 422, "invalid_request")
+def test_invalid_requests_are_openais_400(sidecar_service: Service, body: dict[str, Any]) -> None:
+    """OpenAI's answer to an invalid field: 400 invalid_request_error with param and code (the
+    SDK raises BadRequestError)."""
+    response = chat(sidecar_service.url, body)
+    message = assert_error(response, 400, "invalid_request_error")
     assert "Hi" not in message  # the input is not echoed
+    error = response.json()["error"]
+    assert error["code"] == "invalid_value" and "param" in error
 
 
 @pytest.mark.parametrize(
@@ -279,31 +285,40 @@ def test_invalid_requests_are_422(sidecar_service: Service, body: dict[str, Any]
     [
         (INVALID["n-2"], "n: "),
         (INVALID["image-part"], "type 'text'"),
-        (INVALID["stop"], "stop sequences are not supported"),
+        (INVALID["logit-bias"], "logit_bias is not supported"),
         (INVALID["stream-not-bool"], "stream: "),
     ],
-    ids=["n", "image", "stop", "stream"],
+    ids=["n", "image", "logit-bias", "stream"],
 )
 def test_refusals_name_the_reason(
     sidecar_service: Service, body: dict[str, Any], says: str
 ) -> None:
-    assert says in assert_error(chat(sidecar_service.url, body), 422)
+    response = chat(sidecar_service.url, body)
+    assert says in assert_error(response, 400)
+    param = says.split(":")[0] if says.endswith(": ") else None
+    if param is not None:
+        assert response.json()["error"]["param"] == param  # the field, for the SDK
 
 
-def test_the_body_and_context_errors_are_predicts(sidecar_service: Service) -> None:
+def test_the_body_and_context_errors_in_openais_shape(sidecar_service: Service) -> None:
+    def code_of(response: httpx.Response, status: int) -> str:
+        assert_error(response, status, "invalid_request_error")
+        return str(response.json()["error"]["code"])
+
     url = sidecar_service.url + PATH
-    assert_error(
-        httpx.post(url, content=b'{"messages": ', headers={"content-type": "application/json"}),
-        400,
-        "invalid_json",
-    )
-    assert_error(httpx.post(url, content=b"{}", headers={"content-type": "text/plain"}), 415)
+    cut = b'{"messages": '
+    post = httpx.post(url, content=cut, headers={"content-type": "application/json"})
+    assert code_of(post, 400) == "invalid_json"
+    text = httpx.post(url, content=b"{}", headers={"content-type": "text/plain"})
+    assert code_of(text, 415) == "unsupported_media_type"
     big = {"messages": user("x" * 100_000)}
-    assert_error(chat(sidecar_service.url, big), 413, "body_too_large")
+    assert code_of(chat(sidecar_service.url, big), 413) == "request_too_large"
+    # A context overflow is OpenAI's 400 context_length_exceeded (the SDK's BadRequestError).
     response = chat(sidecar_service.url, {"messages": user("tell me more " * 3000)})
-    assert_error(response, 413, "context_length_exceeded")
+    assert code_of(response, 400) == "context_length_exceeded"
+    assert response.json()["error"]["param"] is None
     assert response.json()["error"]["limit_tokens"] == 4096
-    assert_error(httpx.get(url, timeout=10), 405, "method_not_allowed")
+    assert code_of(httpx.get(url, timeout=10), 405) == "method_not_allowed"
 
 
 def test_not_ready_is_503_with_retry_after(tmp_path: Path) -> None:
@@ -319,7 +334,8 @@ def test_not_ready_is_503_with_retry_after(tmp_path: Path) -> None:
             time.sleep(0.05)
         for streamed in (False, True):
             response = chat(service.url, {"messages": HI, "stream": streamed})
-            assert "is not a folder" in assert_error(response, 503, "not_ready")
+            assert "is not a folder" in assert_error(response, 503, "server_error")
+            assert response.json()["error"]["code"] == "model_not_ready"
             assert int(response.headers["retry-after"]) > 0
 
 
@@ -384,7 +400,7 @@ def test_an_error_after_the_first_byte_aborts_the_stream(faulty_service: Service
 
 def test_a_failed_generation_without_stream_is_a_500(faulty_service: Service) -> None:
     response = chat(faulty_service.url, {"messages": user(f"{RAISE} Tell me a story.")})
-    message = assert_error(response, 500, "internal_error")
+    message = assert_error(response, 500, "server_error")
     assert SECRET not in response.text and "see the log" in message
     line = request_line(faulty_service, response.headers["x-request-id"])
     assert (line["status"], line["outcome"], line["error_type"]) == (500, "error", "internal_error")

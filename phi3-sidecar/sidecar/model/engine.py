@@ -32,6 +32,7 @@ from sidecar.model.family import read_facts
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
 from sidecar.model.prompt import Prompt, PromptBuilder
 from sidecar.model.prompt_cache import Entry, PromptCache
+from sidecar.model.stops import StopFilter
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.engine")
@@ -269,6 +270,7 @@ class Generation:
                 self._cache.adopt(self._entry)
         self._generator = self._entry.generator
         self._stream = engine.tokenizer.create_stream()
+        self._stops = StopFilter(request.stop)
         self._chunk = engine.prefill_chunk
         self._appended = self.cached_tokens  # prompt tokens in the generator so far
 
@@ -304,13 +306,19 @@ class Generation:
             # KV cache now holds the whole sequence.
             entry.kv_len = self._generator.token_count()
             self.finish = "eos"
-            return ""
+            return self._stops.flush()
         # The new token is in the sequence but not yet in the KV cache (the next step feeds
         # it): a later request re-appends it.
         entry.kv_len = self._generator.token_count() - 1
         text = str(self._stream.decode(token))
+        if self._stops:
+            text, stopped = self._stops.feed(text)
+            if stopped:
+                self.finish = "stop"
+                return text
         if self.generated >= self.prompt.max_new_tokens or self._generator.is_done():
             self.finish = "length"
+            text += self._stops.flush()
         return text
 
     def release(self, reusable: bool) -> None:

@@ -22,7 +22,7 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sidecar.settings import Settings
-from sidecar.web.errors import ApiError, error_response
+from sidecar.web.errors import ApiError
 
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -42,10 +42,7 @@ class AccessMiddleware:
                 record = scope.get("state", {}).get("record")
                 if record is not None:
                     record.error_type = error.kind
-                response = error_response(
-                    error.status, error.kind, error.message, error.headers, error.extra
-                )
-                await response(scope, receive, send)
+                await error.response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -1,5 +1,6 @@
 """Every refusal's status and type (REFUSALS), and one error shape for every failure:
-{"error": {"message": ..., "type": ...}}.
+{"error": {"message": ..., "type": ...}}, or under /v1/ OpenAI's
+{"error": {"message", "type", "param", "code"}}.
 
 Handlers are registered in the factory, so no path answers with FastAPI's {"detail": ...} or
 with a stack trace; exception text never reaches a client.
@@ -24,39 +25,51 @@ RETRY_OVERLOADED_S = 2
 
 @dataclass(frozen=True)
 class Answer:
-    status: int
+    status: int  # /predict and the probes: the sidecar's own envelope
     type: str
+    openai_status: int  # /v1/...: OpenAI's statuses, types and codes (what its SDK expects)
+    openai_code: str | None
+    openai_type: str = "invalid_request_error"
 
 
 # Every reason the sidecar refuses a request for, and its answer: the one place where an
 # error status is decided. Routes and the pipeline raise ApiError(reason, ...); the model worker
 # reports ipc.Rejected(reason, ...) (ipc.Refusal); Starlette's and FastAPI's own errors are
-# mapped by the handlers below.
+# mapped by the handlers below. A request to /v1/... gets OpenAI's column (openai_api.py);
+# /predict's statuses are the original sample's clients' contract and do not change.
 REFUSALS: dict[str, Answer] = {
     # the request body (pipeline.read_body)
-    "unsupported_media_type": Answer(415, "unsupported_media_type"),
-    "body_too_large": Answer(413, "body_too_large"),
-    "body_cut_off": Answer(400, "invalid_request"),
-    "invalid_encoding": Answer(400, "invalid_encoding"),
-    "invalid_json": Answer(400, "invalid_json"),
-    "invalid_field": Answer(422, "invalid_request"),
+    "unsupported_media_type": Answer(415, "unsupported_media_type", 415, "unsupported_media_type"),
+    "body_too_large": Answer(413, "body_too_large", 413, "request_too_large"),
+    "body_cut_off": Answer(400, "invalid_request", 400, "invalid_body"),
+    "invalid_encoding": Answer(400, "invalid_encoding", 400, "invalid_encoding"),
+    "invalid_json": Answer(400, "invalid_json", 400, "invalid_json"),
+    "invalid_field": Answer(422, "invalid_request", 400, "invalid_value"),
     # who is asking (access.py)
-    "unauthorized": Answer(401, "unauthorized"),
-    "invalid_host": Answer(400, "invalid_host"),
-    # the path and method (Starlette)
-    "not_found": Answer(404, "not_found"),
-    "method_not_allowed": Answer(405, "method_not_allowed"),
-    # the service's state (pipeline)
-    "not_ready": Answer(503, "not_ready"),
-    "overloaded": Answer(503, "overloaded"),
+    "unauthorized": Answer(401, "unauthorized", 401, "invalid_api_key"),
+    "invalid_host": Answer(400, "invalid_host", 400, "invalid_host"),
+    # the path and method (Starlette), the model asked for
+    "not_found": Answer(404, "not_found", 404, "not_found"),
+    "model_not_found": Answer(404, "not_found", 404, "model_not_found"),
+    "method_not_allowed": Answer(405, "method_not_allowed", 405, "method_not_allowed"),
+    # the service's state (pipeline): clients retry after Retry-After
+    "not_ready": Answer(503, "not_ready", 503, "model_not_ready", "server_error"),
+    "overloaded": Answer(503, "overloaded", 503, "overloaded", "server_error"),
     # the model worker (ipc.Refusal) and the generation
-    "context_length_exceeded": Answer(413, "context_length_exceeded"),
-    "unencodable_prompt": Answer(400, "invalid_request"),
-    "start_failed": Answer(500, "internal_error"),
-    "generation_failed": Answer(500, "internal_error"),
+    "context_length_exceeded": Answer(
+        413, "context_length_exceeded", 400, "context_length_exceeded"
+    ),
+    "unencodable_prompt": Answer(400, "invalid_request", 400, "invalid_prompt"),
+    "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
+    "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
     # anything unexpected
-    "internal_error": Answer(500, "internal_error"),
+    "internal_error": Answer(500, "internal_error", 500, None, "server_error"),
 }
+
+
+def is_openai(path: str) -> bool:
+    """Requests whose errors take OpenAI's shape (openai_api.py's routes)."""
+    return path == "/v1" or path.startswith("/v1/")
 
 
 class ApiError(Exception):
@@ -69,15 +82,31 @@ class ApiError(Exception):
         *,
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
-        answer = REFUSALS[reason]
+        self.answer = REFUSALS[reason]
         self.reason = reason
-        self.status = answer.status
-        self.kind = answer.type
+        self.status = self.answer.status
+        self.kind = self.answer.type
         self.message = message
         self.headers = headers or {}
         self.extra = extra or {}
+        self.param = param  # the field at fault, for OpenAI's `param`
+
+    def response(self, path: str) -> JSONResponse:
+        """The answer: OpenAI's shape and status for /v1/..., the sidecar's own otherwise."""
+        if not is_openai(path):
+            return error_response(self.status, self.kind, self.message, self.headers, self.extra)
+        answer = self.answer
+        body = {
+            "message": self.message,
+            "type": answer.openai_type,
+            "param": self.param,
+            "code": answer.openai_code,
+            **self.extra,
+        }
+        return JSONResponse({"error": body}, status_code=answer.openai_status, headers=self.headers)
 
 
 def not_ready(phase: str, reason: str | None) -> ApiError:
@@ -124,7 +153,7 @@ def _mark(request: Request, kind: str) -> None:
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     _mark(request, exc.kind)
-    return error_response(exc.status, exc.kind, exc.message, exc.headers, exc.extra)
+    return exc.response(request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

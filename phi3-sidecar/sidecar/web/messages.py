@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sidecar.ipc import Role
 
@@ -43,6 +43,20 @@ TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 TopK = Annotated[int, Field(ge=1, le=1_000_000)]
 Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 MAX_MESSAGES = 1000
+MAX_STOP = 4  # stop sequences, as OpenAI
+
+
+def _stop_list(value: object) -> object:
+    """A stop sequence may be given as one string (OpenAI's shorthand)."""
+    return [value] if isinstance(value, str) else value
+
+
+# Strings that end the reply where they would begin; the reply never shows any of them.
+StopSequences = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=256)]],
+    BeforeValidator(_stop_list),
+    Field(max_length=MAX_STOP),
+]
 # Who may reuse a conversation's cached tokens: an opaque label, compared exactly.
 CacheScope = Annotated[str, Field(min_length=1, max_length=256)]
 

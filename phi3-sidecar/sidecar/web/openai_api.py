@@ -78,7 +78,7 @@ async def list_models(settings: SettingsDep) -> dict[str, Any]:
 async def get_model(model_id: str, settings: SettingsDep) -> dict[str, Any]:
     if model_id != settings.served_model_name:
         raise ApiError(
-            "not_found", f"no model {model_id!r} here; GET /v1/models lists the one served"
+            "model_not_found", f"no model {model_id!r} here; GET /v1/models lists the one served"
         )
     return _model_object(settings)
 
@@ -107,6 +107,7 @@ async def chat_completions(
         top_k=body.top_k,
         seed=body.seed,
         cache_scope=body.cache_scope,
+        stop=tuple(body.stop or ()),
     )
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)

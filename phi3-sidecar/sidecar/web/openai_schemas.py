@@ -8,7 +8,7 @@ other value is a 422 naming the field, never silently ignored.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -19,6 +19,7 @@ from sidecar.web.messages import (
     ChatMessage,
     NewTokens,
     Seed,
+    StopSequences,
     Temperature,
     Text,
     TopK,
@@ -29,7 +30,6 @@ from sidecar.web.messages import (
 # OpenAI fields without an implementation here: accepted only at the value (or null).
 NO_EFFECT: dict[str, tuple[object, str]] = {
     "n": (1, "only one choice (n=1) is supported"),
-    "stop": ([], "stop sequences are not supported"),
     "presence_penalty": (0, "penalties are not supported (only 0)"),
     "frequency_penalty": (0, "penalties are not supported (only 0)"),
     "logprobs": (False, "log probabilities are not supported"),
@@ -38,11 +38,13 @@ NO_EFFECT: dict[str, tuple[object, str]] = {
     "tools": ([], "tools are not supported"),
     "tool_choice": ("none", "tools are not supported"),
     "response_format": ({"type": "text"}, "only the text response format is supported"),
-    "store": (False, "stored completions are not supported"),
 }
 # Accepted with any string: it labels the request for OpenAI's own abuse monitoring, which
 # means nothing here. (`prompt_cache_key` and `user` scope the conversation cache: fields.)
 LABELS = ("safety_identifier",)
+# Accepted with any value of their type, changing nothing: completions are never stored, there
+# are no tools to call in parallel, metadata is OpenAI's bookkeeping.
+IGNORED: dict[str, type] = {"store": bool, "parallel_tool_calls": bool, "metadata": dict}
 
 
 def _no_effect(value: object, neutral: object) -> bool:
@@ -51,6 +53,14 @@ def _no_effect(value: object, neutral: object) -> bool:
     if isinstance(neutral, int):
         return isinstance(value, int | float) and value == neutral
     return type(value) is type(neutral) and value == neutral
+
+
+def _metadata(value: dict[Any, Any]) -> bool:
+    """OpenAI's limits: 16 pairs, keys up to 64 and values up to 512 characters."""
+    return len(value) <= 16 and all(
+        isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+        for k, v in value.items()
+    )
 
 
 def _join_text_parts(value: object) -> object:
@@ -68,15 +78,24 @@ def _join_text_parts(value: object) -> object:
 
 
 class OpenAIMessage(ChatMessage):
-    """A /predict message whose content may also be a list of text parts."""
+    """A /predict message whose content may also be a list of text parts, whose role may be
+    `developer` (OpenAI's newer name for the system message), and which may have a `name`
+    (a participant's name: accepted, not shown to the model)."""
 
+    role: Literal["system", "developer", "user", "assistant"]  # type: ignore[assignment]
     content: Annotated[Text, BeforeValidator(_join_text_parts)]
+    name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    @property
+    def plain_role(self) -> Role:
+        return "system" if self.role == "developer" else self.role
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     include_usage: bool = False
+    include_obfuscation: bool = False  # OpenAI's padding against length side channels: none here
 
 
 class ChatCompletionRequest(BaseModel):
@@ -92,6 +111,7 @@ class ChatCompletionRequest(BaseModel):
     seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stop: StopSequences | None = None
     # Scope the conversation cache (model/prompt_cache.py): only requests with the same key
     # (else the same user) reuse each other's cached tokens; neither: the unscoped pool.
     prompt_cache_key: CacheScope | None = None
@@ -111,11 +131,17 @@ class ChatCompletionRequest(BaseModel):
             value = data.pop(name, None)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}: must be a string")
+        for name, kind in IGNORED.items():
+            value = data.pop(name, None)
+            if value is not None and not isinstance(value, kind):
+                raise ValueError(f"{name}: must be a {kind.__name__}")
+            if isinstance(value, dict) and not _metadata(value):
+                raise ValueError("metadata: at most 16 string keys and string values")
         return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        check_roles([m.role for m in self.messages])
+        check_roles([m.plain_role for m in self.messages])
         if None not in (self.max_tokens, self.max_completion_tokens) and (
             self.max_tokens != self.max_completion_tokens
         ):
@@ -133,7 +159,7 @@ class ChatCompletionRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def conversation(self) -> tuple[tuple[Role, str], ...]:
-        return tuple((m.role, m.content) for m in self.messages)
+        return tuple((m.plain_role, m.content) for m in self.messages)
 
     @property
     def cache_scope(self) -> str | None:

@@ -63,7 +63,14 @@ def build(app: FastAPI) -> dict[str, Any]:
             "ChatCompletionRequest",
             {
                 "application/json": {"schema": {"type": "object"}},
-                "text/event-stream": {"schema": {"type": "string"}},
+                # Each server-sent event: a chat.completion.chunk as JSON in `data`, or [DONE].
+                "text/event-stream": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["data"],
+                        "properties": {"data": {"type": "string"}},
+                    }
+                },
             },
         ),
     ):

@@ -66,7 +66,8 @@ async def read_body(request: Request, limit: int, schema: type[Body]) -> Body:
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise ApiError("invalid_field", _first_error(exc)) from None
+        param, message = _first_error(exc)
+        raise ApiError("invalid_field", message, param=param) from None
 
 
 class Pipeline:
@@ -144,9 +145,13 @@ def _no_constants(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-def _first_error(exc: ValidationError) -> str:
-    """One line naming the field, never echoing the input."""
+def _first_error(exc: ValidationError) -> tuple[str | None, str]:
+    """The field at fault (None if the whole body) and one line naming it, never echoing the
+    input. A whole-body check names its field at the start of its message ("stop: ...")."""
     error = exc.errors(include_input=False, include_url=False)[0]
     where = ".".join(str(part) for part in error["loc"])
     message = str(error["msg"]).removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
+    if where:
+        return where, f"{where}: {message}"
+    field, colon, _ = message.partition(": ")
+    return (field if colon and field.isidentifier() else None), message

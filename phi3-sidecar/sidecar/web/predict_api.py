@@ -10,8 +10,14 @@ Request, application/json, validated strictly (no type coercion; unknown fields 
   cache_scope   who may reuse this conversation's cached tokens (1-256 characters; the chat
                 app sends one per browser conversation); absent: the shared unscoped pool
 
+  stop          up to 4 strings that end the reply where they would begin (never shown)
+
 Reply: 200 text/plain; charset=utf-8, streamed: each chunk is the text of one or more new
 tokens, sent as soon as it is decoded, never ending inside a character; nothing around it.
+With `Accept: application/x-ndjson` instead: one JSON object per line, {"text": "..."} as the
+text comes, then {"done": true, "finish_reason": "stop" | "length", "generated_tokens",
+"prompt_tokens", "cached_tokens", "dropped_messages"}; or, if the generation fails after the
+first byte, {"error": {"message", "type": "generation_failed"}} as the last line.
 Headers: X-Request-Id, X-Prompt-Tokens, X-Cached-Tokens (of those, how many the conversation
 cache already held, so were not read again), X-Dropped-Messages (the oldest turns left out so
 the conversation fits the context). An error after the first byte ends the stream without its
@@ -23,7 +29,8 @@ type of errors.REFUSALS (the same pipeline as /v1/chat/completions: pipeline.py)
 
 from __future__ import annotations
 
-from typing import Self
+import json
+from typing import Any, Self
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -38,6 +45,7 @@ from sidecar.web.messages import (
     NewTokens,
     NonBlankText,
     Seed,
+    StopSequences,
     Temperature,
     TopK,
     TopP,
@@ -64,6 +72,7 @@ class PredictRequest(BaseModel):
     top_k: TopK | None = None
     seed: Seed | None = None
     cache_scope: CacheScope | None = None
+    stop: StopSequences | None = None
 
     @model_validator(mode="after")
     def _one_conversation(self) -> Self:
@@ -101,6 +110,45 @@ class PlainText(ReplyFormat):
         return text.encode()
 
 
+class Events(ReplyFormat):
+    """application/x-ndjson, for clients that ask for it (Accept): the text as events, and
+    how the reply ended (what text/plain cannot say). The chat app reads this."""
+
+    media_type = "application/x-ndjson"
+
+    def piece(self, text: str) -> bytes:
+        return _line({"text": text})
+
+    def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
+        return _line(
+            {
+                "done": True,
+                "finish_reason": "length" if end.finish == "length" else "stop",
+                "generated_tokens": end.generated_tokens,
+                "prompt_tokens": started.prompt_tokens,
+                "cached_tokens": started.cached_tokens,
+                "dropped_messages": started.dropped_messages,
+            }
+        )
+
+    def failure(self) -> bytes:
+        message = "the generation failed after the reply started; see the sidecar log"
+        return _line({"error": {"message": message, "type": "generation_failed"}})
+
+
+def _line(event: dict[str, Any]) -> bytes:
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def wants_events(request: Request) -> bool:
+    """Accept names application/x-ndjson (with a q above 0)."""
+    for entry in request.headers.get("accept", "").split(","):
+        media, *params = (part.strip().lower() for part in entry.split(";"))
+        if media == Events.media_type and not any(p in ("q=0", "q=0.0") for p in params):
+            return True
+    return False
+
+
 @router.post("/predict")
 async def predict(
     request: Request, settings: SettingsDep, pipeline: PipelineDep, record: RecordDep
@@ -117,5 +165,7 @@ async def predict(
         top_k=body.top_k,
         seed=body.seed,
         cache_scope=None if body.cache_scope is None else "scope:" + body.cache_scope,
+        stop=tuple(body.stop or ()),
     )
-    return await pipeline.run(request, record, generate, PlainText())
+    reply_format = Events() if wants_events(request) else PlainText()
+    return await pipeline.run(request, record, generate, reply_format)

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sidecar import ipc
-from sidecar.web.errors import ApiError, error_response, not_ready
+from sidecar.web.errors import ApiError, not_ready
 from sidecar.web.model_client import ModelClient, Reply
 from sidecar.web.record import RequestRecord
 
@@ -47,7 +47,12 @@ class ReplyFormat:
         raise NotImplementedError
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
-        """Sent last, when the generation ended normally (eos or length)."""
+        """Sent last, when the generation ended normally (eos, stop or length)."""
+        return b""
+
+    def failure(self) -> bytes:
+        """Sent last when the generation failed after the first byte; b"": end the stream
+        without its final chunk instead, so that the client sees it cut off."""
         return b""
 
 
@@ -115,6 +120,8 @@ class ReplyResponse(Response):
         elif end.finish != "error":
             tail = self._format.tail(end, self._started) if outcome != "cancelled" else b""
             await send({"type": "http.response.body", "body": tail, "more_body": False})
+        elif failure := self._format.failure():  # a format that can say so in its stream
+            await send({"type": "http.response.body", "body": failure, "more_body": False})
         # else: return without the final chunk; the server closes the connection.
 
     async def _send_whole(
@@ -137,10 +144,7 @@ class ReplyResponse(Response):
 
     async def _error(self, error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
         self._record.error_type = error.kind
-        response = error_response(
-            error.status, error.kind, error.message, error.headers, error.extra
-        )
-        await response(scope, receive, send)
+        await error.response(scope["path"])(scope, receive, send)
 
     async def _pump(self, send: Send) -> ipc.End:
         pieces = self._reply.pieces
