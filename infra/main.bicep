@@ -61,6 +61,13 @@ param modelRepoId string = 'microsoft/Phi-3-mini-4k-instruct-onnx'
 @description('Folder of the model inside that repository (modelSource=download).')
 param modelSubfolder string = 'cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4'
 
+// Traces of both containers in Application Insights (Azure Monitor, workspace-based): each
+// container gets APPLICATIONINSIGHTS_CONNECTION_STRING and exports its spans there; the app's
+// and the sidecar's spans of one chat share a trace (README, "Operations"). Off: no resource,
+// no variable, no telemetry leaves the app.
+@description('Create Application Insights (and its Log Analytics workspace) and send the traces of both containers to it.')
+param useApplicationInsights bool = false
+
 var resourceToken = toLower(uniqueString(subscription().id, resourceGroup().id, environmentName))
 var tags = {
   'azd-env-name': environmentName
@@ -98,6 +105,29 @@ resource acrPull 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
+resource logAnalytics 'Microsoft.OperationalInsights/workspaces@2023-09-01' = if (useApplicationInsights) {
+  name: 'log-${environmentName}-${resourceToken}'
+  location: location
+  tags: tags
+  properties: {
+    sku: {
+      name: 'PerGB2018'
+    }
+    retentionInDays: 30
+  }
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' = if (useApplicationInsights) {
+  name: 'appi-${environmentName}-${resourceToken}'
+  location: location
+  tags: tags
+  kind: 'web'
+  properties: {
+    Application_Type: 'web'
+    WorkspaceResourceId: logAnalytics.id
+  }
+}
+
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   name: 'plan-${environmentName}-${resourceToken}'
   location: location
@@ -122,6 +152,11 @@ var downloadSettings = [
   { name: 'MODEL_REPO_ID', value: modelRepoId }
   { name: 'MODEL_SUBFOLDER', value: modelSubfolder }
 ]
+var telemetrySettings = useApplicationInsights
+  ? [
+      { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: appInsights.properties.ConnectionString }
+    ]
+  : []
 var appSettings = concat(
   [
     // Mount the persistent /home share into the containers (the downloaded model lives there).
@@ -130,10 +165,16 @@ var appSettings = concat(
     { name: 'SIDECAR_URL', value: 'http://localhost:${sidecarPort}' }
     { name: 'SIDECAR_PORT', value: sidecarPort }
   ],
-  modelSource == 'download' ? downloadSettings : []
+  modelSource == 'download' ? downloadSettings : [],
+  telemetrySettings
 )
 // In the sidecar, each model variable takes the value of the app setting of the same name.
 var sidecarModelVariables = [for setting in downloadSettings: {
+  name: setting.name
+  value: setting.name
+}]
+// Both containers read the connection string under its own name.
+var telemetryVariables = [for setting in telemetrySettings: {
   name: setting.name
   value: setting.name
 }]
@@ -183,10 +224,13 @@ resource mainContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
     authType: 'UserAssigned'
     userManagedIdentityClientId: pullIdentity.properties.clientId
     inheritAppSettingsAndConnectionStrings: false
-    environmentVariables: [
-      { name: 'PORT', value: 'APP_PORT' }
-      { name: 'SIDECAR_URL', value: 'SIDECAR_URL' }
-    ]
+    environmentVariables: concat(
+      [
+        { name: 'PORT', value: 'APP_PORT' }
+        { name: 'SIDECAR_URL', value: 'SIDECAR_URL' }
+      ],
+      telemetryVariables
+    )
   }
 }
 
@@ -205,7 +249,8 @@ resource sidecarContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
       [
         { name: 'PORT', value: 'SIDECAR_PORT' }
       ],
-      modelSource == 'download' ? sidecarModelVariables : []
+      modelSource == 'download' ? sidecarModelVariables : [],
+      telemetryVariables
     )
   }
 }
@@ -218,3 +263,4 @@ output WEBAPP_NAME string = site.name
 output WEBAPP_URL string = 'https://${site.properties.defaultHostName}'
 output IMAGE_TAG string = imageTag
 output MODEL_SOURCE string = modelSource
+output APPLICATIONINSIGHTS_NAME string = useApplicationInsights ? appInsights.name : ''

@@ -26,6 +26,8 @@ scripts/smoke_test.py against it.
       --model-dir DIR        bake the model folder DIR into the sidecar image (built locally
                              with docker or podman, then pushed); default: the sidecar
                              downloads the model into /home on its first start
+      --app-insights         create Application Insights and send both containers' traces
+                             to it (README, "Operations")
       --no-smoke             do not run the smoke test
   -h, --help                 this message
 EOF
@@ -65,12 +67,13 @@ build_images() {
 
 deploy_infra() {
     local group=$1 location=$2 env_name=$3 tag=$4 sku=$5 instances=$6 model_source=$7
+    local insights=$8
     echo "deploying infra/main.bicep to $group (images :$tag, model: $model_source)"
     az deployment group create --resource-group "$group" --name "$DEPLOYMENT" \
         --template-file "$ROOT/infra/main.bicep" \
         --parameters environmentName="$env_name" location="$location" imageTag="$tag" \
         planSku="$sku" instanceCount="$instances" modelSource="$model_source" \
-        --output none
+        useApplicationInsights="$insights" --output none
 }
 
 output() {
@@ -97,7 +100,7 @@ azd_postprovision() {
 
 main() {
     local group="" location=${AZURE_LOCATION:-} env_name=phi3chat tag="" sku=P1v3
-    local instances=1 model_dir="" smoke=1
+    local instances=1 model_dir="" smoke=1 insights=false
     while [ $# -gt 0 ]; do
         case "$1" in
             -g | --resource-group) group=${2:?}; shift 2 ;;
@@ -107,6 +110,7 @@ main() {
             --sku) sku=${2:?}; shift 2 ;;
             --instances) instances=${2:?}; shift 2 ;;
             --model-dir) model_dir=${2:?}; shift 2 ;;
+            --app-insights) insights=true; shift ;;
             --no-smoke) smoke=0; shift ;;
             --azd-postprovision) azd_postprovision; return ;;
             -h | --help) usage; return 0 ;;
@@ -138,7 +142,8 @@ main() {
         # First run: the registry must exist before images can be built in it. The site points
         # at the new tag a few minutes before the images are there, and is restarted after.
         first=1
-        deploy_infra "$group" "$location" "$env_name" "$tag" "$sku" "$instances" "$model_source"
+        deploy_infra "$group" "$location" "$env_name" "$tag" "$sku" "$instances" "$model_source" \
+            "$insights"
         registry=$(output "$group" AZURE_CONTAINER_REGISTRY_NAME)
     fi
     build_images "$registry" "$tag" "$model_dir"
@@ -148,7 +153,8 @@ main() {
         az webapp restart --resource-group "$group" --name "$site"
     else
         # Images first, then the site: it never points at a tag that is not built yet.
-        deploy_infra "$group" "$location" "$env_name" "$tag" "$sku" "$instances" "$model_source"
+        deploy_infra "$group" "$location" "$env_name" "$tag" "$sku" "$instances" "$model_source" \
+            "$insights"
     fi
     local url
     url=$(output "$group" WEBAPP_URL)

@@ -17,6 +17,7 @@ import pytest
 
 from chatapp import logs as app_logs
 from chatapp import settings as app_settings
+from chatapp import telemetry as app_telemetry
 from chatapp import upstream_predict as app_upstream
 from chatapp import wire as app_wire
 from sidecar import ipc
@@ -83,3 +84,48 @@ def test_the_app_never_sends_more_than_the_sidecar_accepts() -> None:
         <= Settings.model_fields["max_body_bytes"].default
     )
     assert app_settings.DEFAULTS["MAX_MESSAGES"] <= sidecar_messages.MAX_MESSAGES
+
+
+TRACING_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "TRACES_FILE",
+    "OTEL_SERVICE_NAME",
+    "OTEL_SDK_DISABLED",
+)
+
+
+def test_both_services_read_the_same_trace_settings(tmp_path: Path) -> None:
+    """One set of variables for the pair: the same names, the same destinations, the same
+    accepted protocol, the same kill switch."""
+    sidecar_fields = {name.upper() for name in Settings.model_fields}
+    assert set(TRACING_VARIABLES) <= sidecar_fields
+    assert set(TRACING_VARIABLES) <= set(app_settings.DEFAULTS)
+    assert (
+        Settings.model_fields["otel_exporter_otlp_protocol"].default
+        == app_settings.DEFAULTS["OTEL_EXPORTER_OTLP_PROTOCOL"]
+    )
+    environ = {"TRACES_FILE": str(tmp_path / "t.jsonl")}
+    off = {**environ, "OTEL_SDK_DISABLED": "true"}
+
+    def sidecar(variables: dict[str, str]) -> Settings:
+        return Settings.model_validate(
+            {"model_path": tmp_path, **{k.lower(): v for k, v in variables.items()}}
+        )
+
+    def app_exporters(variables: dict[str, str]) -> int:
+        config = {**app_settings.DEFAULTS, **app_settings.from_environ(variables)}
+        exporters = app_telemetry.span_exporters(config)
+        for exporter in exporters:
+            exporter.shutdown()
+        return len(exporters)
+
+    assert sidecar(environ).tracing and app_exporters(environ) == 1
+    assert not sidecar(off).tracing and app_exporters(off) == 0
+    for bad in ("grpc", "http/json"):
+        with pytest.raises(ValueError):
+            sidecar({"OTEL_EXPORTER_OTLP_PROTOCOL": bad})
+        with pytest.raises(app_settings.SettingsError):
+            app_settings.from_environ({"OTEL_EXPORTER_OTLP_PROTOCOL": bad})

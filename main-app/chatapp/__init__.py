@@ -21,7 +21,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # patched the standard library (sockets, ssl, threads).
     from flask import Flask
 
-    from chatapp import errors, health, pages, relay, settings
+    from chatapp import errors, health, metrics, pages, relay, settings
+    from chatapp.telemetry import Telemetry
     from chatapp.upstream import make_upstream
 
     app = Flask(__name__)
@@ -34,8 +35,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config.from_mapping(test_config)
 
     app.extensions["upstream"] = make_upstream(app.config)
+    # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
+    app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
+    telemetry.install(app)
     errors.register(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(relay.bp)
     app.register_blueprint(health.bp)
+    if app.config["METRICS"]:
+        app.register_blueprint(metrics.bp)
     return app

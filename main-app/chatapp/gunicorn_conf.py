@@ -12,7 +12,7 @@ LOG_LEVEL, WEB_CONCURRENCY and GUNICORN_CONNECTIONS are parsed by `chatapp.setti
 import logging
 import os
 
-from chatapp import settings
+from chatapp import gunicorn_metrics, settings
 
 # Python warnings (gevent's, say) become JSON log lines like everything else on stderr.
 logging.captureWarnings(True)
@@ -27,6 +27,10 @@ keepalive = 5
 # No control socket: it would be one shared path ($HOME/.gunicorn/gunicorn.ctl) for every
 # gunicorn on the machine, and nothing here uses gunicornc.
 control_socket_disable = True
+# /metrics adds up every worker's numbers: each writes them into one folder (gunicorn_metrics.py).
+on_starting = gunicorn_metrics.on_starting
+child_exit = gunicorn_metrics.child_exit
+on_exit = gunicorn_metrics.on_exit
 # No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.
 accesslog = None
 errorlog = "-"

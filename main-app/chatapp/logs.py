@@ -16,6 +16,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -75,6 +76,8 @@ class ChatRecord:
     ttft_ms: float | None = None
     tokens_per_s: float | None = None
     started: float = field(default_factory=time.monotonic)
+    # Told (status, outcome, seconds) when the chat ends: /metrics and the trace (telemetry.py).
+    observer: Callable[[int, str, float], None] | None = field(default=None, repr=False)
     _logged: bool = field(default=False, repr=False)
 
     def finish(self, status: int, outcome: str) -> None:
@@ -83,6 +86,9 @@ class ChatRecord:
         if self._logged:
             return
         self._logged = True
+        seconds = time.monotonic() - self.started
+        if self.observer is not None:
+            self.observer(status, outcome, seconds)
         fields: dict[str, Any] = {
             "request_id": self.request_id,
             "status": status,
@@ -95,7 +101,7 @@ class ChatRecord:
             "pieces": self.pieces,
             "ttft_ms": self.ttft_ms,
             "tokens_per_s": self.tokens_per_s,
-            "duration_ms": round((time.monotonic() - self.started) * 1000, 1),
+            "duration_ms": round(seconds * 1000, 1),
         }
         known = {k: v for k, v in fields.items() if v is not None}
         request_log.info("chat", extra={"fields": known})

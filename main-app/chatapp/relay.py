@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 from chatapp import errors, wire
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
+from chatapp.telemetry import Telemetry
 from chatapp.upstream import Broken, Done, ReplyStream, Upstream
 
 bp = Blueprint("relay", __name__)
@@ -126,9 +127,15 @@ def _upstream() -> Upstream:
     return upstream
 
 
+def _telemetry() -> Telemetry:
+    telemetry: Telemetry = current_app.extensions["telemetry"]
+    return telemetry
+
+
 @bp.before_request
 def _open_record() -> None:
-    g.chat = ChatRecord(request_id(request.headers.get("X-Request-Id")))
+    rid = request_id(request.headers.get("X-Request-Id"))
+    g.chat = ChatRecord(rid, observer=_telemetry().chat_observer(rid))  # telemetry: the end
 
 
 @bp.after_request
@@ -175,8 +182,13 @@ def chat() -> Response:
     if "max_new_tokens" not in payload and default:
         # The app's default never undercuts a minimum the request asked for.
         payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
-    reply = _upstream().start(payload, record.request_id)
+    try:
+        reply = _upstream().start(payload, record.request_id)
+    except ApiError as error:  # telemetry: the hop to the model service failed before the reply
+        _telemetry().upstream_error(error.type)
+        raise
     body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
+    _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(
         body_iter,
         content_type=wire.CONTENT_TYPE,

@@ -37,6 +37,20 @@ Environment variable (default): meaning
   that level up (one `info` line per chat, see `chatapp.logs`).
 - `HOST` (`0.0.0.0`) and `PORT` (`8080`, where App Service sends outside traffic): the address
   the server listens on.
+- `METRICS` (`true`): serve `GET /metrics` (Prometheus text; counts and timings, never text or
+  ids); `false` removes the route, e.g. on a public site nobody scrapes.
+
+Traces (`chatapp.telemetry`), off unless one destination is set:
+
+- `OTEL_EXPORTER_OTLP_ENDPOINT` (unset): OpenTelemetry's standard variable: send spans over
+  OTLP/HTTP (protobuf) to this collector, at its `/v1/traces` (`http://localhost:4318`).
+- `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (unset): the full URL for spans, used as it is.
+- `OTEL_EXPORTER_OTLP_PROTOCOL` (`http/protobuf`): the only one installed; others are refused.
+- `APPLICATIONINSIGHTS_CONNECTION_STRING` (unset): send spans to this Application Insights
+  resource (Azure Monitor; App Service's name for it).
+- `TRACES_FILE` (unset): append spans to this file as OTLP JSON lines (disconnected sites).
+- `OTEL_SERVICE_NAME` (`phi3-chat-app`): the spans' `service.name`.
+- `OTEL_SDK_DISABLED` (`false`): `true` turns tracing off whatever is set.
 """
 
 from __future__ import annotations
@@ -59,6 +73,14 @@ DEFAULTS: dict[str, Any] = {
     "UPSTREAM_MODEL": None,
     "UPSTREAM_API_KEY": None,
     "TRUSTED_HOSTS": None,  # Flask's own name; the environment says ALLOWED_HOSTS
+    "METRICS": True,
+    "OTEL_EXPORTER_OTLP_ENDPOINT": None,
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": None,
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING": None,
+    "TRACES_FILE": None,
+    "OTEL_SERVICE_NAME": "phi3-chat-app",
+    "OTEL_SDK_DISABLED": False,
 }
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -126,6 +148,23 @@ def _hosts(name: str, raw: str) -> list[str] | None:
     return [h[1:] if h.startswith("*.") else h for h in hosts]
 
 
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise SettingsError(f"{name} must be true or false, got {raw!r}")
+    return value in ("1", "true", "yes", "on")
+
+
+def _text(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _otlp_protocol(name: str, raw: str) -> str:
+    if raw.strip() != "http/protobuf":
+        raise SettingsError(f"{name} must be http/protobuf (the one installed), got {raw!r}")
+    return raw.strip()
+
+
 # Environment variable -> (config key, parser).
 _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SIDECAR_URL": ("SIDECAR_URL", _url),
@@ -142,6 +181,14 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "UPSTREAM_API_KEY": ("UPSTREAM_API_KEY", _secret),
     "SIDECAR_API_KEY": ("UPSTREAM_API_KEY", _secret),  # the same setting by its #12 name
     "ALLOWED_HOSTS": ("TRUSTED_HOSTS", _hosts),
+    "METRICS": ("METRICS", _bool),
+    "OTEL_EXPORTER_OTLP_ENDPOINT": ("OTEL_EXPORTER_OTLP_ENDPOINT", _url),
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", _url),
+    "OTEL_EXPORTER_OTLP_PROTOCOL": ("OTEL_EXPORTER_OTLP_PROTOCOL", _otlp_protocol),
+    "APPLICATIONINSIGHTS_CONNECTION_STRING": ("APPLICATIONINSIGHTS_CONNECTION_STRING", _text),
+    "TRACES_FILE": ("TRACES_FILE", _text),
+    "OTEL_SERVICE_NAME": ("OTEL_SERVICE_NAME", _text),
+    "OTEL_SDK_DISABLED": ("OTEL_SDK_DISABLED", _bool),
 }
 
 

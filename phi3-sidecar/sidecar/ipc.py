@@ -112,6 +112,9 @@ class Piece:
     key: int
     text: str
     generated: int = 0  # tokens generated so far (a reply cut off by a crash still counts them)
+    # time.monotonic() when the worker made the piece's last token: the time between tokens
+    # for /metrics, on the clock of the process that made them.
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,44 @@ class Settings(BaseSettings):
         description="Host header values accepted, comma-separated: names, `*.example.com`, or "
         "`*` for any (the default). Others get 400 invalid_host.",
     )
+    # Telemetry (web/telemetry.py): traces only when one of the three destinations is set.
+    otel_exporter_otlp_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="OpenTelemetry's standard variable: send spans over OTLP/HTTP (protobuf) to "
+        "this collector, at its /v1/traces (`http://localhost:4318`).",
+    )
+    otel_exporter_otlp_traces_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="The full URL for spans, used as it is (instead of "
+        "OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces).",
+    )
+    otel_exporter_otlp_protocol: Literal["http/protobuf"] = Field(
+        default="http/protobuf",
+        description="OTLP over HTTP with protobuf bodies, the only one installed (a collector "
+        "takes it on port 4318); anything else is refused rather than ignored.",
+    )
+    applicationinsights_connection_string: SecretStr | None = Field(
+        default=None,
+        description="Send spans to this Application Insights resource (Azure Monitor), App "
+        "Service's convention for the variable.",
+    )
+    traces_file: Path | None = Field(
+        default=None,
+        description="Append spans to this file as OTLP JSON lines, for sites without a network "
+        "to a collector: ship the file later (an OpenTelemetry collector reads it with its "
+        "otlpjsonfile receiver).",
+    )
+    otel_service_name: str = Field(
+        default="phi3-sidecar",
+        min_length=1,
+        description="OpenTelemetry's service.name of these spans.",
+    )
+    otel_sdk_disabled: bool = Field(
+        default=False,
+        description="OpenTelemetry's standard switch: true turns tracing off whatever is set.",
+    )
     engine_factory: str = Field(
         default="sidecar.model.engine:load_engine",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
@@ -193,6 +231,17 @@ class Settings(BaseSettings):
             if path.parts[-len(subfolder.parts) :] == subfolder.parts:
                 path = path.parents[len(subfolder.parts) - 1]
         return path.name or str(path)
+
+    @property
+    def tracing(self) -> bool:
+        """Whether spans go anywhere (else no OpenTelemetry SDK is even imported)."""
+        destinations = (
+            self.otel_exporter_otlp_endpoint,
+            self.otel_exporter_otlp_traces_endpoint,
+            self.applicationinsights_connection_string,
+            self.traces_file,
+        )
+        return not self.otel_sdk_disabled and any(d is not None for d in destinations)
 
     @model_validator(mode="before")
     @classmethod

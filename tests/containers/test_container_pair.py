@@ -217,5 +217,7 @@ def test_images_hold_no_compiler_and_no_unused_frameworks(images: podman.Images)
 def test_image_sizes_stay_small(images: podman.Images) -> None:
     """What each Dockerfile adds to the base, without a model (sizes in build/containers/)."""
     added = {name: size - images.base_size for name, size in images.sizes.items()}
-    assert added["app"] < 60_000_000, added
+    # The app: Flask, gunicorn, gevent and requests (about 26 MB), OpenTelemetry and
+    # prometheus-client (about 14 MB), Azure Monitor's exporter (about 26 MB: cryptography).
+    assert added["app"] < 80_000_000, added
     assert added["sidecar"] < 350_000_000, added

@@ -79,7 +79,8 @@ def block(text: str, start: int) -> str:
 
 def resources() -> list[dict[str, str]]:
     found = []
-    for match in re.finditer(r"^resource (\w+) '([\w./]+)@([\d-]+(?:-preview)?)' = ", SOURCE, re.M):
+    pattern = r"^resource (\w+) '([\w./]+)@([\d-]+(?:-preview)?)' = (?:if \(\w+\) )?"
+    for match in re.finditer(pattern, SOURCE, re.M):
         found.append(
             {
                 "symbol": match[1],
@@ -263,3 +264,33 @@ def test_azure_yaml_provisions_main_bicep_and_builds_in_a_hook(azure_yaml: dict[
     assert script.is_file() and os.access(script, os.X_OK)
     assert hook[1:] == ["--azd-postprovision"]
     assert "--azd-postprovision)" in script.read_text()
+
+
+def test_application_insights_is_optional_and_feeds_both_containers() -> None:
+    """Behind useApplicationInsights (default off): a workspace-based Application Insights
+    resource whose connection string both containers read under its own name."""
+    assert params()["useApplicationInsights"] == "false"
+    given = json.loads((REPO / "infra" / "main.parameters.json").read_text())["parameters"]
+    assert given["useApplicationInsights"]["value"] == "${USE_APPLICATION_INSIGHTS=false}"
+    (insights,) = of_type("Microsoft.Insights/components")
+    (workspace,) = of_type("Microsoft.OperationalInsights/workspaces")
+    for resource in (insights, workspace):
+        assert f"resource {resource['symbol']} '" in SOURCE
+        assert re.search(
+            rf"^resource {resource['symbol']} .* = if \(useApplicationInsights\) ", SOURCE, re.M
+        )
+    assert value(insights["body"], "WorkspaceResourceId") == "logAnalytics.id"
+    start = SOURCE.index("var telemetrySettings = ")
+    (setting,) = name_value_pairs(block(SOURCE, SOURCE.index("[", start)))
+    assert setting == (
+        "APPLICATIONINSIGHTS_CONNECTION_STRING",
+        "appInsights.properties.ConnectionString",
+    )
+    assert "telemetrySettings\n)" in SOURCE  # part of the app settings
+    # Read by both services, and given to both containers by the same name.
+    variable = setting[0]
+    assert app_reads(variable) and variable in SIDECAR_VARIABLES
+    for container in containers().values():
+        body = container["body"]
+        assert "telemetryVariables" in block(body, body.index("environmentVariables: ") + 22)
+    assert "var telemetryVariables = [for setting in telemetrySettings: {" in SOURCE

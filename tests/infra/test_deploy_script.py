@@ -140,6 +140,10 @@ def test_later_runs_build_the_images_before_pointing_the_site_at_them(
     params = parameters(env)
     assert params["instanceCount"] == "3" and params["planSku"] == "P2v3"
     assert params["imageTag"]  # a fresh tag made from the commit and the time
+    assert params["useApplicationInsights"] == "false"
+    Path(env["FAKE_AZ_LOG"]).unlink()
+    assert deploy(env, "-g", "rg", "--app-insights", "--no-smoke").returncode == 0
+    assert parameters(env)["useApplicationInsights"] == "true"
 
 
 def test_model_dir_bakes_the_model_in_with_a_local_build(

@@ -65,6 +65,7 @@ def test_fuzz_finds_no_server_error_and_no_schema_violation(
             capture_output=True,
             text=True,
             timeout=600,
+            cwd=tmp_path,  # its cache (.schemathesis/) stays out of the work tree
         )
         log = sidecar.log()
     assert result.returncode == 0, failures(result.stdout) or result.stdout[-4000:] + result.stderr

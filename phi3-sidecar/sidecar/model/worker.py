@@ -222,9 +222,10 @@ class Scheduler:
             self._end(key, job, "error")
             return
         if text is not None:  # None: a chunk of the prompt was appended, no token yet
-            job.finished_at.append(time.monotonic())
+            now = time.monotonic()
+            job.finished_at.append(now)
             if text:
-                self._outbox.send(ipc.Piece(key, text, job.generation.generated))
+                self._outbox.send(ipc.Piece(key, text, job.generation.generated, now))
         if job.generation.finish is not None:
             del self._jobs[key]
             self._end(key, job, job.generation.finish)

@@ -23,6 +23,7 @@ from sidecar.web.pipeline import Pipeline
 from sidecar.web.predict_api import router as predict_router
 from sidecar.web.probes import router as probes_router
 from sidecar.web.request_log import RequestLogMiddleware
+from sidecar.web.telemetry import TraceRequest, Tracing
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -31,6 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     admission = Admission(settings.max_concurrency, settings.queue_size)
     # A slot is held until the worker reports the generation over (see admission.py).
     model = ModelClient(settings, on_generation_over=admission.release)
+    tracing = Tracing.from_settings(settings)  # None unless a destination is set (telemetry.py)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -39,6 +41,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await model.stop()
+            if tracing is not None:
+                tracing.shutdown()  # the last spans go out
 
     app = FastAPI(
         title="phi3-sidecar",
@@ -48,8 +52,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
         openapi_url="/openapi.json",  # openapi.py: the bodies and errors FastAPI cannot infer
         # FastAPI's built-in OpenTelemetry hooks: off, so a request costs only what this
-        # service does (the one log line and /metrics are its observability).
-        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+        # service does (the one log line and /metrics), unless traces are configured: then
+        # FastAPI makes the server spans (web/telemetry.py).
+        telemetry=tracing.fastapi_config()
+        if tracing is not None
+        else {"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -58,8 +65,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.pipeline = Pipeline(model, admission, log_prompts=settings.log_prompts)
     errors.install(app)
     openapi.install(app)
-    # Added last, runs first: every request gets its log line, refused ones included.
     app.add_middleware(AccessMiddleware, settings=settings)
+    if tracing is not None:  # inside RequestLogMiddleware: it reads the request's record
+        app.add_middleware(TraceRequest, tracing=tracing)
+    # Added last, runs first: every request gets its log line, refused ones included.
     app.add_middleware(RequestLogMiddleware, metrics=metrics)
     app.include_router(probes_router)
     app.include_router(predict_router)

@@ -1,10 +1,36 @@
-"""Counters for GET /metrics (Prometheus text format)."""
+"""GET /metrics (Prometheus text format, written by prometheus-client).
+
+Counters of every generation request (the names /metrics had before histograms came), gauges
+read when scraped, and the distributions an operator watches, by API (`predict`, `v1`) and
+outcome (`eos`, `stop`, `length`, `cancelled`, `error`, `rejected`), as vLLM names them:
+
+- `sidecar_time_to_first_token_seconds`: from the request's arrival to its first piece of text
+  (body, queue, prefill);
+- `sidecar_inter_token_latency_seconds`: between two pieces of one reply, on the model worker's
+  clock (a piece is one token; a character spread over several tokens comes as one piece);
+- `sidecar_request_duration_seconds`: the whole request, end to end, refusals included;
+- `sidecar_queue_wait_seconds`: from asking for a slot to getting one;
+- `sidecar_request_prompt_tokens`, `sidecar_request_generated_tokens`: sizes per request.
+
+Label values come from fixed sets only: never a request id, never text.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from sidecar import ipc
 
@@ -12,8 +38,17 @@ if TYPE_CHECKING:
     from sidecar.web.record import RequestRecord
 
 
-# The routes that generate; their requests are counted (whichever way they end).
-GENERATION_PATHS = frozenset({"/predict", "/v1/chat/completions"})
+# The routes that generate, and their `api` label; their requests are counted however they end.
+GENERATION_PATHS = {"/predict": "predict", "/v1/chat/completions": "v1"}
+OUTCOMES = ("eos", "stop", "length", "cancelled", "error", "rejected")
+_LABELS = ("api", "outcome")
+
+# Seconds: a token of a small model takes milliseconds, a long prefill on a CPU minutes.
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+_TOKEN_GAP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+_QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+_TOKEN_BUCKETS = tuple(2**n for n in range(4, 18))  # 16 ... 131072
+_GENERATED_BUCKETS = (1, 2, 4, 8, *_TOKEN_BUCKETS[:-4])  # 1 ... 8192
 
 
 @dataclass
@@ -26,99 +61,137 @@ class Gauges:
 
 
 class Metrics:
+    """One registry per app (tests build several apps in one process)."""
+
     def __init__(self, *, prompt_cache: bool) -> None:
-        self.outcomes: Counter[str] = Counter()
-        self.generated_tokens = 0
-        self.prompt_tokens = 0
-        self.tokens_after_disconnect = 0
+        # No `_created` series beside every counter and histogram: Prometheus does not need
+        # them in this format (a process-wide switch of prometheus-client; idempotent).
+        disable_created_metrics()
         self.prompt_cache = prompt_cache  # hits and misses mean something only when it is on
-        self.cached_prompt_tokens = 0
-        self.cache_hits = 0
-        self.cache_misses = 0
+        self.registry = CollectorRegistry()
+        self._gauges = _GaugesCollector()
+        self.registry.register(self._gauges)
+
+        def counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, help_text, labels, registry=self.registry)
+
+        def histogram(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, help_text, _LABELS, buckets=buckets, registry=self.registry)
+
+        self.requests = counter(
+            "sidecar_requests",
+            "Finished generation requests (/predict and /v1/chat/completions together) by outcome.",
+            ("outcome",),
+        )
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)
+        self.generated_tokens = counter("sidecar_generated_tokens", "Tokens generated.")
+        self.prompt_tokens = counter("sidecar_prompt_tokens", "Prompt tokens processed.")
+        self.tokens_after_disconnect = counter(
+            "sidecar_tokens_after_disconnect",
+            "Tokens generated after a client disconnect was noticed.",
+        )
+        self.cached_prompt_tokens = counter(
+            "sidecar_cached_prompt_tokens",
+            "Prompt tokens not read again: the conversation cache held them.",
+        )
+        self.cache_hits = counter(
+            "sidecar_prompt_cache_hits", "Requests that continued a cached generator."
+        )
+        self.cache_misses = counter(
+            "sidecar_prompt_cache_misses", "Requests that read their whole prompt (cache on)."
+        )
+        self.ttft = histogram(
+            "sidecar_time_to_first_token_seconds",
+            "From a request's arrival to its first piece of text.",
+            _LATENCY_BUCKETS,
+        )
+        self.token_gap = histogram(
+            "sidecar_inter_token_latency_seconds",
+            "Between two pieces of text of one reply, as the model worker made them.",
+            _TOKEN_GAP_BUCKETS,
+        )
+        self.duration = histogram(
+            "sidecar_request_duration_seconds",
+            "A generation request from arrival to its last byte, refusals included.",
+            _LATENCY_BUCKETS,
+        )
+        self.queue_wait = histogram(
+            "sidecar_queue_wait_seconds",
+            "From asking for a generation slot to getting one.",
+            _QUEUE_BUCKETS,
+        )
+        self.prompt_size = histogram(
+            "sidecar_request_prompt_tokens",
+            "Prompt tokens of a request (cached ones included).",
+            _TOKEN_BUCKETS,
+        )
+        self.generated_size = histogram(
+            "sidecar_request_generated_tokens",
+            "Tokens generated for a request.",
+            _GENERATED_BUCKETS,
+        )
 
     def observe(self, record: RequestRecord) -> None:
-        if record.path not in GENERATION_PATHS:
+        api = GENERATION_PATHS.get(record.path)
+        if api is None:
             return
-        self.outcomes[record.outcome or "unknown"] += 1
-        self.generated_tokens += record.generated_tokens or 0
-        self.prompt_tokens += record.prompt_tokens or 0
-        self.tokens_after_disconnect += record.tokens_after_disconnect or 0
+        outcome = record.outcome or "unknown"
+        self.requests.labels(outcome).inc()
+        self.generated_tokens.inc(record.generated_tokens or 0)
+        self.prompt_tokens.inc(record.prompt_tokens or 0)
+        self.tokens_after_disconnect.inc(record.tokens_after_disconnect or 0)
         if record.cached_tokens is not None:  # the request reached the model
-            self.cached_prompt_tokens += record.cached_tokens
+            self.cached_prompt_tokens.inc(record.cached_tokens)
             if self.prompt_cache:
-                if record.cached_tokens:
-                    self.cache_hits += 1
-                else:
-                    self.cache_misses += 1
+                (self.cache_hits if record.cached_tokens else self.cache_misses).inc()
+        labels = (api, outcome)
+        if record.duration_ms is not None:
+            self.duration.labels(*labels).observe(record.duration_ms / 1000)
+        if record.queue_wait_ms is not None:
+            self.queue_wait.labels(*labels).observe(record.queue_wait_ms / 1000)
+        if record.ttft_ms is not None:
+            self.ttft.labels(*labels).observe(record.ttft_ms / 1000)
+        if record.prompt_tokens is not None:
+            self.prompt_size.labels(*labels).observe(record.prompt_tokens)
+        if record.generated_tokens is not None and record.prompt_tokens is not None:
+            self.generated_size.labels(*labels).observe(record.generated_tokens)
+        times = record.piece_times
+        if len(times) > 1:
+            gaps = self.token_gap.labels(*labels)
+            for earlier, later in itertools.pairwise(times):
+                gaps.observe(later - earlier)
 
     def render(self, gauges: Gauges) -> str:
-        lines = [
-            "# HELP sidecar_requests_total Finished generation requests (/predict and "
-            "/v1/chat/completions together) by outcome.",
-            "# TYPE sidecar_requests_total counter",
-        ]
-        for outcome in ("eos", "stop", "length", "cancelled", "error", "rejected"):
-            self.outcomes.setdefault(outcome, 0)
-        for outcome, count in sorted(self.outcomes.items()):
-            lines.append(f'sidecar_requests_total{{outcome="{outcome}"}} {count}')
-        for name, kind, help_text, value in (
-            ("generated_tokens_total", "counter", "Tokens generated.", self.generated_tokens),
-            ("prompt_tokens_total", "counter", "Prompt tokens processed.", self.prompt_tokens),
-            (
-                "tokens_after_disconnect_total",
-                "counter",
-                "Tokens generated after a client disconnect was noticed.",
-                self.tokens_after_disconnect,
-            ),
-            (
-                "worker_restarts_total",
-                "counter",
-                "Model worker restarts.",
-                gauges.worker_restarts,
-            ),
-            (
-                "cached_prompt_tokens_total",
-                "counter",
-                "Prompt tokens not read again: the conversation cache held them.",
-                self.cached_prompt_tokens,
-            ),
-            (
-                "prompt_cache_hits_total",
-                "counter",
-                "Requests that continued a cached generator.",
-                self.cache_hits,
-            ),
-            (
-                "prompt_cache_misses_total",
-                "counter",
-                "Requests that read their whole prompt (cache on).",
-                self.cache_misses,
-            ),
-            (
-                "prompt_cache_evictions_total",
-                "counter",
-                "Cached generators dropped to make room (since the model worker started).",
-                gauges.cache.evictions,
-            ),
+        self._gauges.latest = gauges
+        return generate_latest(self.registry).decode()
+
+
+class _GaugesCollector(Collector):
+    """What is read when /metrics is scraped: readiness, the queue, the worker's own counts."""
+
+    def __init__(self) -> None:
+        self.latest = Gauges(False, 0, 0, 0, ipc.CacheStats())
+
+    def collect(self) -> Iterator[Metric]:
+        g = self.latest
+        yield CounterMetricFamily(
+            "sidecar_worker_restarts", "Model worker restarts.", value=g.worker_restarts
+        )
+        yield CounterMetricFamily(
+            "sidecar_prompt_cache_evictions",
+            "Cached generators dropped to make room (since the model worker started).",
+            value=g.cache.evictions,
+        )
+        for name, help_text, value in (
             (
                 "prompt_cache_bytes",
-                "gauge",
                 "KV-cache bytes of the generators the conversation cache holds.",
-                gauges.cache.bytes,
+                g.cache.bytes,
             ),
-            (
-                "prompt_cache_entries",
-                "gauge",
-                "Generators the conversation cache holds.",
-                gauges.cache.entries,
-            ),
-            ("ready", "gauge", "1 when the model is ready.", int(gauges.ready)),
-            ("active_generations", "gauge", "Generations running.", gauges.active),
-            ("queue_depth", "gauge", "Requests waiting for a slot.", gauges.waiting),
+            ("prompt_cache_entries", "Generators the conversation cache holds.", g.cache.entries),
+            ("ready", "1 when the model is ready.", int(g.ready)),
+            ("active_generations", "Generations running.", g.active),
+            ("queue_depth", "Requests waiting for a slot.", g.waiting),
         ):
-            lines += [
-                f"# HELP sidecar_{name} {help_text}",
-                f"# TYPE sidecar_{name} {kind}",
-                f"sidecar_{name} {value}",
-            ]
-        return "\n".join(lines) + "\n"
+            yield GaugeMetricFamily(f"sidecar_{name}", help_text, value=value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import NoReturn, TypeVar
 
 from fastapi import Request, Response
@@ -90,9 +91,11 @@ class Pipeline:
             record.prompt = generate.messages
         if model.phase.name != "ready":
             raise not_ready(model.phase.name, model.phase.reason)
+        queued_at = time.monotonic()  # telemetry: the queue wait (web/metrics.py, telemetry.py)
         if not await self._admit(request):
             record.outcome = "cancelled"  # the client left while waiting in the queue
             return Response(status_code=204)
+        record.admitted(queued_at)  # telemetry
         reply = model.submit(generate)
         try:
             start = await reply.start

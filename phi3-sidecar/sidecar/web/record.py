@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+# Timings kept for /metrics and the trace (web/metrics.py, web/telemetry.py), not logged.
+_NOT_LOGGED = ("started_at", "queued_at", "admitted_at", "piece_times")
 
 
 @dataclass
@@ -22,15 +26,25 @@ class RequestRecord:
     cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
     dropped_messages: int | None = None
     generated_tokens: int | None = None
+    queue_wait_ms: float | None = None  # from asking for a generation slot to getting one
     ttft_ms: float | None = None
     tokens_per_s: float | None = None
     tokens_after_disconnect: int | None = None
     duration_ms: float | None = None
     prompt: Any = None  # only with LOG_PROMPTS=1
     reply: str | None = None  # only with LOG_PROMPTS=1
+    # time.monotonic() (one clock for both processes): arrival, asking for a slot, getting it,
+    # and when the model worker made each piece of text (ipc.Piece.at).
     started_at: float = field(default_factory=time.monotonic, repr=False)
+    queued_at: float | None = field(default=None, repr=False)
+    admitted_at: float | None = field(default=None, repr=False)
+    piece_times: list[float] = field(default_factory=list, repr=False)
+
+    def admitted(self, queued_at: float) -> None:
+        """The request asked for a slot at `queued_at` and got it now."""
+        self.queued_at, self.admitted_at = queued_at, time.monotonic()
+        self.queue_wait_ms = round((self.admitted_at - queued_at) * 1000, 1)
 
     def fields(self) -> dict[str, Any]:
-        data = asdict(self)
-        del data["started_at"]
-        return {k: v for k, v in data.items() if v is not None}
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in data.items() if v is not None and k not in _NOT_LOGGED}

@@ -153,6 +153,8 @@ class ReplyResponse(Response):
             while not pieces.empty() and not isinstance(batch[-1], ipc.End):
                 batch.append(pieces.get_nowait())
             text = "".join(m.text for m in batch if isinstance(m, ipc.Piece))
+            # telemetry: when the worker made each piece (inter-token latency, web/metrics.py)
+            self._record.piece_times.extend(m.at for m in batch if isinstance(m, ipc.Piece))
             if text:
                 if self._record.ttft_ms is None:
                     elapsed = time.monotonic() - self._record.started_at
