@@ -231,7 +231,8 @@ def test_eviction_under_a_tiny_budget(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """1 MiB holds one generator of the tiny model (1 KiB of K/V a token): a second
-    conversation evicts the first, whose next turn is read whole, and replies do not change."""
+    conversation evicts the first (reusing its generator, rewound to nothing), whose next turn
+    is read whole in the generator reused again, and replies do not change."""
     a, b = USER_TURNS[:2], [t.upper() for t in USER_TURNS[:2]]
     with (
         sidecar(tiny_model_dir, tmp_path_factory, PROMPT_CACHE_MB="1") as on,

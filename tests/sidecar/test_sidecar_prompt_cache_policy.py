@@ -115,6 +115,41 @@ def test_least_recently_used_idle_entries_make_room() -> None:
     assert old not in pool.entries
 
 
+def test_a_miss_that_must_evict_reuses_a_generator_it_would_evict() -> None:
+    pool = cache(budget_tokens=1000)
+    old = kept(pool, [1, 2, 3, 4, 5], [6], capacity=400, scope="a")
+    new = kept(pool, [7, 8, 9, 10, 11], [12], capacity=400)
+    recycled = pool.recycle("b", False, 400, 300)
+    assert recycled is old and old.lent and old.scope == "b"
+    assert (old.kv_len, old.prompt_end, old.exact_end) == (0, 0, 0)  # its tokens are gone
+    assert pool.entries == [old, new] and pool.evictions == 1  # its conversation counts as evicted
+    assert pool.lend(None, False, [7, 8, 9, 10, 11, 12, 13], 50) is not None  # `new` is intact
+
+
+def test_nothing_is_reused_when_the_new_generator_fits() -> None:
+    pool = cache(budget_tokens=1000)
+    kept(pool, [1, 2, 3, 4, 5], [6], capacity=400)
+    assert pool.recycle(None, False, 600, 300) is None
+    assert pool.evictions == 0
+
+
+def test_only_a_generator_of_the_same_mode_with_room_among_those_evicted_is_reused() -> None:
+    pool = cache(budget_tokens=1000)
+    kept(pool, [1, 2, 3, 4, 5], [6], capacity=200)
+    sampling = Entry(Tokens([7, 8, 9]), None, 400, None, True, 400 * KB)
+    pool.adopt(sampling)
+    pool.give_back(sampling, reusable=True)
+    recent = kept(pool, [20, 21, 22, 23], [24], capacity=400)
+    # 200 must go for 200 more to fit: only the small one, too small for 300 tokens.
+    assert pool.recycle(None, False, 200, 300) is None
+    # 600 more: the small one and `sampling` would go; neither fits a greedy 300-token request.
+    assert pool.recycle(None, False, 600, 300) is None
+    # All three would go for 1000: the first that qualifies, least recently used first.
+    assert pool.recycle(None, False, 1000, 300) is recent
+    assert pool.recycle(None, True, 1000, 300) is sampling
+    assert pool.evictions == 2 and len(pool.entries) == 3
+
+
 def test_a_lent_entry_is_never_evicted() -> None:
     pool = cache(budget_tokens=1000)
     entry = kept(pool, [1, 2, 3, 4, 5], [6], capacity=800)

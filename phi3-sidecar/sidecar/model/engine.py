@@ -232,6 +232,10 @@ class Generation:
         lent = (
             self._cache.lend(request.cache_scope, sampling, prompt.ids, needed) if cached else None
         )
+        if lent is None and cached:
+            capacity = max(self._cache.capacity_for(needed), engine.facts.min_cache_length)
+            recycled = self._cache.recycle(request.cache_scope, sampling, capacity, needed)
+            lent = (recycled, 0) if recycled is not None else None
         if lent is not None:
             self._entry, self.cached_tokens = lent
             try:
