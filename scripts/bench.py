@@ -283,6 +283,9 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
+APP_PROMPTS = 1000  # the app variant's prompts are prompt(APP_PROMPTS + rep)
+
+
 def interleave(
     runs: dict[str, Callable[[int], Sample]], reps: int, warmup: int, pause: float
 ) -> list[Sample]:
@@ -459,7 +462,10 @@ def main(argv: list[str] | None = None) -> int:
                 "sidecar": lambda rep: via_sidecar(
                     client, sidecar.url, prompt(rep), args.new_tokens, rep
                 ),
-                "app": lambda rep: via_app(client, app.url, prompt(rep), args.new_tokens, rep),
+                # Prompts of their own: the sidecar behind the app has just read prompt(rep).
+                "app": lambda rep: via_app(
+                    client, app.url, prompt(APP_PROMPTS + rep), args.new_tokens, rep
+                ),
             }
             if peer:
                 runs["llamacpp"] = peer_run(
