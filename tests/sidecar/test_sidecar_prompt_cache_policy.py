@@ -64,6 +64,17 @@ def test_exact_mode_reuses_whole_prefilled_chunks_only() -> None:
     assert pool.lend(None, False, PROMPT + REPLY + [900], 50) == (entry, 20)  # 22 -> 20
 
 
+def test_a_next_turn_with_another_reply_reuses_the_whole_earlier_prompt() -> None:
+    """The client resends a reply other than the one generated (edited, or re-tokenized
+    otherwise from its first token): still the next turn, not an edit inside the prompt."""
+    pool = cache()
+    entry = kept(pool, PROMPT, REPLY)
+    assert pool.lend(None, False, [*PROMPT, 777, 778], 50) == (entry, len(PROMPT))
+    pool = cache(exact=True)
+    entry = kept(pool, PROMPT, REPLY)
+    assert pool.lend(None, False, [*PROMPT, 777, 778], 50) == (entry, 20)  # whole chunks
+
+
 def test_a_regenerated_turn_reuses_whole_chunks_in_either_mode() -> None:
     for exact in (False, True):
         pool = cache(exact=exact)

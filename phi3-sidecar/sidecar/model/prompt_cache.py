@@ -22,8 +22,9 @@ Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
   prefill's in the last bits; greedy decoding can then pick another token at a near tie. So
   where the new prompt leaves the old one inside its prompt (a regenerated reply, an edited
   message), the cache reuses only whole chunks of what was prefilled, and the reply is the one
-  an uncached run gives, bit for bit. Where the new prompt runs on into the previous reply (the
-  next turn of a chat), it reuses every matching token by default, as llama.cpp's cache_prompt
+  an uncached run gives, bit for bit. Where the new prompt holds the whole previous prompt and
+  goes on (the next turn of a chat, into the previous reply as far as it repeats it), it reuses
+  every matching token by default, as llama.cpp's cache_prompt
   does (replies may then differ from an uncached run in rare near-ties);
   PROMPT_CACHE_EXACT=true reuses only whole prefilled chunks there too (exact, but each turn
   re-reads the previous reply).
@@ -132,8 +133,10 @@ class PromptCache:
                 continue
             cached = entry.cached_tokens()
             common = _common_prefix(cached, prompt)
-            if not self.exact and common > entry.prompt_end:
-                reused = min(common, len(prompt) - 1)  # on into the reply: every token
+            if not self.exact and common >= entry.prompt_end and len(prompt) > entry.prompt_end:
+                # The next turn: the whole earlier prompt, and on into its reply as far as
+                # the new prompt repeats it (every token).
+                reused = min(common, len(prompt) - 1)
             else:  # whole chunks of what was prefilled: bit for bit
                 reused = min(common, entry.exact_end, len(prompt) - 1) // self.chunk * self.chunk
             if reused <= 0:
