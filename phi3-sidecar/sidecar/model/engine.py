@@ -229,11 +229,15 @@ class Generation:
         # A seeded sampling request is never continued from a cache entry: its random state
         # would differ from a fresh generator's, and "same seed, same reply" would not hold.
         cached = cached and self._cache.enabled and not (sampling and request.seed is not None)
+        # The length of a generator made for this request (its KV cache is allocated for all
+        # of it up front). A sliding-window model's cache is at least its window: onnxruntime
+        # refuses less.
+        capacity = self._cache.capacity_for(needed) if cached else needed
+        capacity = max(capacity, engine.facts.min_cache_length)
         lent = (
             self._cache.lend(request.cache_scope, sampling, prompt.ids, needed) if cached else None
         )
         if lent is None and cached:
-            capacity = max(self._cache.capacity_for(needed), engine.facts.min_cache_length)
             recycled = self._cache.recycle(request.cache_scope, sampling, capacity, needed)
             lent = (recycled, 0) if recycled is not None else None
         if lent is not None:
@@ -249,14 +253,10 @@ class Generation:
                 raise
         else:
             self.cached_tokens = 0
-            capacity = self._cache.capacity_for(needed) if cached else needed
-            # A sliding-window model's cache is at least its window: onnxruntime refuses less.
-            capacity = max(capacity, engine.facts.min_cache_length)
             keep = cached and capacity * self._cache.bytes_per_token <= self._cache.budget_bytes
             if keep:
                 self._cache.make_room(capacity)
             params = og.GeneratorParams(engine.model)
-            # The KV cache is allocated for max_length up front (capacity_for says how much).
             options = {"max_length": capacity, **_turn_options(request, prompt, engine.vocab_size)}
             options |= {"do_sample": sampling}
             if request.seed is not None:
