@@ -5,10 +5,6 @@ Unconfigured, the app loads no OpenTelemetry SDK and sets no provider."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +15,15 @@ import pytest
 from chatapp import settings as app_settings
 from chatapp.telemetry import span_exporters
 from scripts import services
-from tests.support.receivers import FAST_EXPORT, OtlpReceiver, Span, wait_for
+from tests.support.receivers import (
+    FAST_EXPORT,
+    UNREACHABLE_CONNECTION_STRING,
+    OtlpReceiver,
+    Span,
+    forbid_connections,
+    run_untraced,
+    wait_for,
+)
 
 MARKER = "narwhal-marker-9034"
 
@@ -88,25 +92,13 @@ def test_the_apps_exporters_are_built_without_contacting_anyone(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The same three destinations as the sidecar, from the app's settings."""
-    for name in (
-        "APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL",
-        "APPLICATIONINSIGHTS_CONTROLPLANE_DISABLED",
-    ):
-        monkeypatch.delenv(name, raising=False)
-
-    def no_network(*args: object) -> None:
-        raise AssertionError(f"connect{args}")
-
-    monkeypatch.setattr(socket.socket, "connect", no_network)
+    forbid_connections(monkeypatch)
     config = {
         **app_settings.DEFAULTS,
         **app_settings.from_environ(
             {
                 "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
-                "APPLICATIONINSIGHTS_CONNECTION_STRING": (
-                    "InstrumentationKey=00000000-0000-0000-0000-000000000000;"
-                    "IngestionEndpoint=https://example.invalid/"
-                ),
+                "APPLICATIONINSIGHTS_CONNECTION_STRING": UNREACHABLE_CONNECTION_STRING,
                 "TRACES_FILE": str(tmp_path / "traces.jsonl"),
             }
         ),
@@ -137,13 +129,6 @@ def test_the_app_is_untraced_by_default() -> None:
         print(json.dumps({"loaded": loaded, "provider": provider}))
         """
     )
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "APPLICATIONINSIGHTS_", "TRACES_FILE"))
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=clean
-    )
+    result = run_untraced(probe, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"loaded": [], "provider": "ProxyTracerProvider"}

@@ -5,10 +5,6 @@ Unconfigured, it imports no OpenTelemetry SDK and contacts nobody."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -31,9 +27,13 @@ from sidecar.web.telemetry import Tracing, exporters
 from tests.sidecar.support import predict, request_line
 from tests.support.receivers import (
     FAST_EXPORT,
+    INSTRUMENTATION_KEY,
+    UNREACHABLE_CONNECTION_STRING,
     AzureIngestion,
     OtlpReceiver,
     Span,
+    forbid_connections,
+    run_untraced,
     spans_in_file,
     wait_for,
 )
@@ -205,23 +205,14 @@ def test_azure_monitor_gets_a_request_and_its_phases(
 def test_the_azure_exporter_is_built_from_a_connection_string_without_contacting_anyone(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    for name in (
-        "APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL",
-        "APPLICATIONINSIGHTS_CONTROLPLANE_DISABLED",
-    ):
-        monkeypatch.delenv(name, raising=False)
-
-    def no_network(*args: object) -> None:
-        raise AssertionError(f"connect{args}")
-
-    monkeypatch.setattr(socket.socket, "connect", no_network)
-    connection = "InstrumentationKey=00000000-0000-0000-0000-000000000000;IngestionEndpoint=https://example.invalid/"
+    forbid_connections(monkeypatch)
     settings = Settings(
-        model_path=tmp_path, applicationinsights_connection_string=SecretStr(connection)
+        model_path=tmp_path,
+        applicationinsights_connection_string=SecretStr(UNREACHABLE_CONNECTION_STRING),
     )
     (exporter,) = exporters(settings)
     assert type(exporter).__name__ == "AzureMonitorTraceExporter"
-    assert exporter._instrumentation_key == "00000000-0000-0000-0000-000000000000"  # type: ignore[attr-defined]
+    assert exporter._instrumentation_key == INSTRUMENTATION_KEY  # type: ignore[attr-defined]
     exporter.shutdown()
 
 
@@ -290,14 +281,7 @@ def test_untraced_by_default(tiny_model_dir: Path) -> None:
         print(json.dumps({{"loaded": loaded, "provider": provider, "opened": opened}}))
         """
     )
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "APPLICATIONINSIGHTS_", "TRACES_FILE"))
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=clean
-    )
+    result = run_untraced(probe, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == {
         "loaded": [],

@@ -2,7 +2,9 @@
 an OTLP/HTTP receiver (what an OpenTelemetry collector offers on port 4318) and an Application
 Insights ingestion endpoint (what APPLICATIONINSIGHTS_CONNECTION_STRING's IngestionEndpoint
 names). Both listen on loopback, keep what they receive in memory, and answer as the real ones
-do. Spans read from either, or from a TRACES_FILE, become `Span`s.
+do. Spans read from either, or from a TRACES_FILE, become `Span`s. Also the two ways both
+services' tests prove that nothing connects: `forbid_connections` in the test's own process,
+`run_untraced` for a fresh interpreter with no tracing settings.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -18,11 +24,41 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
+import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 # Faster than the SDK's 5 s batches: tests wait for spans.
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
+INSTRUMENTATION_KEY = "00000000-0000-0000-0000-000000000000"
+# Application Insights nobody can reach: exporters are built from it, never connect to it.
+UNREACHABLE_CONNECTION_STRING = (
+    f"InstrumentationKey={INSTRUMENTATION_KEY};IngestionEndpoint=https://example.invalid/"
+)
+TRACING_SETTINGS = ("OTEL_", "APPLICATIONINSIGHTS_", "TRACES_FILE")
+
+
+def forbid_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any socket connect in this process fails the test, with Azure Monitor's statsbeat and
+    control plane left as a real deployment has them (the test setup turns them off)."""
+    for name in (
+        "APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL",
+        "APPLICATIONINSIGHTS_CONTROLPLANE_DISABLED",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_network(*args: object) -> None:
+        raise AssertionError(f"connect{args}")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+
+
+def run_untraced(probe: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`probe` in a fresh interpreter whose environment has no tracing setting."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(TRACING_SETTINGS)}
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=timeout, env=clean
+    )
 
 
 @dataclass(frozen=True)
@@ -199,6 +235,4 @@ class AzureIngestion(Receiver):
         return [item for body in bodies for item in self.items_in(body)]
 
     def connection_string(self) -> str:
-        return (
-            f"InstrumentationKey=00000000-0000-0000-0000-000000000000;IngestionEndpoint={self.url}/"
-        )
+        return f"InstrumentationKey={INSTRUMENTATION_KEY};IngestionEndpoint={self.url}/"
