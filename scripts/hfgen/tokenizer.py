@@ -18,7 +18,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from scripts.modelgen.vocab import CORPUS, byte_chars, learn_merges
+from scripts.modelgen.vocab import CORPUS, byte_chars, learn_merges, merge_word
 
 Style = Literal["byte_level", "sentencepiece", "gemma"]
 SPACE = "\u2581"  # ▁, SentencePiece's space
@@ -100,7 +100,7 @@ def _sentencepiece_vocab(merges: int, prefix: bool) -> tuple[list[str], list[tup
         if best[0] + best[1] not in known:
             learnt.append(best)
             known.add(best[0] + best[1])
-        words = {_merge(w, best): n for w, n in words.items()}
+        words = {merge_word(w, best): n for w, n in words.items()}
     return [*chars, *(a + b for a, b in learnt)], learnt
 
 
@@ -124,16 +124,3 @@ def _kind(text: str) -> str | None:
         else:
             return None
     return kinds.pop() if len(kinds) == 1 else None
-
-
-def _merge(word: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
-    out: list[str] = []
-    i = 0
-    while i < len(word):
-        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
-            out.append(word[i] + word[i + 1])
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return tuple(out)
