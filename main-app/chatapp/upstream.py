@@ -212,6 +212,10 @@ def retry_after(response: requests.Response) -> int:
         return DEFAULT_RETRY_AFTER
 
 
+# The refusals both APIs end in (the page's wire format: chatapp/wire.py): one sentence and one
+# type each, whichever server said it and however.
+
+
 def unauthorized() -> ApiError:
     return ApiError(
         502,
@@ -219,6 +223,68 @@ def unauthorized() -> ApiError:
         "(set UPSTREAM_API_KEY, or SIDECAR_API_KEY, to a key the model service accepts).",
         "upstream_unauthorized",
     )
+
+
+def not_ready(phase: str, response: requests.Response) -> ApiError:
+    """The model is not loaded: it failed to (no point in retrying), it is restarting, or it is
+    on its way (any other phase)."""
+    if phase == "failed":
+        return ApiError(
+            503, "The model service could not load the model; see its log.", "model_failed"
+        )
+    seconds = retry_after(response)
+    if phase == "restarting":
+        sentence, type = f"The model is restarting; trying again in {seconds} s.", "restarting"
+    else:
+        sentence, type = f"The model is still loading; trying again in {seconds} s.", "loading"
+    return ApiError(503, sentence, type, retry_after=seconds)
+
+
+def busy(response: requests.Response) -> ApiError:
+    seconds = retry_after(response)
+    return ApiError(
+        503,
+        f"The model is busy with other replies; trying again in {seconds} s.",
+        "busy",
+        retry_after=seconds,
+    )
+
+
+def context_overflow() -> ApiError:
+    return ApiError(
+        413,
+        "Your message is too long for the model's context; shorten it or start a new chat.",
+        "context_overflow",
+    )
+
+
+def payload_too_large() -> ApiError:
+    return ApiError(
+        413, "The conversation is too long to send; start a new chat.", "payload_too_large"
+    )
+
+
+def refused(message: str) -> ApiError:
+    """A 4xx whose message says why (servers' validation messages name the field)."""
+    return ApiError(
+        400,
+        f"The model service refused the conversation ({trimmed(message)}).",
+        "invalid_request",
+    )
+
+
+def upstream_failed() -> ApiError:
+    return ApiError(502, "The model service could not answer this message.", "upstream_error")
+
+
+def trimmed(message: str) -> str:
+    """A server's message as part of one of our sentences: 300 characters at most, no period."""
+    return message.strip()[:300].rstrip(".")
+
+
+def int_or_none(value: object) -> int | None:
+    """A count from a server's JSON: an int (not a bool), else unknown."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def make_upstream(config: dict[str, Any]) -> Upstream:

@@ -36,9 +36,16 @@ from chatapp.upstream import (
     Event,
     ReplyStream,
     Text,
+    busy,
+    context_overflow,
+    int_or_none,
     lines,
-    retry_after,
+    not_ready,
+    payload_too_large,
+    refused,
+    trimmed,
     unauthorized,
+    upstream_failed,
 )
 
 log = logging.getLogger(__name__)
@@ -160,20 +167,16 @@ def events(response: requests.Response) -> Iterator[Event]:
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     yield Done(
         finish_reason=finish,
-        prompt_tokens=_int(usage.get("prompt_tokens")),
-        cached_tokens=_int(cached),
+        prompt_tokens=int_or_none(usage.get("prompt_tokens")),
+        cached_tokens=int_or_none(cached),
     )
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _error_message(error: Any) -> str | None:
     message = error.get("message") if isinstance(error, dict) else error
     if not isinstance(message, str) or not message.strip():
         return None
-    return f"The model service stopped: {message.strip()[:300].rstrip('.')}."
+    return f"The model service stopped: {trimmed(message)}."
 
 
 def _error_of(response: requests.Response) -> tuple[str, str, str]:
@@ -195,51 +198,26 @@ def _refusal(response: requests.Response) -> ApiError:
     """The ApiError for an answer that is not a 200 stream, whichever server gave it."""
     status = response.status_code
     message, kind, code = _error_of(response)
-    detail = message.strip()[:300].rstrip(".")
     if status in (401, 403):
         return unauthorized()
     if status == 429 or (status == 503 and code in ("overloaded", "")):
-        seconds = retry_after(response)
-        return ApiError(
-            503,
-            f"The model is busy with other replies; trying again in {seconds} s.",
-            "busy",
-            retry_after=seconds,
-        )
+        return busy(response)
     if status == 503:  # our sidecar: model_not_ready, with its phase
-        phase = _phase(response)
-        if phase == "failed":
-            return ApiError(
-                503, "The model service could not load the model; see its log.", "model_failed"
-            )
-        seconds = retry_after(response)
-        if phase == "restarting":
-            sentence, type = f"The model is restarting; trying again in {seconds} s.", "restarting"
-        else:
-            sentence, type = f"The model is still loading; trying again in {seconds} s.", "loading"
-        return ApiError(503, sentence, type, retry_after=seconds)
+        return not_ready(_phase(response), response)
     if code == "context_length_exceeded" or "context" in kind or "context" in code:
-        return ApiError(
-            413,
-            "Your message is too long for the model's context; shorten it or start a new chat.",
-            "context_overflow",
-        )
+        return context_overflow()
     if status == 413:
-        return ApiError(
-            413, "The conversation is too long to send; start a new chat.", "payload_too_large"
-        )
+        return payload_too_large()
     if status == 404:
         return ApiError(
             502,
-            f"The model service does not know the model ({detail or 'not found'}); "
+            f"The model service does not know the model ({trimmed(message) or 'not found'}); "
             "set UPSTREAM_MODEL to one it lists.",
             "upstream_error",
         )
-    if 400 <= status < 500 and detail:
-        return ApiError(
-            400, f"The model service refused the conversation ({detail}).", "invalid_request"
-        )
-    return ApiError(502, "The model service could not answer this message.", "upstream_error")
+    if 400 <= status < 500 and trimmed(message):
+        return refused(message)
+    return upstream_failed()
 
 
 def _phase(response: requests.Response) -> str:

@@ -26,9 +26,15 @@ from chatapp.upstream import (
     Event,
     ReplyStream,
     Text,
+    busy,
+    context_overflow,
+    int_or_none,
     lines,
-    retry_after,
+    not_ready,
+    payload_too_large,
+    refused,
     unauthorized,
+    upstream_failed,
 )
 
 log = logging.getLogger(__name__)
@@ -77,9 +83,9 @@ def _ndjson(response: requests.Response) -> Iterator[Event]:
         elif event.get("done"):
             yield Done(
                 finish_reason=_str(event.get("finish_reason")),
-                prompt_tokens=_int(event.get("prompt_tokens")),
-                cached_tokens=_int(event.get("cached_tokens")),
-                dropped_messages=_int(event.get("dropped_messages")),
+                prompt_tokens=int_or_none(event.get("prompt_tokens")),
+                cached_tokens=int_or_none(event.get("cached_tokens")),
+                dropped_messages=int_or_none(event.get("dropped_messages")),
             )
             return
         elif "error" in event:
@@ -99,10 +105,6 @@ def _plain(response: requests.Response) -> Iterator[Event]:
         cached_tokens=_int_header(response, "X-Cached-Tokens"),
         dropped_messages=_int_header(response, "X-Dropped-Messages"),
     )
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _str(value: object) -> str | None:
@@ -136,47 +138,12 @@ def _refusal(response: requests.Response) -> ApiError:
     status = response.status_code
     message, type, phase = _error_body(response)
     if status == 503:
-        seconds = retry_after(response)
-        if type == "not_ready" and phase == "failed":
-            return ApiError(
-                503, "The model service could not load the model; see its log.", "model_failed"
-            )
-        if type == "not_ready" and phase == "restarting":
-            return ApiError(
-                503,
-                f"The model is restarting; trying again in {seconds} s.",
-                "restarting",
-                retry_after=seconds,
-            )
-        if type == "not_ready":
-            return ApiError(
-                503,
-                f"The model is still loading; trying again in {seconds} s.",
-                "loading",
-                retry_after=seconds,
-            )
-        return ApiError(
-            503,
-            f"The model is busy with other replies; trying again in {seconds} s.",
-            "busy",
-            retry_after=seconds,
-        )
+        return not_ready(phase, response) if type == "not_ready" else busy(response)
     if status == 401:  # the sidecar has an API_KEY, and ours is missing or wrong
         return unauthorized()
-    if status == 413 and type == "body_too_large":
-        return ApiError(
-            413, "The conversation is too long to send; start a new chat.", "payload_too_large"
-        )
     if status == 413:
-        return ApiError(
-            413,
-            "Your message is too long for the model's context; shorten it or start a new chat.",
-            "context_overflow",
-        )
+        return payload_too_large() if type == "body_too_large" else context_overflow()
     if 400 <= status < 500 and message:
         # The sidecar's validation messages name the field and never echo the input.
-        detail = message.strip()[:300].rstrip(".")
-        return ApiError(
-            400, f"The model service refused the conversation ({detail}).", "invalid_request"
-        )
-    return ApiError(502, "The model service could not answer this message.", "upstream_error")
+        return refused(message)
+    return upstream_failed()
