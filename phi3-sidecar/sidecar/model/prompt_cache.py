@@ -168,7 +168,7 @@ class PromptCache:
         """Evict idle entries, least recently used first, until a new generator of
         `capacity` tokens fits in the budget with every other generator (or none is left)."""
         wanted = capacity * self.bytes_per_token
-        idle = sorted((e for e in self.entries if not e.lent), key=lambda e: e.last_used)
+        idle = self._idle_by_age()
         while idle and self.stats().bytes + wanted > self.budget_bytes:
             self._evict(idle.pop(0))
 
@@ -184,7 +184,7 @@ class PromptCache:
         has to be evicted or no such generator is among those that would be."""
         wanted = capacity * self.bytes_per_token
         held = self.stats().bytes
-        idle = sorted((e for e in self.entries if not e.lent), key=lambda e: e.last_used)
+        idle = self._idle_by_age()
         for entry in idle:
             if held + wanted <= self.budget_bytes:
                 return None  # what is left to evict is not needed: allocate
@@ -223,9 +223,13 @@ class PromptCache:
                 held = other.cached_tokens()[: other.prompt_end]
                 if other.capacity <= entry.capacity and tokens[: len(held)] == held:
                     self._evict(other, counted=False)
-        idle = sorted((e for e in self.entries if not e.lent), key=lambda e: e.last_used)
+        idle = self._idle_by_age()
         while idle and self.stats().bytes > self.budget_bytes:
             self._evict(idle.pop(0))
+
+    def _idle_by_age(self) -> list[Entry]:
+        """The idle entries in eviction order: least recently used first."""
+        return sorted((e for e in self.entries if not e.lent), key=lambda e: e.last_used)
 
     def _evict(self, entry: Entry, counted: bool = True) -> None:
         self.entries.remove(entry)
