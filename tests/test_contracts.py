@@ -18,7 +18,8 @@ import pytest
 from chatapp import logs as app_logs
 from chatapp import settings as app_settings
 from chatapp import telemetry as app_telemetry
-from chatapp import upstream_predict as app_upstream
+from chatapp import upstream as app_upstream
+from chatapp import upstream_predict as app_upstream_predict
 from chatapp import wire as app_wire
 from sidecar import ipc
 from sidecar import jsonlog as sidecar_jsonlog
@@ -69,9 +70,13 @@ def test_log_lines_have_the_same_shape(fields: dict[str, object] | None) -> None
 
 
 def test_the_app_understands_every_error_type_it_branches_on() -> None:
-    """The app tells loading from failed from busy by the sidecar's error type and phase."""
+    """The app tells loading from failed from busy by the sidecar's error type and phase
+    (upstream_predict.py reads the type, upstream.py's not_ready the phase)."""
     sidecar_types = {answer.type for answer in sidecar_errors.REFUSALS.values()}
-    source = re.sub(r"\s+", " ", Path(app_upstream.__file__).read_text(encoding="utf-8"))
+    source = " ".join(
+        re.sub(r"\s+", " ", Path(path).read_text(encoding="utf-8"))
+        for path in (app_upstream_predict.__file__, app_upstream.__file__)
+    )
     branched_on = set(re.findall(r'type == "(\w+)"', source))
     assert branched_on and branched_on <= sidecar_types
     phases = set(re.findall(r'phase == "(\w+)"', source))
