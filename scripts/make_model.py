@@ -8,6 +8,13 @@ with rotary caches, SiLU MLP, int4 LM head), random packed int4 weights streamed
 special tokens and chat template. Same arguments, byte-identical files.
 
     python scripts/make_model.py --preset tiny --out DIR
+    python scripts/make_model.py --preset phi3-mini --out DIR --block-size 128 --int4-embedding
+
+The variant options make what the official builder's options of the same names make (see
+docs/benchmarks.md, "Model variants"): --block-size (block_size), --int4-embedding (Gather in
+op_types_to_quantize), --prune-lm-head (prune_lm_head), --kv-cache (kv_cache_quant_scheme).
+The weights are the same numbers at every block size (scales are equal across a row's blocks),
+so block sizes compare like for like; the int4 embedding is the fp32 one, quantized.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ from pathlib import Path
 import onnx
 
 from scripts.modelgen.config import (
+    BLOCK_SIZES,
     EOS_PROMPT,
     FILENAME,
+    KV_CACHE_TYPES,
     LONG_PROMPT,
     PRESETS,
     Shape,
+    Variant,
     dump_json,
     genai_config,
 )
@@ -48,6 +58,7 @@ __all__ = [
     "PRESETS",
     "SPECIALS",
     "Shape",
+    "Variant",
     "build_graph",
     "genai_config",
     "main",
@@ -63,12 +74,12 @@ def make_model(
     out: Path,
     seed: int = 0,
     graph_only: bool = False,
-    prune_lm_head: bool = False,
+    variant: Variant | None = None,
 ) -> int:
     """Write the model folder; returns the size of the weights file (written or not)."""
     out.mkdir(parents=True, exist_ok=True)
     tokens = write_tokenizer(out, shape.vocab)
-    dump_json(out / "genai_config.json", genai_config(shape))
+    dump_json(out / "genai_config.json", genai_config(shape, variant))
     data_path = out / f"{FILENAME}.data"
     if graph_only:
         data_path.unlink(missing_ok=True)
@@ -76,7 +87,7 @@ def make_model(
     partial = data_path.with_name(data_path.name + ".partial")
     data = DataFile(None if graph_only else partial, data_path.name, seed)
     try:
-        model = build_graph(shape, data, tokens, prune_lm_head=prune_lm_head)
+        model = build_graph(shape, data, tokens, variant)
     finally:
         data.close()
     onnx.save_model(model, out / FILENAME)
@@ -85,7 +96,7 @@ def make_model(
     return data.offset
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Shape]:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Shape, Variant]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
@@ -96,6 +107,25 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Shape]:
         action="store_true",
         help="logits for the last position only (the official builder's prune_lm_head; "
         "the published Phi-3 model computes them for every prompt token)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        choices=BLOCK_SIZES,
+        default=32,
+        help="int4 block size of every MatMulNBits (the builder's block_size; published: 32)",
+    )
+    p.add_argument(
+        "--int4-embedding",
+        action="store_true",
+        help="int4 embedding table (GatherBlockQuantized) instead of fp32 Gather",
+    )
+    p.add_argument(
+        "--kv-cache",
+        choices=KV_CACHE_TYPES,
+        default="fp32",
+        help="KV cache type (the builder's kv_cache_quant_scheme; int8 scales are fixed, "
+        "not calibrated: the generated weights have no data to calibrate on)",
     )
     for flag, field in FLAGS.items():
         p.add_argument(flag, type=int, dest=field, help=f"override the preset's {field}")
@@ -108,9 +138,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Shape]:
         p.error("heads must divide hidden size, kv-heads must divide heads, head size even")
     if shape.vocab < MIN_VOCAB:
         p.error(f"--vocab-size must be at least {MIN_VOCAB} (3 + 256 bytes + Phi-3's specials)")
-    if shape.hidden % BLOCK or shape.intermediate % BLOCK:
-        p.error(f"hidden and intermediate sizes must be multiples of {BLOCK}")
-    return args, shape
+    block = args.block_size
+    if shape.hidden % block or shape.intermediate % block:
+        p.error(f"hidden and intermediate sizes must be multiples of the block size {block}")
+    variant = Variant(block, args.int4_embedding, args.prune_lm_head, args.kv_cache)
+    return args, shape, variant
 
 
 FLAGS = {
@@ -125,12 +157,15 @@ FLAGS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, shape = parse_args(argv)
+    args, shape, variant = parse_args(argv)
     began = time.perf_counter()
-    size = make_model(shape, args.out, args.seed, args.graph_only, args.prune_lm_head)
+    size = make_model(shape, args.out, args.seed, args.graph_only, variant)
     took = time.perf_counter() - began
     what = "graph only, weights file would be" if args.graph_only else "weights file"
-    print(f"wrote {args.out} ({args.preset}: {shape}; {what} {size:,} bytes) in {took:.1f} s")
+    print(
+        f"wrote {args.out} ({args.preset}: {shape}; {variant}; {what} {size:,} bytes) "
+        f"in {took:.1f} s"
+    )
     return 0
 
 

@@ -133,6 +133,9 @@ class CacheStats:
     entries: int = 0
     bytes: int = 0
     evictions: int = 0
+    # What one token of a generator's KV cache costs, measured on the model's own KV tensors
+    # (their type: fp32, int8, ...; layers, KV heads, head size); 0 until the warm-up.
+    bytes_per_token: int = 0
 
 
 ToWorker = Generate | Cancel | Stop | Ping

@@ -27,6 +27,31 @@ class Shape:
         return self.hidden // self.heads
 
 
+KV_CACHE_TYPES = ("fp32", "int8_per_tensor", "int8_per_channel")
+BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits' block sizes (the builder's block_size)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the weights and caches are stored: the official builder's options of the same names.
+    The default is the published Phi-3 int4 CPU model."""
+
+    block_size: int = 32  # int4 block of every MatMulNBits (the builder's block_size)
+    int4_embedding: bool = False  # GatherBlockQuantized instead of an fp32 Gather
+    prune_lm_head: bool = False  # logits of the last position only
+    kv_cache: str = "fp32"  # the builder's kv_cache_quant_scheme (fp32: none)
+
+    def __post_init__(self) -> None:
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"block size {self.block_size} is not one of {BLOCK_SIZES}")
+        if self.kv_cache not in KV_CACHE_TYPES:
+            raise ValueError(f"KV cache type {self.kv_cache!r} is not one of {KV_CACHE_TYPES}")
+
+    @property
+    def quantized_kv(self) -> bool:
+        return self.kv_cache != "fp32"
+
+
 PRESETS = {
     "tiny": Shape(64, 2, 4, 4, 128, 1024, 4096),
     "small": Shape(512, 8, 8, 8, 1536, 8192, 4096),
@@ -39,8 +64,11 @@ EOS_PROMPT = "How."  # " sc谢 tj hd" (4 tokens, one CJK), then <|end|>
 LONG_PROMPT = "Hello"  # no <|end|> within 256 tokens; Arabic, CJK, Hangul, accents
 
 
-def genai_config(shape: Shape) -> dict[str, Any]:
+def genai_config(shape: Shape, variant: Variant | None = None) -> dict[str, Any]:
     ids = special_ids(shape.vocab)
+    # A quantized KV cache cannot share one buffer for past and present on the CPU (the
+    # builder turns sharing off for it too).
+    share_buffer = not (variant and variant.quantized_kv)
     return {
         "model": {
             "bos_token_id": 1,
@@ -80,7 +108,7 @@ def genai_config(shape: Shape) -> dict[str, Any]:
             "no_repeat_ngram_size": 0,
             "num_beams": 1,
             "num_return_sequences": 1,
-            "past_present_share_buffer": True,
+            "past_present_share_buffer": share_buffer,
             "repetition_penalty": 1.0,
             "temperature": 1.0,
             "top_k": 1,

@@ -2,7 +2,9 @@
 
 Gather embedding, SimplifiedLayerNorm / SkipSimplifiedLayerNorm, int4 MatMulNBits (block 32,
 accuracy level 4), GroupQueryAttention with rotary caches, SiLU MLP and an int4 LM head; node,
-input and output names follow the official model.
+input and output names follow the official model. A `Variant` makes what the builder's options
+of the same names make: another block size, an int4 embedding (GatherBlockQuantized), a pruned
+LM head, an int8 KV cache (GroupQueryAttention with k_scale and v_scale).
 """
 
 from __future__ import annotations
@@ -13,20 +15,29 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from scripts.modelgen.config import Shape
+from scripts.modelgen.config import Shape, Variant
 from scripts.modelgen.vocab import special_ids
 from scripts.modelgen.weights import (
-    BLOCK,
     ROWS_PER_CHUNK,
     DataFile,
     fp32,
     int4_matrix,
     lm_head_row_scales,
+    quantize_int4_rows,
 )
 
 EPS = 1e-5
 ROPE_THETA = 10000.0
-MS_OPS = {"SkipSimplifiedLayerNormalization", "MatMulNBits", "GroupQueryAttention"}
+MS_OPS = {
+    "SkipSimplifiedLayerNormalization",
+    "MatMulNBits",
+    "GroupQueryAttention",
+    "GatherBlockQuantized",
+}
+# The magnitude an int8 KV cache's scales cover (scale = KV_THRESHOLD / 128). K and V are
+# projections with outputs of RMS about 1 (int4_matrix's scales), so it clips beyond 6 RMS; the
+# generated model has no data to calibrate on, a real model is calibrated (export_model.py).
+KV_THRESHOLD = 6.0
 
 
 def rotary_caches(shape: Shape) -> tuple[np.ndarray, np.ndarray]:
@@ -37,11 +48,13 @@ def rotary_caches(shape: Shape) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_graph(
-    shape: Shape, data: DataFile, tokens: list[str], *, prune_lm_head: bool = False
+    shape: Shape, data: DataFile, tokens: list[str], variant: Variant | None = None
 ) -> onnx.ModelProto:
-    """The decoder graph. `prune_lm_head`: the official builder's option of that name, which
-    applies the LM head to the last position only (a prefill then computes one row of logits
-    instead of one per prompt token); the published Phi-3 model does not have it."""
+    """The decoder graph. `variant.prune_lm_head`: the official builder's option of that name,
+    which applies the LM head to the last position only (a prefill then computes one row of
+    logits instead of one per prompt token); the published Phi-3 model does not have it."""
+    variant = variant or Variant()
+    prune_lm_head, block = variant.prune_lm_head, variant.block_size
     h, kv, hd = shape.hidden, shape.kv_heads, shape.head_size
     nodes: list[onnx.NodeProto] = []
     weights: list[TensorProto] = []
@@ -55,9 +68,9 @@ def build_graph(
         return outs
 
     def matmul(x: str, name: str, k: int, n: int, rows: np.ndarray | None = None) -> str:
-        q, s = int4_matrix(data, name.replace("/", ".").lstrip("."), k, n, rows)
+        q, s = int4_matrix(data, name.replace("/", ".").lstrip("."), k, n, rows, block)
         weights.extend([q, s])
-        attrs = {"K": k, "N": n, "bits": 4, "block_size": BLOCK, "accuracy_level": 4}
+        attrs = {"K": k, "N": n, "bits": 4, "block_size": block, "accuracy_level": 4}
         return node("MatMulNBits", [x, q.name, s.name], name, **attrs)[0]
 
     def norm_weight(name: str) -> str:
@@ -68,14 +81,31 @@ def build_graph(
         weights.append(fp32(data, name, [h], lambda: [signs]))
         return name
 
-    rng = data.rng()
+    data.rng()
+    stream = [data.seed, data.count]  # the embedding's random stream, replayable
 
     def embedding() -> Any:
+        rng = np.random.default_rng(stream)
         for start in range(0, shape.vocab, ROWS_PER_CHUNK):
             rows = min(ROWS_PER_CHUNK, shape.vocab - start)
             yield rng.standard_normal((rows, h), dtype=np.float32)
 
-    weights.append(fp32(data, "model.embed_tokens.weight", [shape.vocab, h], embedding))
+    if variant.int4_embedding:  # the same rows, quantized: two tensors, so two passes
+        q4 = data.tensor(
+            "model.embed_tokens.weight_Q4",
+            [shape.vocab, h // 2],
+            TensorProto.UINT8,
+            lambda: (quantize_int4_rows(rows, block)[0] for rows in embedding()),
+        )
+        q4_scales = fp32(
+            data,
+            "model.embed_tokens.weight_scales",
+            [shape.vocab, h // block],
+            lambda: (quantize_int4_rows(rows, block)[1] for rows in embedding()),
+        )
+        weights.extend([q4, q4_scales])
+    else:
+        weights.append(fp32(data, "model.embed_tokens.weight", [shape.vocab, h], embedding))
     cos, sin = rotary_caches(shape)
     weights.append(fp32(data, "cos_cache", list(cos.shape), lambda: [cos]))
     weights.append(fp32(data, "sin_cache", list(sin.shape), lambda: [sin]))
@@ -89,7 +119,24 @@ def build_graph(
     total = node("Gather", [mshape[0], "one"], f"{mask}/Gather", axis=0)
     total_len = node("Cast", total, f"{mask}/Gather/Cast", to=TensorProto.INT32)[0]
 
-    x = node("Gather", ["model.embed_tokens.weight", "input_ids"], "/model/embed_tokens/Gather")[0]
+    if variant.int4_embedding:
+        x = node(
+            "GatherBlockQuantized",
+            ["model.embed_tokens.weight_Q4", "input_ids", "model.embed_tokens.weight_scales"],
+            "/model/embed_tokens/GatherBlockQuantized",
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=block,
+            bits=4,
+        )[0]
+    else:
+        embed = ["model.embed_tokens.weight", "input_ids"]
+        x = node("Gather", embed, "/model/embed_tokens/Gather")[0]
+    kv_attrs: dict[str, Any] = {}
+    if variant.quantized_kv:
+        mode = "PER_CHANNEL" if variant.kv_cache.endswith("per_channel") else "PER_TENSOR"
+        kv_attrs = {"k_quant_type": mode, "v_quant_type": mode, "kv_cache_bit_width": 8}
+        scale_dims = [kv * hd] if mode == "PER_CHANNEL" else [1]
     residual, pending = x, ""  # pending: the previous layer's MLP output, not yet added
     for i in range(shape.layers):
         base = f"/model/layers.{i}"
@@ -116,6 +163,12 @@ def build_graph(
         attn = f"{base}/attn/GroupQueryAttention"
         gqa_inputs = [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
         gqa_inputs += [seqlens, total_len, "cos_cache", "sin_cache"]
+        if kv_attrs:  # position_ids, attention_bias, sinks unused; then k_scale, v_scale
+            scales = [f"model.layers.{i}.attn.k_scale", f"model.layers.{i}.attn.v_scale"]
+            for name in scales:
+                value = np.full(scale_dims, KV_THRESHOLD / 128, np.float32)
+                weights.append(fp32(data, name, scale_dims, lambda value=value: [value]))
+            gqa_inputs += ["", "", "", *scales]
         nodes.append(
             helper.make_node(
                 "GroupQueryAttention",
@@ -130,6 +183,7 @@ def build_graph(
                 softcap=0.0,
                 do_rotary=1,
                 rotary_interleaved=0,
+                **kv_attrs,
             )
         )
         o = matmul(f"{attn}/output_0", f"{base}/attn/o_proj/MatMul", h, h)
@@ -165,6 +219,7 @@ def build_graph(
     matmul(hidden, "/lm_head/MatMul", h, shape.vocab, lm_head_row_scales(tokens, eos))
 
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    kv_type = TensorProto.INT8 if variant.quantized_kv else f32
     past: list[str | int] = ["batch_size", kv, "past_sequence_length", hd]
     present: list[str | int] = ["batch_size", kv, "total_sequence_length", hd]
     inputs = [
@@ -179,8 +234,9 @@ def build_graph(
     ]
     for i in range(shape.layers):
         for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, past))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, present))
+            past_name, present_name = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
+            inputs.append(helper.make_tensor_value_info(past_name, kv_type, past))
+            outputs.append(helper.make_tensor_value_info(present_name, kv_type, present))
     constants = [
         helper.make_tensor("one_1d", i64, [1], [1]),
         helper.make_tensor("one", i64, [], [1]),

@@ -57,15 +57,23 @@ class DataFile:
 
 
 def int4_matrix(
-    data: DataFile, name: str, k: int, n: int, row_scale: np.ndarray | None = None
+    data: DataFile,
+    name: str,
+    k: int,
+    n: int,
+    row_scale: np.ndarray | None = None,
+    block: int = BLOCK,
 ) -> list[TensorProto]:
-    """MatMulNBits weights [N, K/32, 16] of random nibbles (zero point 8) and fp32 scales.
+    """MatMulNBits weights [N, K/block, block/2] of random nibbles (zero point 8) and fp32
+    scales.
 
     Scales are chosen so an input of RMS 1 gives outputs of RMS about 1. `row_scale`
     multiplies each output row's scales (the LM head uses it to boost or mute tokens); such a
     matrix draws symmetric nibbles (1..15) so that no row gets a bias from the nibbles' mean.
+    Every block of a row has the same scale, so the nibbles (drawn in the same order whatever
+    the block) make the same matrix at every block size: block sizes compare like for like.
     """
-    blocks = k // BLOCK
+    blocks = k // block
     scale = 1.0 / (4.61 * np.sqrt(k))
     rng = data.rng()
 
@@ -73,9 +81,9 @@ def int4_matrix(
         for start in range(0, n, ROWS_PER_CHUNK):
             rows = min(ROWS_PER_CHUNK, n - start)
             if row_scale is None:
-                yield np.frombuffer(rng.bytes(rows * blocks * 16), np.uint8)
+                yield np.frombuffer(rng.bytes(rows * k // 2), np.uint8)
             else:
-                nib = rng.integers(1, 16, size=(rows * blocks * 16, 2), dtype=np.uint8)
+                nib = rng.integers(1, 16, size=(rows * k // 2, 2), dtype=np.uint8)
                 yield nib[:, 0] | (nib[:, 1] << 4)
 
     def scales() -> Any:
@@ -87,9 +95,22 @@ def int4_matrix(
             yield np.repeat(col, blocks, axis=1)
 
     return [
-        data.tensor(f"{name}.weight_Q4", [n, blocks, 16], TensorProto.UINT8, packed),
+        data.tensor(f"{name}.weight_Q4", [n, blocks, block // 2], TensorProto.UINT8, packed),
         data.tensor(f"{name}.weight_scales", [n, blocks], TensorProto.FLOAT, scales),
     ]
+
+
+def quantize_int4_rows(rows: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int4 blocks along each row, as GatherBlockQuantized reads uint8 data: two
+    nibbles a byte (the even element in the low one) with zero point 8, and one fp32 scale per
+    block (its largest magnitude over 7)."""
+    n, k = rows.shape
+    blocks = rows.reshape(n, k // block, block)
+    scales = np.abs(blocks).max(axis=2) / 7.0
+    safe = np.where(scales == 0, 1.0, scales)
+    signed = np.clip(np.rint(blocks / safe[..., None]), -8, 7).astype(np.int16)
+    q = (signed + 8).astype(np.uint8).reshape(n, k // 2, 2)
+    return q[..., 0] | (q[..., 1] << 4), scales.astype(np.float32)
 
 
 def fp32(data: DataFile, name: str, dims: list[int], values: Any) -> TensorProto:

@@ -62,6 +62,12 @@ class Engine:
         self.max_length = min(max_length or self.context_length, self.context_length)
         self.num_layers = int(genai_config["model"]["decoder"]["num_hidden_layers"])
         self.vocab_size = int(genai_config["model"].get("vocab_size") or 0)  # 0: unknown
+        # A KV cache that is not one buffer shared by past and present (a quantized KV cache
+        # on the CPU) cannot be rewound to its whole length once a token was generated
+        # ("Requested length of rewind is greater than the current length"): the cache then
+        # counts one token fewer as reusable after each generated token.
+        shared = genai_config.get("search", {}).get("past_present_share_buffer", True)
+        self.rewind_slack = 0 if shared else 1
         # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self._cache_budget = prompt_cache_mb * 2**20
@@ -276,6 +282,7 @@ class Generation:
         self._stream = engine.tokenizer.create_stream()
         self._stops = StopFilter(request.stop)
         self._chunk = engine.prefill_chunk
+        self._slack = engine.rewind_slack
         self._appended = self.cached_tokens  # prompt tokens in the generator so far
 
     @property
@@ -308,12 +315,12 @@ class Generation:
         if token in self._eos:
             # EOS is not added to the sequence, and the step fed the token before it: the
             # KV cache now holds the whole sequence.
-            entry.kv_len = self._generator.token_count()
+            entry.kv_len = self._generator.token_count() - self._slack
             self.finish = "eos"
             return self._stops.flush()
         # The new token is in the sequence but not yet in the KV cache (the next step feeds
         # it): a later request re-appends it.
-        entry.kv_len = self._generator.token_count() - 1
+        entry.kv_len = self._generator.token_count() - 1 - self._slack
         text = str(self._stream.decode(token))
         if self._stops:
             text, stopped = self._stops.feed(text)

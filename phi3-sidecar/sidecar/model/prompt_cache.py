@@ -94,6 +94,7 @@ class CacheStats:
     entries: int = 0
     bytes: int = 0
     evictions: int = 0
+    bytes_per_token: int = 0
 
 
 @dataclass
@@ -115,7 +116,8 @@ class PromptCache:
         return self.budget_bytes > 0
 
     def stats(self) -> CacheStats:
-        return CacheStats(len(self.entries), sum(e.nbytes for e in self.entries), self.evictions)
+        held = sum(e.nbytes for e in self.entries)
+        return CacheStats(len(self.entries), held, self.evictions, self.bytes_per_token)
 
     # -- lending ---------------------------------------------------------------------------
 

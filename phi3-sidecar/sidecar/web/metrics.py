@@ -190,6 +190,12 @@ class _GaugesCollector(Collector):
                 g.cache.bytes,
             ),
             ("prompt_cache_entries", "Generators the conversation cache holds.", g.cache.entries),
+            (
+                "kv_bytes_per_token",
+                "KV-cache bytes one token costs, measured on the model's KV tensors (type, "
+                "layers, heads, head size); PROMPT_CACHE_MB is counted in these.",
+                g.cache.bytes_per_token,
+            ),
             ("ready", "1 when the model is ready.", int(g.ready)),
             ("active_generations", "Generations running.", g.active),
             ("queue_depth", "Requests waiting for a slot.", g.waiting),
