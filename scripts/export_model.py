@@ -11,6 +11,21 @@ builder's other combinations (fp16/bf16 for cuda, fp32 for cpu, ...). The check 
 folder with the sidecar's own engine, renders a chat through the model's template and generates
 one token; it then prints what the sidecar will take from the folder and the MODEL_PATH to use.
 
+Variants (the builder's --extra_options of the same names; docs/benchmarks.md, "Model
+variants", has their speed, memory and quality):
+
+    --block-size 128          int4 block of every MatMulNBits (block_size; default 32)
+    --accuracy-level 4        MatMulNBits' activations: 4 int8 (CPU default), 1 fp32
+    --int4-embedding          int4 embedding table (op_types_to_quantize=MatMul/Gather)
+    --shared-embeddings       one int4 matrix for the embedding and the LM head (a model with
+                              tie_word_embeddings only; with --int4-embedding)
+    --prune-lm-head           logits of the last prompt position only (prune_lm_head)
+    --kv-cache int8_per_channel
+                              int8 KV cache (kv_cache_quant_scheme): the model is built once
+                              with an fp32 KV cache, its K and V are calibrated on text with
+                              onnxruntime_genai.models.quantization.kv_cache_calibration, then
+                              it is built again with the scales (kept as kv_cache_scales.json)
+
 Needs the builder's dependencies: `pip install -r requirements-export.txt` (torch CPU,
 transformers; `make export HF_MODEL=...` installs them). Exit status: 0 done, 1 failed (one
 sentence on stderr), 2 bad arguments.
@@ -23,6 +38,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -36,6 +52,10 @@ PRECISIONS = ("int4", "int8", "fp16", "bf16", "fp32")
 PROVIDERS = ("cpu", "cuda", "dml", "webgpu", "NvTensorRtRtx")
 # What the builder imports besides onnxruntime-genai (requirements-export.txt).
 BUILDER_NEEDS = ("torch", "transformers", "onnx_ir", "safetensors")
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+KV_CACHE_TYPES = ("int8_per_tensor", "int8_per_channel")
+CALIBRATION = "onnxruntime_genai.models.quantization.kv_cache_calibration"
+KV_SCALES = "kv_cache_scales.json"  # the calibrated scales, kept in the exported folder
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # onnxruntime's quantizer logs one INFO line per node; counted instead of shown.
 QUANTIZER_LINE = re.compile(r"matmul_nbits_quantizer \[INFO\] - (start to|complete|skip to) quant")
@@ -64,6 +84,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="passed to the builder's --extra_options (repeatable), e.g. accuracy_level=4",
     )
+    p.add_argument("--block-size", type=int, choices=BLOCK_SIZES, help="int4 block size")
+    p.add_argument("--accuracy-level", type=int, choices=(1, 2, 3, 4), help="MatMulNBits' math")
+    p.add_argument("--int4-embedding", action="store_true", help="int4 embedding table")
+    p.add_argument(
+        "--shared-embeddings", action="store_true", help="embedding and LM head share weights"
+    )
+    p.add_argument("--prune-lm-head", action="store_true", help="last position's logits only")
+    p.add_argument("--kv-cache", choices=KV_CACHE_TYPES, help="quantized KV cache, calibrated")
     p.add_argument("--no-check", action="store_true", help="skip loading the result")
     p.add_argument("--verbose", action="store_true", help="show every line the builder prints")
     args = p.parse_args(argv)
@@ -79,6 +107,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for option in args.extra_option:
         if not re.match(r"^\w+=\S+$", option):
             p.error(f"--extra-option wants KEY=VALUE, not {option!r}")
+    given = {option.split("=", 1)[0] for option in args.extra_option}
+    for option in variant_options(args):
+        key = option.split("=", 1)[0]
+        if key in given:
+            p.error(f"--extra-option {key}=... repeats a variant option: give it once")
     if args.out is None:
         name = (args.local.name if args.local else args.model.split("/")[1]).lower()
         args.out = Path("models") / f"{name}-{args.precision}-{args.execution_provider.lower()}"
@@ -96,7 +129,28 @@ def check_builder_installed() -> None:
         )
 
 
-def builder_command(args: argparse.Namespace) -> list[str]:
+def variant_options(args: argparse.Namespace, scales: Path | None = None) -> list[str]:
+    """The builder's --extra_options for the variant flags; the KV cache's only with the
+    calibrated `scales` (the first build, which calibration reads, has an fp32 KV cache)."""
+    options = []
+    if args.block_size:
+        options.append(f"block_size={args.block_size}")
+    if args.accuracy_level:
+        options.append(f"accuracy_level={args.accuracy_level}")
+    if args.int4_embedding:
+        options.append("op_types_to_quantize=MatMul/Gather")
+    if args.shared_embeddings:
+        options.append("shared_embeddings=true")
+    if args.prune_lm_head:
+        options.append("prune_lm_head=true")
+    if args.kv_cache and scales is not None:
+        options += [f"kv_cache_quant_scheme={args.kv_cache}", f"kv_cache_scale_file={scales}"]
+    return options
+
+
+def builder_command(
+    args: argparse.Namespace, out: Path | None = None, scales: Path | None = None
+) -> list[str]:
     source = ["-i", str(args.local)] if args.local else ["-m", args.model]
     command = [
         sys.executable,
@@ -104,7 +158,7 @@ def builder_command(args: argparse.Namespace) -> list[str]:
         BUILDER,
         *source,
         "-o",
-        str(args.out.resolve()),
+        str((out or args.out).resolve()),
         "-p",
         args.precision,
         "-e",
@@ -112,12 +166,15 @@ def builder_command(args: argparse.Namespace) -> list[str]:
         "-c",
         str(args.cache_dir.resolve()),
     ]
-    if args.extra_option:
-        command += ["--extra_options", *args.extra_option]
+    options = [*args.extra_option, *variant_options(args, scales)]
+    if options:
+        command += ["--extra_options", *options]
     return command
 
 
-def run_builder(args: argparse.Namespace) -> None:
+def run_builder(
+    args: argparse.Namespace, out: Path | None = None, scales: Path | None = None
+) -> None:
     """Run the builder, showing its progress; ExportError with its last words if it fails."""
     env = dict(os.environ)
     if args.local:  # nothing to download: never wait for a Hub that cannot be reached
@@ -125,7 +182,7 @@ def run_builder(args: argparse.Namespace) -> None:
     env["PYTHONUNBUFFERED"] = "1"
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        builder_command(args),
+        builder_command(args, out, scales),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
@@ -165,6 +222,31 @@ def progress(lines: Iterable[str], verbose: bool, tail: list[str]) -> Iterator[s
                 yield line
     if quantized:
         yield f"  quantized {quantized} weight matrices"
+
+
+def export_with_kv_cache(args: argparse.Namespace) -> None:
+    """--kv-cache: build with an fp32 KV cache (in the cache folder), calibrate its K and V on
+    the calibration tool's own text, build again with the scales."""
+    baseline = args.cache_dir.resolve() / f"kv-baseline-{args.out.resolve().name}"
+    if baseline.exists():
+        shutil.rmtree(baseline)
+    print(f"  building the fp32-KV model to calibrate on ({baseline})")
+    run_builder(args, out=baseline)
+    scales = args.cache_dir.resolve() / f"{args.out.resolve().name}-{KV_SCALES}"
+    quant = args.kv_cache
+    print(f"  calibrating the KV cache scales ({quant}) on the calibration tool's text")
+    tokenizer = str(args.local) if args.local else args.model
+    decoder = json.loads((baseline / "genai_config.json").read_text())["model"]["decoder"]
+    graph = baseline / decoder["filename"]
+    command = [sys.executable, "-m", CALIBRATION, "--model", str(graph)]
+    command += ["--tokenizer", tokenizer, "--out", str(scales), "--quant-type", quant]
+    done = subprocess.run(command, capture_output=True, text=True, errors="replace")
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+        raise ExportError(f"The KV cache calibration failed: {lines[-1]}")
+    shutil.rmtree(baseline)
+    run_builder(args, scales=scales)
+    shutil.copyfile(scales, args.out / KV_SCALES)
 
 
 def add_generation_eos(args: argparse.Namespace) -> list[int]:
@@ -208,7 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_builder_installed()
         print(f"exporting {args.model} to {args.out} ({args.precision}, {args.execution_provider})")
-        run_builder(args)
+        if args.kv_cache:
+            export_with_kv_cache(args)
+        else:
+            run_builder(args)
         added = add_generation_eos(args)
         if added:
             print(f"  added generation_config.json's end ids {added} to genai_config.json")

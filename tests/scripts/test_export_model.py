@@ -38,6 +38,11 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         ("--model", str(tmp_path / "hf"), "--out", str(tmp_path / "taken")): "is not empty",
         ("--model", "a/b", "--extra-option", "novalue"): "KEY=VALUE",
         ("--model", "a/b", "--precision", "int3"): "invalid choice",
+        ("--model", "a/b", "--block-size", "64", "--extra-option", "block_size=128"): (
+            "repeats a variant option"
+        ),
+        ("--model", "a/b", "--block-size", "48"): "invalid choice",
+        ("--model", "a/b", "--kv-cache", "int4_per_token"): "invalid choice",
     }
     for args, says in cases.items():
         result = run(*args)
