@@ -118,12 +118,30 @@ class Piece:
 
 
 @dataclass(frozen=True, slots=True)
+class Drafts:
+    """Prompt-lookup drafts of one reply (model/drafts.py, PROMPT_LOOKUP_TOKENS): draft tokens
+    the model checked, those it accepted, and the model calls its tokens took."""
+
+    checked: int
+    accepted: int
+    steps: int
+
+    def since(self, earlier: Drafts) -> Drafts:
+        return Drafts(
+            self.checked - earlier.checked,
+            self.accepted - earlier.accepted,
+            self.steps - earlier.steps,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class End:
     key: int
     finish: Finish
     generated_tokens: int
     tokens_per_s: float | None
     tokens_after_cancel: int | None = None
+    drafts: Drafts | None = None  # None: the reply was generated without drafts
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,17 @@ class Settings(BaseSettings):
         "does (a reply may differ from an uncached one at rare near-ties). Regenerated replies "
         "and edited messages are exact either way.",
     )
+    prompt_lookup_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Prompt-lookup drafts: the most tokens one decode step proposes, copied "
+        "from where the reply's last tokens occurred before (the prompt or the reply); one "
+        "model call checks them all, so replies that repeat their prompt (edits, summaries, "
+        "code) decode several tokens a call. 0 turns it off. Greedy requests only; the draft "
+        "length adapts down and drafting pauses after misses. docs/benchmarks.md, "
+        "'Prompt-lookup drafts'.",
+    )
     queue_size: int = Field(
         default=8, ge=0, le=4096, description="Requests that may wait for a free slot; beyond: 503."
     )

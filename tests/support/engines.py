@@ -82,6 +82,9 @@ class FaultyGeneration:
     def tokens_per_s(self) -> float | None:
         return self._real.tokens_per_s()
 
+    def drafts(self) -> ipc.Drafts | None:
+        return self._real.drafts()
+
 
 class FaultyEngine:
     def __init__(self, real: Engine) -> None:

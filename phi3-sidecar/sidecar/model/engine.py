@@ -26,8 +26,9 @@ from typing import Any
 
 import onnxruntime_genai as og
 
-from sidecar.ipc import CacheStats, Finish, Generate
+from sidecar.ipc import CacheStats, Drafts, Finish, Generate
 from sidecar.model.cpus import cpu_budget
+from sidecar.model.drafts import draft_counts, use_prompt_lookup
 from sidecar.model.family import read_facts
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
 from sidecar.model.prompt import Prompt, PromptBuilder
@@ -53,10 +54,12 @@ class Engine:
         prompt_cache_exact: bool = False,
         device: str = "cpu",
         provider_options: Mapping[str, str] | None = None,
+        prompt_lookup_tokens: int = 0,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
+        self.prompt_lookup_tokens = prompt_lookup_tokens
         genai_config = read_genai_config(path)
         self.context_length = int(genai_config["model"]["context_length"])
         self.max_length = min(max_length or self.context_length, self.context_length)
@@ -268,6 +271,7 @@ class Generation:
             if request.seed is not None:
                 options["random_seed"] = request.seed
             params.set_search_options(**options)
+            use_prompt_lookup(params, 0 if sampling else engine.prompt_lookup_tokens)
             self._entry = Entry(
                 og.Generator(engine.model, params),
                 params,
@@ -279,6 +283,8 @@ class Generation:
             if keep:
                 self._cache.adopt(self._entry)
         self._generator = self._entry.generator
+        drafting = engine.prompt_lookup_tokens and not sampling
+        self._drafts_before = draft_counts(self._generator) if drafting else None
         self._stream = engine.tokenizer.create_stream()
         self._stops = StopFilter(request.stop)
         self._chunk = engine.prefill_chunk
@@ -335,6 +341,13 @@ class Generation:
     def release(self, reusable: bool) -> None:
         """The request is over (finished, cancelled, or failed: not reusable)."""
         self._cache.give_back(self._entry, reusable)
+
+    def drafts(self) -> Drafts | None:
+        """This reply's prompt-lookup drafts; None when it had none (PROMPT_LOOKUP_TOKENS=0,
+        sampling)."""
+        if self._drafts_before is None:
+            return None
+        return draft_counts(self._generator).since(self._drafts_before)
 
     def tokens_per_s(self) -> float | None:
         """Decode speed: tokens after the first one over the time they took."""
@@ -394,4 +407,5 @@ def load_engine(settings: Settings) -> Engine:
         prompt_cache_exact=settings.prompt_cache_exact,
         device=settings.model_device,
         provider_options=settings.provider_options,
+        prompt_lookup_tokens=settings.prompt_lookup_tokens,
     )

@@ -52,6 +52,8 @@ class Stepper(Protocol):
 
     def tokens_per_s(self) -> float | None: ...
 
+    def drafts(self) -> ipc.Drafts | None: ...
+
     def release(self, reusable: bool) -> None:
         """The request is over: keep its generator in the conversation cache, or drop it."""
         ...
@@ -240,7 +242,12 @@ class Scheduler:
         generation.release(reusable=finish != "error")
         self._outbox.send(
             ipc.End(
-                key, finish, generation.generated, generation.tokens_per_s(), tokens_after_cancel
+                key,
+                finish,
+                generation.generated,
+                generation.tokens_per_s(),
+                tokens_after_cancel,
+                generation.drafts(),
             )
         )
         self._outbox.send(self._engine.cache_stats())

@@ -35,6 +35,9 @@ Reply, stream false: 200 application/json once the reply is complete:
    "logprobs": null, "finish_reason": "stop" | "length"}],
    "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
              "prompt_tokens_details": {"cached_tokens": ...}}}
+  With PROMPT_LOOKUP_TOKENS on, a greedy reply's usage also has "completion_tokens_details":
+  {"accepted_prediction_tokens": ..., "rejected_prediction_tokens": ...}: the prompt-lookup
+  draft tokens the model accepted and rejected.
   completion_tokens counts every generated token, the end token included (the log line's
   generated_tokens). Nothing is sent before the end, so a generation that fails gets a status:
   500 internal_error, or 503 not_ready when the model worker died.
@@ -145,7 +148,21 @@ def _usage(end: ipc.End, started: ipc.Started) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": started.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": started.cached_tokens},
+        **_completion_details(end.drafts),
     }
+
+
+def _completion_details(drafts: ipc.Drafts | None) -> dict[str, Any]:
+    """Prompt-lookup drafts as OpenAI reports predicted outputs: draft tokens the model
+    accepted and rejected (present only with PROMPT_LOOKUP_TOKENS on, greedy requests)."""
+    if drafts is None:
+        return {}
+    rejected = drafts.checked - drafts.accepted
+    details = {
+        "accepted_prediction_tokens": drafts.accepted,
+        "rejected_prediction_tokens": rejected,
+    }
+    return {"completion_tokens_details": details}
 
 
 def _finish_reason(end: ipc.End) -> str:

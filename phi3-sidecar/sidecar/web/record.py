@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Timings kept for /metrics and the trace (web/metrics.py, web/telemetry.py), not logged.
-_NOT_LOGGED = ("started_at", "queued_at", "admitted_at", "piece_times")
+_NOT_LOGGED = ("started_at", "queued_at", "admitted_at", "piece_times", "decode_steps")
 
 
 @dataclass
@@ -30,6 +30,11 @@ class RequestRecord:
     ttft_ms: float | None = None
     tokens_per_s: float | None = None
     tokens_after_disconnect: int | None = None
+    # PROMPT_LOOKUP_TOKENS: draft tokens checked and accepted, tokens per model call
+    draft_tokens: int | None = None
+    accepted_draft_tokens: int | None = None
+    tokens_per_step: float | None = None
+    decode_steps: int | None = field(default=None, repr=False)  # for /metrics
     duration_ms: float | None = None
     prompt: Any = None  # only with LOG_PROMPTS=1
     reply: str | None = None  # only with LOG_PROMPTS=1

@@ -173,5 +173,11 @@ class ReplyResponse(Response):
         if end.tokens_per_s is not None:
             record.tokens_per_s = round(end.tokens_per_s, 1)
         record.tokens_after_disconnect = end.tokens_after_cancel
+        if end.drafts is not None:
+            record.draft_tokens = end.drafts.checked
+            record.accepted_draft_tokens = end.drafts.accepted
+            record.decode_steps = end.drafts.steps
+            if end.drafts.steps:
+                record.tokens_per_step = round(end.generated_tokens / end.drafts.steps, 2)
         if self._text is not None:
             record.reply = "".join(self._text)
