@@ -1,0 +1,121 @@
+"""Prompt-lookup drafts (PROMPT_LOOKUP_TOKENS) through the real sidecar on `tiny`: greedy replies
+are the same with drafts on and off, over both APIs and across the turns of a cached
+conversation; the drafts are really checked and accepted, and say so in the log line, /metrics
+and the OpenAI usage; a sampled request is decoded without them."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from scripts import make_model, services
+from scripts.services import Service
+
+MAX_NEW = 64
+# Replies that repeat themselves (the tiny model falls into loops) and one that copies its
+# prompt: both give n-gram hits; the EOS prompt ends early.
+PROMPTS = (
+    make_model.LONG_PROMPT,
+    "Hi",
+    make_model.EOS_PROMPT,
+    "Repeat after me: one two three four, one two three four, one two three four.",
+)
+
+
+@pytest.fixture(scope="module")
+def pair(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Service, Service]]:
+    logs = tmp_path_factory.mktemp("logs")
+    with (
+        services.sidecar(tiny_model_dir, logs / "on.log", PROMPT_LOOKUP_TOKENS="4") as on,
+        services.sidecar(tiny_model_dir, logs / "off.log", PROMPT_LOOKUP_TOKENS="0") as off,
+    ):
+        yield on, off
+
+
+def predict(service: Service, messages: list[dict[str, str]], **options: Any) -> str:
+    body = {"messages": messages, "max_new_tokens": MAX_NEW, **options}
+    response = httpx.post(service.url + "/predict", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+def metric(service: Service, name: str) -> float:
+    text = httpx.get(service.url + "/metrics", timeout=10).text
+    match = re.search(rf"^sidecar_{name} (\S+)$", text, re.M)
+    assert match, name
+    return float(match.group(1))
+
+
+def request_lines(service: Service) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in service.log_lines()]
+    return [line for line in lines if line.get("path") in ("/predict", "/v1/chat/completions")]
+
+
+def test_greedy_replies_are_the_same_with_drafts_on_and_off(pair: tuple[Service, Service]) -> None:
+    on, off = pair
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        assert predict(on, messages) == predict(off, messages), prompt
+    assert metric(on, "draft_tokens_accepted_total") > 0  # drafts really happened
+    assert metric(off, "draft_tokens_total") == 0
+    checked, accepted = metric(on, "draft_tokens_total"), metric(on, "draft_tokens_accepted_total")
+    assert accepted <= checked
+    tokens, steps = metric(on, "draft_reply_tokens_total"), metric(on, "draft_reply_steps_total")
+    assert 0 < steps and tokens > 0
+
+
+def test_a_cached_conversation_is_the_same_with_drafts(pair: tuple[Service, Service]) -> None:
+    """Turns continue a cached generator (rewound, its draft history resynced)."""
+    histories: list[list[dict[str, str]]] = [[], []]
+    for turn in ("Hello", "Tell me more.", "And then?"):
+        replies = []
+        for service, history in zip(pair, histories, strict=True):
+            history.append({"role": "user", "content": turn})
+            reply = predict(service, history)
+            history.append({"role": "assistant", "content": reply})
+            replies.append(reply)
+        assert replies[0] == replies[1], turn
+
+
+def test_the_log_line_says_what_the_drafts_did(pair: tuple[Service, Service]) -> None:
+    on, off = pair
+    predict(on, [{"role": "user", "content": make_model.LONG_PROMPT}])
+    line = request_lines(on)[-1]
+    assert line["draft_tokens"] >= line["accepted_draft_tokens"] >= 0
+    # Below 1 when rejected drafts cost calls of their own; at most 1 + the draft length.
+    assert 0 < line["tokens_per_step"] <= 5
+    predict(off, [{"role": "user", "content": make_model.LONG_PROMPT}])
+    assert "draft_tokens" not in request_lines(off)[-1]
+
+
+def test_sampled_requests_are_decoded_without_drafts(pair: tuple[Service, Service]) -> None:
+    on, _ = pair
+    predict(on, [{"role": "user", "content": "Hi"}], temperature=0.8, seed=7)
+    line = request_lines(on)[-1]
+    assert line["outcome"] in ("eos", "length") and "draft_tokens" not in line
+
+
+def test_openai_usage_reports_accepted_and_rejected_drafts(pair: tuple[Service, Service]) -> None:
+    on, off = pair
+    body = {"messages": [{"role": "user", "content": make_model.LONG_PROMPT}], "max_tokens": 48}
+    usages = []
+    for service in (on, off):
+        response = httpx.post(service.url + "/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        usages.append(response.json()["usage"])
+    details = usages[0]["completion_tokens_details"]
+    line = request_lines(on)[-1]
+    assert details == {
+        "accepted_prediction_tokens": line["accepted_draft_tokens"],
+        "rejected_prediction_tokens": line["draft_tokens"] - line["accepted_draft_tokens"],
+    }
+    assert "completion_tokens_details" not in usages[1]
+    assert usages[0]["completion_tokens"] == usages[1]["completion_tokens"]
