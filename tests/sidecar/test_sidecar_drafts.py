@@ -69,7 +69,7 @@ def test_greedy_replies_are_the_same_with_drafts_on_and_off(pair: tuple[Service,
     checked, accepted = metric(on, "draft_tokens_total"), metric(on, "draft_tokens_accepted_total")
     assert accepted <= checked
     tokens, steps = metric(on, "draft_reply_tokens_total"), metric(on, "draft_reply_steps_total")
-    assert 0 < steps and tokens > 0
+    assert steps > 0 and tokens > 0
 
 
 def test_a_cached_conversation_is_the_same_with_drafts(pair: tuple[Service, Service]) -> None:
