@@ -57,6 +57,9 @@ GENERATED = {
     "int4-embedding": ["--int4-embedding"],
     "pruned-lm-head": ["--prune-lm-head"],
     "kv-int8": ["--kv-cache", "int8_per_channel"],
+    # The builder turns off the shared past/present buffer for a quantized KV cache on the
+    # CPU (so does make_model.py); onnxruntime 1.31's CPU attention runs it shared too.
+    "kv-int8+shared-buffer": ["--kv-cache", "int8_per_channel"],
     "block-128+int4-embedding+pruned": [
         "--block-size", "128", "--int4-embedding", "--prune-lm-head",
     ],
@@ -228,7 +231,13 @@ def build_generated(name: str, preset: str, work: Path) -> Path:
             [sys.executable, *command, *GENERATED[name]],
             cwd=REPO,
             check=True,
+            stdout=subprocess.DEVNULL,
         )
+        if name.endswith("+shared-buffer"):
+            path = folder / "genai_config.json"
+            config = json.loads(path.read_text())
+            config["search"]["past_present_share_buffer"] = True
+            path.write_text(json.dumps(config, indent=4) + "\n")
     return folder
 
 
@@ -247,10 +256,20 @@ def alternate(
 
 
 def speed(args: argparse.Namespace) -> None:
+    """A row per variant, printed as soon as it is measured (a long run is readable midway)."""
     work = args.work_dir
     names = [n for n in args.variants.split(",") if n and n != "default"]
     default = build_generated("default", args.preset, work)
-    rows = []
+    print(
+        f"{args.preset} shapes on {cpu_name()}, {args.prompt_tokens}-token prompt, "
+        f"{args.new_tokens} new tokens, medians of {args.reps} alternated runs against the "
+        "default folder; each cell: variant / default, measured side by side:\n"
+    )
+    print(
+        "| variant | files MB | prefill tok/s | ratio | decode tok/s | ratio | KV bytes/token "
+        "| peak RSS MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|", flush=True)
     for name in names:
         folder = build_generated(name, args.preset, work)
         pair = [Child(default), Child(folder)]
@@ -262,28 +281,17 @@ def speed(args: argparse.Namespace) -> None:
             for child in pair:
                 child.close()
         base, ours = [s[0] for s in samples], [s[1] for s in samples]
-        rows.append((name, base, ours, _folder_mb(default), _folder_mb(folder)))
+        base_mb, our_mb = _folder_mb(default), _folder_mb(folder)
         if not args.keep:
             shutil.rmtree(folder)
-        print(f"  measured {name}", flush=True)
-    print(
-        f"\n{args.preset} shapes on {cpu_name()}, {args.prompt_tokens}-token prompt, "
-        f"{args.new_tokens} new tokens, medians of {args.reps} alternated runs against the "
-        "default folder; each cell: variant / default, measured side by side:\n"
-    )
-    print(
-        "| variant | files MB | prefill tok/s | ratio | decode tok/s | ratio | KV bytes/token "
-        "| peak RSS MB |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for name, base, ours, base_mb, our_mb in rows:
         bp, op = median([m.prefill_tps for m in base]), median([m.prefill_tps for m in ours])
         bd, od = median([m.decode_tps for m in base]), median([m.decode_tps for m in ours])
         print(
             f"| {name} | {our_mb:,.0f} / {base_mb:,.0f} | {op:.1f} / {bp:.1f} | "
             f"{op / bp:.2f} | {od:.2f} / {bd:.2f} | {od / bd:.2f} | "
             f"{ours[-1].kv_bytes_per_token:,} / {base[-1].kv_bytes_per_token:,} | "
-            f"{max(m.peak_rss_mb for m in ours):,.0f} / {max(m.peak_rss_mb for m in base):,.0f} |"
+            f"{max(m.peak_rss_mb for m in ours):,.0f} / {max(m.peak_rss_mb for m in base):,.0f} |",
+            flush=True,
         )
 
 
