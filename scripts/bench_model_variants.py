@@ -344,10 +344,10 @@ def quality(args: argparse.Namespace) -> None:
 def drafts(args: argparse.Namespace) -> None:
     cases: list[tuple[str, Path, str | int, bool]] = []
     if not args.skip_real:
-        real = args.work_dir / f"{REAL}-int4"
-        _run(
-            "scripts/make_real_model.py", "--model", REAL, "--out", str(real), "--precision", "int4"
-        )
+        real = args.real or args.work_dir / f"{REAL}-int4"
+        if args.real is None:
+            command = ["--model", REAL, "--out", str(real), "--precision", "int4"]
+            _run("scripts/make_real_model.py", *command)
         cases += [("SmolLM2 int4, rewrite", real, REWRITE, False)]
         cases += [("SmolLM2 int4, plain chat", real, CHAT, False)]
     if not args.skip_generated:
@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--draft-tokens", type=int, default=4, help="PROMPT_LOOKUP_TOKENS for drafts")
     p.add_argument("--skip-real", action="store_true", help="drafts: not on SmolLM2")
+    p.add_argument("--real", type=Path, help="drafts: this SmolLM2 folder (default: built)")
     p.add_argument("--skip-generated", action="store_true", help="drafts: not on phi3-mini")
     p.add_argument("--keep", action="store_true", help="speed: keep the variants' folders")
     p.add_argument("--work-dir", type=Path, default=WORK)
