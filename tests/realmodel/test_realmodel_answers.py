@@ -15,6 +15,8 @@ from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
 from tests.e2e import live
 from tests.e2e.test_e2e_browser import reply, send
 
+pytestmark = pytest.mark.realmodel
+
 ANSWERS = [*SMOLLM2_135M_INSTRUCT.answers, ("What is 2 + 2?", "4")]
 FRANCE = "What is the capital of France?"
 # Greedy, SmolLM2 answers this with a numbered list ("1. Red\n2. Blue\n...").

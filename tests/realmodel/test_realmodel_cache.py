@@ -14,6 +14,8 @@ import pytest
 from scripts import services
 from tests.e2e import live
 
+pytestmark = pytest.mark.realmodel
+
 CONVERSATIONS = {
     "paris": [
         "What is the capital of France?",

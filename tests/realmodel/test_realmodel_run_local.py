@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from scripts import services
 from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
 from tests.e2e import live
+
+pytestmark = pytest.mark.realmodel
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,6 +12,8 @@ import pytest
 
 from sidecar.ipc import Generate
 
+pytestmark = pytest.mark.realmodel
+
 QUESTIONS = [
     "What is the capital of France?",
     "List three primary colors as a numbered list.",
