@@ -122,7 +122,8 @@ class Events(ReplyFormat):
         return _line(
             {
                 "done": True,
-                "finish_reason": "length" if end.finish == "length" else "stop",
+                # time_limit (REPLY_TIME_LIMIT_S) is cut short by a limit too
+                "finish_reason": "length" if end.finish in ("length", "time_limit") else "stop",
                 "generated_tokens": end.generated_tokens,
                 "prompt_tokens": started.prompt_tokens,
                 "cached_tokens": started.cached_tokens,
