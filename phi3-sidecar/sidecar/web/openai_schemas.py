@@ -4,7 +4,9 @@ Validated as strictly as /predict's (schemas.py: the same message rules, the sam
 ranges, no type coercion). Fields that OpenAI clients often send but that this service does not
 implement are accepted only when absent, null or at the value where they change nothing; any
 other value is refused naming the field (400 invalid_value, OpenAI's status), never silently
-ignored.
+ignored. The one exception is documented apart: llama.cpp's server fields, which apps written
+for App Service's built-in model sidecar extension send (llamacpp_fields.py: mapped where this
+sidecar has their meaning, a listed set accepted and ignored).
 """
 
 from __future__ import annotations
