@@ -14,8 +14,11 @@ leaves nothing that looks finished.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
+import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
@@ -96,7 +99,10 @@ def make_onnx_folder(
             arg for option in PRECISION_OPTIONS[precision] for arg in ("--extra-option", option)
         ]
         argv = ["--model", str(hf), "--out", str(partial), "--precision", precision, *options]
-        if export_model.main([*argv, "--no-check"]) != 0:
+        # Its last lines name the .partial folder; ours name the real one.
+        with contextlib.redirect_stdout(_SkipLines(sys.stdout, ("done in", "MODEL_PATH="))):
+            status = export_model.main([*argv, "--no-check"])
+        if status != 0:
             raise BuildError("scripts/export_model.py failed (its error is above)")
         for question, answer in check_answers(model, partial):
             say(f"  {question!r} -> {answer!r}")
@@ -133,6 +139,23 @@ def check_answers(model: RealModel, folder: Path) -> list[tuple[str, str]]:
             raise BuildError(f"the model answered {question!r} with {reply!r}, without {word!r}")
         replies.append((question, reply))
     return replies
+
+
+class _SkipLines(io.TextIOBase):
+    """Passes whole lines on to `target`, less those that start with one of `prefixes`."""
+
+    def __init__(self, target: Any, prefixes: tuple[str, ...]) -> None:
+        self._target, self._prefixes, self._partial = target, prefixes, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            if not line.startswith(self._prefixes):
+                self._target.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
 
 
 class _partial:
