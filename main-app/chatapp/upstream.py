@@ -1,6 +1,7 @@
 """The model service as the app sees it: one interface, whichever API it speaks.
 
-`UPSTREAM_API` picks the module that speaks it: `predict` (our sidecar's `POST /predict`, the
+`UPSTREAM_API` picks the module that speaks it (`create_app` builds it: this module knows
+neither, they both build on it): `predict` (our sidecar's `POST /predict`, the
 default: `upstream_predict.py`) or `openai` (`POST /v1/chat/completions` on any
 OpenAI-compatible server: our sidecar's `/v1`, App Service's built-in model sidecars, Ollama,
 llama.cpp's `llama-server`, Foundry Local: `upstream_openai.py`). Each module turns every failure
@@ -285,19 +286,3 @@ def trimmed(message: str) -> str:
 def int_or_none(value: object) -> int | None:
     """A count from a server's JSON: an int (not a bool), else unknown."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def make_upstream(config: dict[str, Any]) -> Upstream:
-    """The upstream the app's config asks for (chatapp.settings: UPSTREAM_API, SIDECAR_URL)."""
-    from chatapp.upstream_openai import OpenAIUpstream
-    from chatapp.upstream_predict import PredictUpstream
-
-    connection = Connection(
-        config["SIDECAR_URL"],
-        connect_timeout=config["SIDECAR_CONNECT_TIMEOUT"],
-        read_timeout=config["SIDECAR_READ_TIMEOUT"],
-        api_key=config["UPSTREAM_API_KEY"],
-    )
-    if config["UPSTREAM_API"] == "openai":
-        return OpenAIUpstream(connection, config["UPSTREAM_MODEL"])
-    return PredictUpstream(connection)
