@@ -47,6 +47,7 @@ class Done:
     """The reply finished: why (`stop` or `length`, when the server says) and its counts."""
 
     finish_reason: str | None = None
+    generated_tokens: int | None = None  # the model's count, not the pieces relayed
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     dropped_messages: int | None = None

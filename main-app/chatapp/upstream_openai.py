@@ -167,6 +167,7 @@ def events(response: requests.Response) -> Iterator[Event]:
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     yield Done(
         finish_reason=finish,
+        generated_tokens=int_or_none(usage.get("completion_tokens")),
         prompt_tokens=int_or_none(usage.get("prompt_tokens")),
         cached_tokens=int_or_none(cached),
     )

@@ -241,7 +241,7 @@ def test_a_restarting_model_is_waited_for_and_retried(
     }
     answers = [
         lambda h: fs.refuse(h, 503, restarting, {"Retry-After": "2"}),
-        lambda h: fs.chunked(h, [b"Back again."]),
+        lambda h: fs.reply(h, ["Back again."]),
     ]
     fake.predict = lambda h: answers.pop(0)(h)
     page.goto(app.url)
@@ -298,7 +298,7 @@ def test_model_output_is_shown_as_text(
 ) -> None:
     fake, app = fake_app
     hostile = ['<img src=x onerror="alert(1)">', " and <scr", "ipt>alert(2)</script> ", "&amp;"]
-    fake.predict = lambda h: fs.chunked(h, [piece.encode() for piece in hostile])
+    fake.predict = lambda h: fs.reply(h, hostile)
     dialogs: list[str] = []
 
     def on_dialog(dialog: Dialog) -> None:
@@ -322,7 +322,7 @@ def test_cut_off_reply_is_marked(
     fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
-    fake.predict = lambda h: fs.chunked(h, [b"The first half ", "and é".encode()], end=False)
+    fake.predict = lambda h: fs.reply(h, ["The first half ", "and é"], end=False)
     page.goto(app.url)
     send(page, "Hi")
     answer = reply(page)
@@ -331,7 +331,7 @@ def test_cut_off_reply_is_marked(
     expect(answer.locator(".meta")).to_contain_text("Cut off")
     expect(answer.locator(".meta")).to_contain_text("stopped in the middle of the reply")
     # The part received stays in the conversation.
-    fake.predict = lambda h: fs.chunked(h, [b"ok"])
+    fake.predict = lambda h: fs.reply(h, ["ok"])
     with page.expect_request("**/chat") as request_info:
         send(page, "Go on")
     messages: list[dict[str, Any]] = json.loads(request_info.value.post_data or "")["messages"]
@@ -340,7 +340,7 @@ def test_cut_off_reply_is_marked(
 
 def test_long_conversation_drops_its_oldest_turns(start_app: AppFactory, browser: Browser) -> None:
     with FakeSidecar() as fake, start_app(fake.url, MAX_REQUEST_BYTES="3000") as app:
-        fake.predict = lambda h: fs.chunked(h, [("é" * 400).encode()])  # 800 bytes
+        fake.predict = lambda h: fs.reply(h, ["é" * 400])  # 800 bytes
         context = browser.new_context()
         page = context.new_page()
         try:
@@ -388,8 +388,8 @@ CODE = (
 )
 
 
-def pieces(text: str, size: int) -> list[bytes]:
-    return [text[i : i + size].encode() for i in range(0, len(text), size)]
+def pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def replies(fake: FakeSidecar, *texts: str) -> None:
@@ -397,7 +397,7 @@ def replies(fake: FakeSidecar, *texts: str) -> None:
     queue = list(texts)
 
     def predict(h: fs.Handler) -> None:
-        fs.chunked(h, [(queue.pop(0) if len(queue) > 1 else queue[0]).encode()])
+        fs.reply(h, [queue.pop(0) if len(queue) > 1 else queue[0]])
 
     fake.predict = predict
 
@@ -426,7 +426,7 @@ def test_markdown_reply_is_rendered_while_it_streams(
 ) -> None:
     fake, app = fake_app
     fake.readyz = (200, {"status": "ready", "model": "Phi-3-mini-4k-instruct"})
-    fake.predict = lambda h: fs.chunked(h, pieces(MARKDOWN_REPLY, 6), delay=0.03)
+    fake.predict = lambda h: fs.reply(h, pieces(MARKDOWN_REPLY, 6), delay=0.03)
     page.goto(app.url)
     expect(page.locator("#model-name")).to_have_text("Phi-3-mini-4k-instruct")
     send(page, "How do I sort in Python?")
@@ -568,7 +568,7 @@ def test_hostile_markdown_never_runs(
     fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
-    fake.predict = lambda h: fs.chunked(h, pieces(HOSTILE_MARKDOWN, 11), delay=0.005)
+    fake.predict = lambda h: fs.reply(h, pieces(HOSTILE_MARKDOWN, 11), delay=0.005)
     dialogs = no_dialogs(page)
     page.add_init_script(
         "window.__violations = [];"
@@ -889,7 +889,7 @@ def test_a_stopped_reply_is_kept_as_stopped(
     fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
-    fake.predict = lambda h: fs.chunked(h, pieces("word " * 400, 5), delay=0.02)
+    fake.predict = lambda h: fs.reply(h, pieces("word " * 400, 5), delay=0.02)
     page.goto(app.url)
     send(page, "Go on and on")
     answer = reply(page)
@@ -1103,7 +1103,7 @@ def test_a_reload_mid_reply_keeps_the_part_received(
     fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     fake, app = fake_app
-    fake.predict = lambda h: fs.chunked(h, pieces("word " * 400, 5), delay=0.02)
+    fake.predict = lambda h: fs.reply(h, pieces("word " * 400, 5), delay=0.02)
     page.goto(app.url)
     send(page, "Go on and on")
     expect(reply(page).locator(".text")).to_contain_text("word word word")
