@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test lint docs coverage hooks venv peers export-deps export clean
+.PHONY: run test test-quick lint docs coverage hooks venv peers export-deps export clean
 
 $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,14 @@ $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.t
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The JavaScript linter for the page (Biome, pinned in package.json and package-lock.json,
+# integrity hashes included), installed here, never globally. Not `npm ci`: the lock lists
+# Biome's platform binaries for Linux only (the registry mirror this was locked against carries
+# no others), which `npm ci` calls out of sync; `install --no-save` takes the locked versions.
+node_modules/.installed: package.json package-lock.json
+	npm install --no-audit --no-fund --no-save
+	touch $@
 
 # Opt-in: llama.cpp's server (built from source for this CPU) and the GGUF writer, for
 # `python scripts/bench.py --peers`.
@@ -38,10 +46,11 @@ export: export-deps
 run: venv
 	$(PY) scripts/run_local.py --model $(MODEL)
 
-lint: venv
+lint: venv node_modules/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy phi3-sidecar/sidecar main-app/chatapp scripts tests
+	node_modules/.bin/biome lint
 
 # The generated tables of docs/ (settings, refusals), from the code; tests/test_docs.py checks them.
 docs: venv

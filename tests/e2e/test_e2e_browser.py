@@ -702,7 +702,11 @@ def test_rename_export_and_delete(
     assert exported["title"] == "Sorting notes"
     assert exported["messages"] == [
         {"role": "user", "content": "How to sort?"},
-        {"role": "assistant", "content": "Use `sorted()`.\n\n```python\nsorted(xs)\n```"},
+        {
+            "role": "assistant",
+            "content": "Use `sorted()`.\n\n```python\nsorted(xs)\n```",
+            "finish_reason": "stop",  # the sidecar's done event says how it ended
+        },
     ]
     assert re.fullmatch(r"[0-9a-f]{32}", exported["id"])
     menu.click()
