@@ -39,7 +39,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
     telemetry.install(app)
-    errors.register(app)
+    errors.install(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(relay.bp)
     app.register_blueprint(health.bp)

@@ -163,13 +163,19 @@ def _json_body() -> Any:
     except HTTPException:
         raise  # 413 over MAX_REQUEST_BYTES, and the like: Flask's own answer
     except Exception:  # the server could not read it: a garbage chunk size, a cut-off body
-        raise ApiError(400, "The request body could not be read.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request body could not be read.", status=400
+        ) from None
     try:
         return json.loads(raw)
     except RecursionError:
-        raise ApiError(400, "The request's JSON is nested too deeply.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request's JSON is nested too deeply.", status=400
+        ) from None
     except ValueError:  # not JSON, or not UTF-8
-        raise ApiError(400, "The request body is not valid JSON.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request body is not valid JSON.", status=400
+        ) from None
 
 
 @bp.post("/chat")
@@ -177,9 +183,9 @@ def chat() -> Response:
     record: ChatRecord = g.chat
     if request.mimetype != "application/json":
         raise ApiError(
-            415,
-            "Send the conversation as JSON (Content-Type: application/json).",
             "unsupported_media_type",
+            "Send the conversation as JSON (Content-Type: application/json).",
+            status=415,
         )
     body = _json_body()
     config = current_app.config

@@ -75,9 +75,9 @@ class OpenAIUpstream:
         model = self.model
         if model is None:
             raise ApiError(
-                502,
-                "The model service lists no model; set UPSTREAM_MODEL to the one to use.",
                 "upstream_error",
+                "The model service lists no model; set UPSTREAM_MODEL to the one to use.",
+                status=502,
             )
         body: dict[str, Any] = {
             "model": model,
@@ -211,10 +211,10 @@ def _refusal(response: requests.Response) -> ApiError:
         return payload_too_large()
     if status == 404:
         return ApiError(
-            502,
+            "upstream_error",
             f"The model service does not know the model ({trimmed(message) or 'not found'}); "
             "set UPSTREAM_MODEL to one it lists.",
-            "upstream_error",
+            status=502,
         )
     if 400 <= status < 500 and trimmed(message):
         return refused(message)

@@ -95,7 +95,7 @@ CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _invalid(message: str) -> ApiError:
-    return ApiError(400, message, "invalid_request")
+    return ApiError("invalid_request", message, status=400)
 
 
 def parse_chat_request(
@@ -110,9 +110,9 @@ def parse_chat_request(
         raise _invalid("The request must contain a non-empty list of messages.")
     if len(messages) > max_messages:
         raise ApiError(
-            413,
-            f"The conversation has more than {max_messages} messages; start a new chat.",
             "payload_too_large",
+            f"The conversation has more than {max_messages} messages; start a new chat.",
+            status=413,
         )
     clean = []
     for number, message in enumerate(messages, start=1):
