@@ -1,6 +1,6 @@
 # The two commands a newcomer needs:
 #   make run    - both services on this machine, chat page on a printed URL (MODEL=tiny: no download)
-#   make test   - linters and every test
+#   make test   - linters and every test (make test-quick: linters and the fast tests)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -58,6 +58,13 @@ docs: venv
 
 test: lint export-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Lint, the unit tests and the tiny-model service tests, without the browser, containers,
+# families, peers and slow sets (tests/conftest.py, SLOW_TESTS) and without the model builder's
+# torch: a couple of minutes instead of `make test`'s many (CONTRIBUTING.md).
+QUICK := not (browser or containers or families or peers or slow)
+test-quick: lint
+	$(PY) -m pytest -m "$(QUICK)" $(PYTEST_ARGS)
 
 # Line and branch coverage of both services and scripts/, including the processes the tests
 # start; report on the terminal and in build/coverage/html. Takes a little longer than `test`.
