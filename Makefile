@@ -76,7 +76,7 @@ coverage: venv export-deps
 	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage html --quiet
 
 # The same checks before each commit (.pre-commit-config.yaml runs this venv's pinned tools).
-hooks: venv
+hooks: venv node_modules/.installed
 	$(VENV)/bin/pre-commit install
 
 clean:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from flask.testing import FlaskClient
 
+from tests.test_import_cycles import cycles
+
 STATIC = Path(__file__).resolve().parents[2] / "main-app" / "chatapp" / "static"
 
 
@@ -52,6 +54,14 @@ def test_the_page_is_es_modules_served_as_they_are(client: FlaskClient) -> None:
     assert {"chat.js", "exchange.js", "markdown.js", "store.js"} <= set(modules)
     own = {p.name for p in STATIC.glob("*.js")}
     assert set(modules) == own, "every module in static/ is loaded by the page, and only those"
+
+
+def test_the_page_modules_import_no_cycle(client: FlaskClient) -> None:
+    graph = {
+        name: set(re.findall(r'from "\./([^"/]+\.js)"', text))
+        for name, text in page_modules(client).items()
+    }
+    assert graph["chat.js"] and not cycles(graph), cycles(graph)
 
 
 def test_script_never_renders_model_output_as_html(client: FlaskClient) -> None:
