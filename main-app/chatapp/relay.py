@@ -1,8 +1,10 @@
 """The relay: `POST /chat` forwards the conversation to the sidecar and streams the reply back.
 
-The sidecar answers with a plain UTF-8 text stream; the relay turns each chunk into a `delta`
-line of the browser wire format (see `chatapp.wire`) as soon as it arrives. An incremental UTF-8
-decoder keeps characters whole when the sidecar's chunks split them. While the sidecar is silent
+The upstream (`chatapp.upstream`: our sidecar's NDJSON events, or an OpenAI-compatible server's
+server-sent events) yields the reply as events: each `Text` becomes a `delta` line of the
+browser wire format (see `chatapp.wire`) as soon as it arrives, and the `Done` event the last
+`done` line, with the model's own token count when the server gives one (a piece may carry
+several tokens: a fast model's dozen tokens can arrive as one). While the sidecar is silent
 the relay writes a heartbeat line every `HEARTBEAT_INTERVAL` seconds: a WSGI app only learns
 that the browser left when a write fails, and then the server closes the response, which closes
 the upstream connection so the sidecar stops generating.
@@ -37,12 +39,17 @@ class Relay:
     and logs the chat's line."""
 
     def __init__(
-        self, reply: ReplyStream, record: ChatRecord, heartbeat: float, stall: float
+        self,
+        reply: ReplyStream,
+        record: ChatRecord,
+        heartbeat: float,
+        stall: float,
+        time_limit: float = float("inf"),
     ) -> None:
         self._reply = reply
         self._record = record
         self._outcome = "client_gone"  # unless the relay reaches an end of its own
-        self._lines = self._relay(heartbeat, stall)
+        self._lines = self._relay(heartbeat, stall, record.started + time_limit)
 
     def __iter__(self) -> Iterator[bytes]:
         return self._lines
@@ -54,13 +61,22 @@ class Relay:
         self._reply.close()
         self._record.finish(200, self._outcome)
 
-    def _relay(self, heartbeat: float, stall: float) -> Generator[bytes, None, None]:
+    def _relay(
+        self, heartbeat: float, stall: float, deadline: float
+    ) -> Generator[bytes, None, None]:
         record = self._record
         started = record.started
         first = last = silent_since = started
         try:
             while True:
-                event = self._reply.next(timeout=heartbeat)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    # Before App Service's front end cuts the request (230 s) without a word.
+                    log.warning("the chat reached RELAY_TIME_LIMIT; ending its reply")
+                    self._outcome = "reply_time_limit"
+                    yield wire.error(TOO_LONG, "reply_time_limit")
+                    return
+                event = self._reply.next(timeout=min(heartbeat, left))
                 now = time.monotonic()
                 if event is None:
                     if now - silent_since >= stall:
@@ -81,9 +97,11 @@ class Relay:
                         record.cached_tokens = event.cached_tokens
                     if event.dropped_messages is not None:
                         record.dropped_messages = event.dropped_messages
+                    record.generated_tokens = event.generated_tokens
+                    tokens = record.tokens
                     yield wire.done(
-                        record.pieces,
-                        *_speed(started, first, last, record.pieces),
+                        tokens,
+                        *_speed(started, first, last, record.pieces, tokens),
                         finish_reason=event.finish_reason,
                         prompt_tokens=record.prompt_tokens,
                         cached_tokens=record.cached_tokens,
@@ -104,21 +122,25 @@ class Relay:
                 yield wire.delta(event.text)
         finally:
             self._reply.close()
-            record.ttft_ms, record.tokens_per_s = _speed(started, first, last, record.pieces)
+            speed = _speed(started, first, last, record.pieces, record.tokens)
+            record.ttft_ms, record.tokens_per_s = speed
 
 
 STALLED = "The model service stopped responding in the middle of the reply."
 STOPPED = "The model service stopped in the middle of the reply."
+TOO_LONG = "The reply took longer than this site allows for one message; it is cut off here."
 
 
 def _speed(
-    started: float, first: float, last: float, pieces: int
+    started: float, first: float, last: float, pieces: int, tokens: int
 ) -> tuple[float | None, float | None]:
-    """(ttft_ms, tokens_per_s), None where a value cannot be measured."""
+    """(ttft_ms, tokens_per_s), None where a value cannot be measured: the tokens after the
+    first piece over the time from the first piece to the last (the first piece counted as one
+    token, so a first piece that carried several makes the rate a little high)."""
     ttft_ms = round((first - started) * 1000, 1) if pieces else None
     tokens_per_s = None
-    if pieces >= 2 and last > first:
-        tokens_per_s = round((pieces - 1) / (last - first), 1)
+    if pieces >= 2 and last > first and tokens >= 2:
+        tokens_per_s = round((tokens - 1) / (last - first), 1)
     return ttft_ms, tokens_per_s
 
 
@@ -156,13 +178,19 @@ def _json_body() -> Any:
     except HTTPException:
         raise  # 413 over MAX_REQUEST_BYTES, and the like: Flask's own answer
     except Exception:  # the server could not read it: a garbage chunk size, a cut-off body
-        raise ApiError(400, "The request body could not be read.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request body could not be read.", status=400
+        ) from None
     try:
         return json.loads(raw)
     except RecursionError:
-        raise ApiError(400, "The request's JSON is nested too deeply.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request's JSON is nested too deeply.", status=400
+        ) from None
     except ValueError:  # not JSON, or not UTF-8
-        raise ApiError(400, "The request body is not valid JSON.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request body is not valid JSON.", status=400
+        ) from None
 
 
 @bp.post("/chat")
@@ -170,9 +198,9 @@ def chat() -> Response:
     record: ChatRecord = g.chat
     if request.mimetype != "application/json":
         raise ApiError(
-            415,
-            "Send the conversation as JSON (Content-Type: application/json).",
             "unsupported_media_type",
+            "Send the conversation as JSON (Content-Type: application/json).",
+            status=415,
         )
     body = _json_body()
     config = current_app.config
@@ -187,7 +215,13 @@ def chat() -> Response:
     except ApiError as error:  # telemetry: the hop to the model service failed before the reply
         _telemetry().upstream_error(error.type)
         raise
-    body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
+    body_iter = Relay(
+        reply,
+        record,
+        config["HEARTBEAT_INTERVAL"],
+        config["SIDECAR_READ_TIMEOUT"],
+        config["RELAY_TIME_LIMIT"],
+    )
     _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(
         body_iter,
