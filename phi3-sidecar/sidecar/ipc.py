@@ -170,7 +170,8 @@ class CacheStats:
     bytes: int = 0
     evictions: int = 0
     # What one token of a generator's KV cache costs, measured on the model's own KV tensors
-    # (their type: fp32, int8, ...; layers, KV heads, head size); 0 until the warm-up.
+    # (their type: fp32, int8, ...; layers, KV heads, head size) at warm-up; reported with
+    # the rest after each reply (0 before the first).
     bytes_per_token: int = 0
 
 
