@@ -65,6 +65,7 @@ def default_sidecar(
 ) -> Iterator[services.Service]:
     log = tmp_path_factory.mktemp("logs") / "sidecar-default.log"
     with services.sidecar(tiny_model_dir, log) as service:
+        served(service, PROMPTS[0])  # the KV bytes a token are reported with the first reply
         yield service
 
 
