@@ -66,6 +66,8 @@ GENERATED = {
 }  # fmt: skip
 # export_model.py flags of each SmolLM2 variant (int4: block 32, accuracy level 4 by default).
 EXPORTED = {
+    "fp32 kv-int8 per channel": ["--precision", "fp32", "--kv-cache", "int8_per_channel"],
+    "fp32 kv-int8 per tensor": ["--precision", "fp32", "--kv-cache", "int8_per_tensor"],
     "int4": [],
     "int4 block-64": ["--block-size", "64"],
     "int4 block-128": ["--block-size", "128"],
