@@ -88,6 +88,20 @@ class Settings(BaseSettings):
         "long prompt is read. 64 costs no measurable prefill speed (docs/benchmarks.md, 'Prefill "
         "chunk'). 0 is refused; a value over the prompt's length appends it in one call.",
     )
+    decode_batch_rows: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Replies decoded together in one model call per step. 1: each reply has its "
+        "own onnxruntime-genai Generator and they take turns (N replies each get 1/N of the "
+        "speed). More than 1 (CPU only): the decoder runs in onnxruntime directly over KV "
+        "buffers the worker owns, every active reply advances one token per call, and a "
+        "joining prompt is read in PREFILL_CHUNK chunks between the others' steps. Decode "
+        "reads all weights once per call, so rows are cheap until compute catches up "
+        "(ARCHITECTURE.md, 'Batched decode'). Greedy replies are the same either way. Requests "
+        "the direct path cannot serve (constrained output, a decoder it does not know) keep a "
+        "Generator. Set it to MAX_CONCURRENCY to batch every active reply.",
+    )
     worker_stall_s: float = Field(
         default=60.0,
         ge=1.0,

@@ -27,6 +27,8 @@ from typing import Any
 import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Finish, Generate
+from sidecar.model.batch_decoder import BatchDecoder, Unsupported, read_spec
+from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchGeneration, BatchScheduler, serves
 from sidecar.model.cpus import cpu_budget
 from sidecar.model.family import read_facts
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
@@ -53,6 +55,8 @@ class Engine:
         prompt_cache_exact: bool = False,
         device: str = "cpu",
         provider_options: Mapping[str, str] | None = None,
+        decode_batch_rows: int = 1,
+        max_concurrency: int = 1,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -93,26 +97,82 @@ class Engine:
             self.facts.bos_id,
             system_role=self.facts.system_role,
         )
+        # DECODE_BATCH_ROWS > 1: replies the direct path serves are batched (batch_scheduler.py)
+        # and own the conversation cache's budget; the Generator path keeps no cache then.
+        self.batch: BatchScheduler | None = None
+        if decode_batch_rows > 1:
+            self.batch = self._batch_path(
+                path, genai_config, device, decode_batch_rows, max_concurrency, num_threads
+            )
 
-    def start(self, request: Generate, *, cached: bool = True) -> Generation:
+    def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
-        generator that holds the prompt's beginning, or make a new one."""
+        generator (or KV slot) that holds the prompt's beginning, or make a new one."""
         prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
-        return Generation(self, prompt, request, cached=cached)
+        if self.batch is not None and serves(request):
+            return self.batch.start(prompt, request, cached=cached)
+        return Generation(self, prompt, request, cached=cached and self.batch is None)
+
+    def _batch_path(
+        self,
+        path: Path,
+        genai_config: Mapping[str, Any],
+        device: str,
+        rows: int,
+        concurrency: int,
+        threads: int,
+    ) -> BatchScheduler | None:
+        """The batched path, or None (logged) where it cannot serve this model exactly."""
+        try:
+            if device != "cpu":
+                raise Unsupported(f"MODEL_DEVICE={device}: the batched path is CPU only")
+            spec = read_spec(genai_config)
+            slots = concurrency + (CACHE_SLOTS if self._cache_budget else 0)
+            options = self.session_options.items()
+            config = {k: str(v) for k, v in options if k.startswith("session.")}
+            decoder = BatchDecoder(
+                path, spec, config, threads or cpu_budget().count, slots, self.max_length
+            )
+        except Unsupported as exc:
+            log.warning(
+                "batched decode is off: every reply gets a Generator",
+                extra={"fields": {"reason": str(exc)}},
+            )
+            return None
+        cache = PromptCache(0, decoder.pool.bytes_per_token, self.max_length, self.prefill_chunk)
+        cache.exact = self.cache.exact
+        return BatchScheduler(
+            decoder,
+            cache,
+            rows=rows,
+            chunk=self.prefill_chunk,
+            eos_ids=self.eos_ids,
+            new_stream=self.tokenizer.create_stream,
+            vocab_size=self.vocab_size,
+        )
 
     def warm_up(self) -> None:
         """Read a short prompt and generate one token (not cached); size the KV cache's
         tokens from what the model really allocated."""
         request = Generate("warm-up", (("user", "Hi"),), max_new_tokens=1)
-        generation = self.start(request, cached=False)
+        prompt = self.prompts.fit(request.messages, 1, self.max_length)
+        generation = Generation(self, prompt, request, cached=False)
         while generation.step() is None:
             pass
         self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
         generation.release(reusable=False)
-        self.cache.budget_bytes = self._cache_budget
+        if self.batch is None:
+            self.cache.budget_bytes = self._cache_budget
+            return
+        batched = self.batch.start(prompt, request, cached=False)
+        while batched.finish is None:
+            self.batch.step()
+        batched.release(reusable=False)
+        self.batch.cache.budget_bytes = self._cache_budget
 
     def cache_stats(self) -> CacheStats:
-        return CacheStats(**asdict(self.cache.stats()))
+        cache = self.batch.cache if self.batch is not None else self.cache
+        return CacheStats(**asdict(cache.stats()))
 
     def _kv_bytes_per_token(self, generation: Generation) -> int:
         """K and V of every layer for one token, from the first layer's present key (shape
@@ -387,4 +447,6 @@ def load_engine(settings: Settings) -> Engine:
         prompt_cache_exact=settings.prompt_cache_exact,
         device=settings.model_device,
         provider_options=settings.provider_options,
+        decode_batch_rows=settings.decode_batch_rows,
+        max_concurrency=settings.max_concurrency,
     )

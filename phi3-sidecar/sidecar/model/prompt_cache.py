@@ -227,6 +227,13 @@ class PromptCache:
         while idle and self.stats().bytes > self.budget_bytes:
             self._evict(idle.pop(0))
 
+    def evict_oldest_idle(self) -> bool:
+        """Evict the least recently used idle entry (to free what it holds); False if none."""
+        idle = self._idle_by_age()
+        if idle:
+            self._evict(idle[0])
+        return bool(idle)
+
     def _idle_by_age(self) -> list[Entry]:
         """The idle entries in eviction order: least recently used first."""
         return sorted((e for e in self.entries if not e.lent), key=lambda e: e.last_used)

@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Protocol
@@ -54,6 +55,18 @@ class Stepper(Protocol):
 
     def release(self, reusable: bool) -> None:
         """The request is over: keep its generator in the conversation cache, or drop it."""
+        ...
+
+
+class Batch(Protocol):
+    """What the scheduler needs of the batched path (batch_scheduler.BatchScheduler)."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    def step(self) -> Sequence[tuple[Stepper, str | None]]:
+        """One prompt chunk and one decode call for all batched generations: each one
+        touched, with its text (None: a chunk was read, no token yet)."""
         ...
 
 
@@ -125,12 +138,21 @@ class Scheduler:
 
     def run(self) -> None:
         """Until Stop; EOFError/OSError when the web process is gone."""
+        batch: Batch | None = getattr(self._engine, "batch", None)
         while not self._stopping:
             self._read(block=not self._jobs)
-            for key in list(self._jobs):
-                if key in self._jobs:  # a cancellation may have removed it meanwhile
-                    self._step(key, self._jobs[key])
+            if batch is not None and batch.busy:
+                # One model call for every batched reply (batch_scheduler.py).
+                keys = {id(job.generation): key for key, job in self._jobs.items()}
+                for generation, text in batch.step():
+                    key = keys[id(generation)]
+                    self._after(key, self._jobs[key], text)
                 self._read(block=False)
+            for key in list(self._jobs):
+                job = self._jobs.get(key)  # a cancellation may have removed it meanwhile
+                if job is not None and not getattr(job.generation, "batched", False):
+                    self._step(key, job)
+                    self._read(block=False)
 
     def _read(self, *, block: bool) -> None:
         if block:
@@ -221,6 +243,10 @@ class Scheduler:
             del self._jobs[key]
             self._end(key, job, "error")
             return
+        self._after(key, job, text)
+
+    def _after(self, key: int, job: _Job, text: str | None) -> None:
+        """Send what a step made, and end the job if its reply is over."""
         if text is not None:  # None: a chunk of the prompt was appended, no token yet
             now = time.monotonic()
             job.finished_at.append(now)
