@@ -158,30 +158,49 @@ class BatchScheduler:
         if self.prefilling:
             generation = self.prefilling[0]
             try:
-                text = generation.prefill_chunk()
+                text = self._prefill(generation)
             except Exception as exc:
                 self._failed([generation], exc)
-                text = None
-            if generation.finish is not None or not generation.prefilling:
                 self.prefilling.popleft()
-                if generation.finish is None:
-                    self._move_to_decoding(generation)
+                text = None
             results.append((generation, text))
         decoding = list(self.decoding)
         for first in range(0, len(decoding), self.rows):
             group = decoding[first : first + self.rows]
-            ids = np.array([[g.holder.tokens[-1]] for g in group], dtype=np.int64)
-            lengths = [g.holder.kv_len for g in group]
             try:
-                logits = self.decoder.run(first, ids, lengths)
+                texts = self._decode(first, group)
             except Exception as exc:
                 self._failed(group, exc)
-                results.extend((g, None) for g in group)
-                continue
-            for generation, row in zip(group, logits, strict=True):
-                generation.wrote(1)
-                results.append((generation, generation.take(row)))
+                texts = [None] * len(group)  # type: ignore[list-item]
+            results.extend(zip(group, texts, strict=True))
         return results
+
+    def step_one(self, generation: BatchGeneration) -> str | None:
+        """Step one generation alone (a batch of one row): for an engine wrapper (the tests'
+        fault injection) that steps its generations one by one. Raises what the model
+        raises."""
+        if generation in self.prefilling:
+            return self._prefill(generation)
+        index = self.decoding.index(generation)
+        return self._decode(index, [generation])[0]
+
+    def _prefill(self, generation: BatchGeneration) -> str | None:
+        text = generation.prefill_chunk()
+        if generation.finish is not None or not generation.prefilling:
+            self.prefilling.remove(generation)
+            if generation.finish is None:
+                self._move_to_decoding(generation)
+        return text
+
+    def _decode(self, first: int, group: list[BatchGeneration]) -> list[str]:
+        """One decode call for the generations in slots first..first+len(group)-1."""
+        ids = np.array([[g.holder.tokens[-1]] for g in group], dtype=np.int64)
+        logits = self.decoder.run(first, ids, [g.holder.kv_len for g in group])
+        texts = []
+        for generation, row in zip(group, logits, strict=True):
+            generation.wrote(1)
+            texts.append(generation.take(row))
+        return texts
 
     def _failed(self, generations: list[BatchGeneration], exc: Exception) -> None:
         log.error("batched model call failed", extra={"fields": {"error": f"{exc!r}"}})
@@ -260,7 +279,8 @@ class BatchGeneration:
         return self._appended < len(self.prompt.ids)
 
     def step(self) -> str | None:
-        raise RuntimeError("a batched generation is stepped by its BatchScheduler")
+        """This generation alone (the worker steps batched ones through the scheduler)."""
+        return self._scheduler.step_one(self)
 
     def prefill_chunk(self) -> str | None:
         """Read the next chunk of the prompt; after the last one, choose the first token."""
@@ -343,5 +363,10 @@ SERVED_FIELDS = frozenset(
 
 
 def serves(request: Generate) -> bool:
-    """Whether the batched path serves this request exactly as the Generator would."""
+    """Whether the batched path serves this request exactly as the Generator would. A seeded
+    sampling request keeps its Generator: its reply is onnxruntime-genai's for that seed (the
+    documented contract), which a numpy sampler cannot reproduce; unseeded sampling has no
+    such reply to match."""
+    if request.temperature and request.seed is not None:
+        return False
     return not any(getattr(request, f.name) for f in fields(request) if f.name not in SERVED_FIELDS)

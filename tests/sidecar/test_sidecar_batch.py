@@ -1,0 +1,194 @@
+"""Batched decode (DECODE_BATCH_ROWS > 1) through the real sidecar on generated models: greedy
+replies are onnxruntime-genai's Generator's with 1 to 8 users at once, requests join and leave
+mid-decode, a disconnect cancels one row only, conversations continue from cached KV, and a
+seeded sampling request gives the same reply whoever else runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from scripts import services
+from scripts.services import Service
+from sidecar.model.batch_decoder import Unsupported, read_spec
+from sidecar.model.folder import read_genai_config
+from sidecar.model.sampling import Sampler
+from tests.sidecar import reference
+from tests.sidecar.support import metrics, predict, request_line
+
+PROMPTS = [
+    "Write a long poem about the sea.",
+    "Bonjour, ça va ?",
+    "こんにちは",
+    "hello world",
+    "Tell me about the weather in Paris today, and what I should wear outside. " * 3,
+    "Hi",
+    "Why is the sky blue? Explain it to a child, step by step, with an example.",
+    "Compose a short letter to a friend about a trip to the mountains " * 5,
+]
+NEW = 48
+
+
+@pytest.fixture(scope="module")
+def batch_service(
+    small_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """Eight replies at once, decoded three rows per model call (so a step is several calls),
+    prompts read 16 tokens per step (so a joining prompt is several steps)."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-batch.log"
+    with services.sidecar(
+        small_model_dir,
+        log,
+        MAX_CONCURRENCY="8",
+        QUEUE_SIZE="8",
+        DECODE_BATCH_ROWS="3",
+        PREFILL_CHUNK="16",
+    ) as service:
+        yield service
+
+
+def expected(model: Path, prompt: str, new: int = NEW, **search: Any) -> str:
+    return reference.generate(model, [{"role": "user", "content": prompt}], new, **search).text
+
+
+def together(url: str, bodies: list[dict[str, Any]]) -> list[str]:
+    barrier = threading.Barrier(len(bodies))
+
+    def one(body: dict[str, Any]) -> str:
+        barrier.wait()
+        response = predict(url, body, timeout=300)
+        assert response.status_code == 200, response.text
+        return response.text
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(one, bodies))
+
+
+@pytest.mark.parametrize("users", [1, 2, 5, 8])
+def test_greedy_replies_are_the_generators_with_several_users_at_once(
+    batch_service: Service, small_model_dir: Path, users: int
+) -> None:
+    prompts = PROMPTS[:users]
+    replies = together(
+        batch_service.url, [{"input_text": p, "max_new_tokens": NEW} for p in prompts]
+    )
+    assert replies == [expected(small_model_dir, p) for p in prompts]
+
+
+def test_requests_join_and_leave_while_a_long_reply_decodes(
+    batch_service: Service, small_model_dir: Path
+) -> None:
+    long_prompt = reference.long_reply_prompt(small_model_dir, 200)
+    body = {"input_text": long_prompt, "max_new_tokens": 200}
+    pieces: list[str] = []
+    with httpx.stream("POST", batch_service.url + "/predict", json=body, timeout=300) as response:
+        chunks = response.iter_text()
+        pieces.append(next(chunks))  # it is decoding now
+        # Short replies join (their prompts read between its steps) and leave before it ends.
+        short = together(
+            batch_service.url, [{"input_text": p, "max_new_tokens": 8} for p in PROMPTS[:4]]
+        )
+        pieces.extend(chunks)
+    assert "".join(pieces) == expected(small_model_dir, long_prompt, 200)
+    assert short == [expected(small_model_dir, p, 8) for p in PROMPTS[:4]]
+
+
+def test_a_disconnect_cancels_its_row_and_the_others_go_on(
+    batch_service: Service, small_model_dir: Path
+) -> None:
+    long_prompt = reference.long_reply_prompt(small_model_dir, 300)
+    result: list[str] = []
+    started = threading.Event()
+
+    def other() -> None:
+        started.wait()
+        body = {"input_text": PROMPTS[4], "max_new_tokens": 40}
+        result.append(predict(batch_service.url, body, timeout=300).text)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    body = {"input_text": long_prompt, "max_new_tokens": 3000}
+    with httpx.stream("POST", batch_service.url + "/predict", json=body, timeout=300) as response:
+        rid = response.headers["x-request-id"]
+        started.set()
+        received = 0
+        for chunk in response.iter_raw():
+            received += len(chunk)
+            if received >= 20:
+                break
+    line = request_line(batch_service, rid)
+    assert line["outcome"] == "cancelled"
+    assert line["generated_tokens"] < 300
+    thread.join(300)
+    assert result == [expected(small_model_dir, PROMPTS[4], 40)]
+    assert metrics(batch_service.url)["sidecar_active_generations"] == 0
+
+
+def test_a_conversation_continues_from_its_cached_kv(batch_service: Service) -> None:
+    history: list[dict[str, str]] = []
+    cached = []
+    for turn in ("Tell me about the weather in Paris.", "And tomorrow?", "Thanks, and Monday?"):
+        history.append({"role": "user", "content": turn})
+        body = {"messages": history, "max_new_tokens": 16, "cache_scope": "batch-conversation"}
+        response = predict(batch_service.url, body)
+        assert response.status_code == 200
+        cached.append(int(response.headers["x-cached-tokens"]))
+        prompt_tokens = int(response.headers["x-prompt-tokens"])
+        history.append({"role": "assistant", "content": response.text})
+    assert cached[0] == 0
+    assert all(0 < c < prompt_tokens for c in cached[1:])
+    assert metrics(batch_service.url)["sidecar_prompt_cache_entries"] >= 1
+
+
+def test_a_seeded_sampling_reply_is_the_same_whoever_else_runs(
+    batch_service: Service, small_model_dir: Path
+) -> None:
+    seeded = {
+        "input_text": "Tell me a story.",
+        "temperature": 1.2,
+        "seed": 11,
+        "max_new_tokens": 30,
+    }
+    alone = predict(batch_service.url, seeded).text
+    crowd = [{"input_text": p, "max_new_tokens": 30} for p in PROMPTS[:3]]
+    crowd.append({"input_text": "Hi", "temperature": 0.9, "max_new_tokens": 30})  # unseeded
+    replies = together(batch_service.url, [seeded, *crowd])
+    assert replies[0] == alone
+    search = {"do_sample": True, "temperature": 1.2, "top_p": 1.0, "top_k": 0, "random_seed": 11}
+    assert alone == expected(small_model_dir, "Tell me a story.", 30, **search)
+    assert replies[1:4] == [expected(small_model_dir, p, 30) for p in PROMPTS[:3]]
+
+
+# --- the pieces, in this process ---------------------------------------------------------------
+
+
+def test_the_sampler_is_greedy_without_temperature_and_reproducible_with_a_seed() -> None:
+    logits = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+    assert Sampler(None, None, None, None).pick(logits) == int(np.argmax(logits))
+    assert Sampler(None, None, None, None).pick(logits, banned={int(np.argmax(logits))}) == int(
+        np.argsort(-logits)[1]
+    )
+    draws = [[Sampler(1.0, 0, 1.0, 5).pick(logits) for _ in range(1)] for _ in range(3)]
+    assert draws[0] == draws[1] == draws[2]
+    top3 = set(np.argsort(-logits)[:3].tolist())
+    sampler = Sampler(5.0, 3, None, 1)
+    assert {sampler.pick(logits) for _ in range(200)} <= top3
+    # top_p that the most likely token alone exceeds: always that token.
+    peaked = logits.copy()
+    peaked[7] = 50.0
+    assert {Sampler(1.0, None, 0.5, 2).pick(peaked) for _ in range(50)} == {7}
+
+
+def test_a_decoder_with_other_inputs_keeps_the_generator(tiny_model_dir: Path) -> None:
+    config = read_genai_config(tiny_model_dir)
+    assert read_spec(config).layers == config["model"]["decoder"]["num_hidden_layers"]
+    config["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"
+    with pytest.raises(Unsupported, match="position_ids"):
+        read_spec(config)
