@@ -79,10 +79,11 @@ class BatchScheduler:
         self._slots: list[SlotHolder | None] = [None] * self.pool.slots
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
         self.prefilling: deque[BatchGeneration] = deque()
+        self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
 
     @property
     def busy(self) -> bool:
-        return bool(self.decoding or self.prefilling)
+        return bool(self.decoding or self.prefilling or self.ready)
 
     # -- joining ---------------------------------------------------------------------------
 
@@ -151,28 +152,33 @@ class BatchScheduler:
     # -- one step ------------------------------------------------------------------------------
 
     def step(self) -> list[tuple[BatchGeneration, str | None]]:
-        """One prompt chunk (if a prompt is being read) and one decode step for every reply
-        past its prompt: each touched generation with its new text (None: a chunk, no
-        token). A failed model call ends its generations with finish "error"."""
+        """One decode call per DECODE_BATCH_ROWS replies past their prompt, the first token
+        of each reply whose prompt the previous step finished reading, and one chunk of a
+        prompt still being read (the prompts take turns, a chunk each): each touched
+        generation with its new text (None: a chunk, no token). A failed model call ends its
+        generations with finish "error"."""
         results: list[tuple[BatchGeneration, str | None]] = []
-        if self.prefilling:
-            generation = self.prefilling[0]
-            try:
-                text = self._prefill(generation)
-            except Exception as exc:
-                self._failed([generation], exc)
-                self.prefilling.popleft()
-                text = None
-            results.append((generation, text))
         decoding = list(self.decoding)
         for first in range(0, len(decoding), self.rows):
             group = decoding[first : first + self.rows]
             try:
-                texts = self._decode(first, group)
+                texts: list[str | None] = list(self._decode(first, group))
             except Exception as exc:
                 self._failed(group, exc)
-                texts = [None] * len(group)  # type: ignore[list-item]
+                texts = [None] * len(group)
             results.extend(zip(group, texts, strict=True))
+        for generation in list(self.ready):
+            results.append((generation, self._first_token(generation)))
+        if self.prefilling:
+            generation = self.prefilling[0]
+            try:
+                self._prefill(generation)
+            except Exception as exc:
+                self._failed([generation], exc)
+                self.prefilling.remove(generation)
+            if generation in self.prefilling:
+                self.prefilling.rotate(-1)  # the next prompt's turn
+            results.append((generation, None))
         return results
 
     def step_one(self, generation: BatchGeneration) -> str | None:
@@ -180,16 +186,27 @@ class BatchScheduler:
         fault injection) that steps its generations one by one. Raises what the model
         raises."""
         if generation in self.prefilling:
-            return self._prefill(generation)
+            self._prefill(generation)
+            return None
+        if generation in self.ready:
+            return self._first_token(generation)
         index = self.decoding.index(generation)
         return self._decode(index, [generation])[0]
 
-    def _prefill(self, generation: BatchGeneration) -> str | None:
-        text = generation.prefill_chunk()
-        if generation.finish is not None or not generation.prefilling:
+    def _prefill(self, generation: BatchGeneration) -> None:
+        """Read a chunk; after the last one the reply's first token waits for the next step
+        (as on the Generator path: a step reads a chunk or makes a token)."""
+        generation.prefill_chunk()
+        if not generation.prefilling:
             self.prefilling.remove(generation)
-            if generation.finish is None:
-                self._move_to_decoding(generation)
+            self.ready.append(generation)
+
+    def _first_token(self, generation: BatchGeneration) -> str:
+        self.ready.remove(generation)
+        text = generation.first_token()
+        if generation.finish is None:
+            self._swap(generation.holder.slot, len(self.decoding))
+            self.decoding.append(generation)
         return text
 
     def _decode(self, first: int, group: list[BatchGeneration]) -> list[str]:
@@ -209,10 +226,6 @@ class BatchScheduler:
 
     # -- moving and leaving --------------------------------------------------------------------
 
-    def _move_to_decoding(self, generation: BatchGeneration) -> None:
-        self._swap(generation.holder.slot, len(self.decoding))
-        self.decoding.append(generation)
-
     def _swap(self, a: int, b: int) -> None:
         if a == b:
             return
@@ -229,6 +242,8 @@ class BatchScheduler:
         is freed."""
         if generation in self.prefilling:
             self.prefilling.remove(generation)
+        elif generation in self.ready:
+            self.ready.remove(generation)
         elif generation in self.decoding:
             index = self.decoding.index(generation)
             last = len(self.decoding) - 1
@@ -266,6 +281,7 @@ class BatchGeneration:
         self.holder = holder
         self._scheduler = scheduler
         self._appended = cached_tokens
+        self._first_logits: np.ndarray | None = None
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
         top_k = request.top_k
         if top_k is not None and scheduler._vocab_size:
@@ -282,8 +298,8 @@ class BatchGeneration:
         """This generation alone (the worker steps batched ones through the scheduler)."""
         return self._scheduler.step_one(self)
 
-    def prefill_chunk(self) -> str | None:
-        """Read the next chunk of the prompt; after the last one, choose the first token."""
+    def prefill_chunk(self) -> None:
+        """Read the next chunk of the prompt; the last one's logits give the first token."""
         start, ids = self._appended, self.prompt.ids
         end = min(start + self._scheduler.chunk, len(ids))
         chunk = np.array([ids[start:end]], dtype=np.int64)
@@ -294,7 +310,13 @@ class BatchGeneration:
         entry = self.holder.entry
         if entry is not None:
             entry.prefilled(self.cached_tokens, end, self._scheduler.chunk)
-        return None if self.prefilling else self.take(logits[0])
+        if not self.prefilling:
+            self._first_logits = logits[0]
+
+    def first_token(self) -> str:
+        logits, self._first_logits = self._first_logits, None
+        assert logits is not None, "the prompt is not read yet"
+        return self.take(logits)
 
     def wrote(self, count: int) -> None:
         """`count` more positions of this reply's slot hold K/V."""
