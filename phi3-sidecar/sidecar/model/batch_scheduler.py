@@ -385,10 +385,7 @@ SERVED_FIELDS = frozenset(
 
 
 def serves(request: Generate) -> bool:
-    """Whether the batched path serves this request exactly as the Generator would. A seeded
-    sampling request keeps its Generator: its reply is onnxruntime-genai's for that seed (the
-    documented contract), which a numpy sampler cannot reproduce; unseeded sampling has no
-    such reply to match."""
-    if request.temperature and request.seed is not None:
-        return False
+    """Whether the batched path serves this request (as the Generator would: greedy replies
+    are the same; a seeded sampling reply is sampling.py's for that seed, the same whatever
+    else runs, not onnxruntime-genai's sampler's)."""
     return not any(getattr(request, f.name) for f in fields(request) if f.name not in SERVED_FIELDS)

@@ -74,17 +74,12 @@ class Engine:
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
         config.overlay(json.dumps(overlay))
         use_device(config, device, provider_options or {})
-        try:
-            self.model = og.Model(config)
-            self.tokenizer = og.Tokenizer(self.model)
-        except Exception as exc:
-            if device != "cpu":
-                raise DeviceUnavailable(device_error(device, exc)) from exc
-            raise ModelFolderError(
-                f"onnxruntime-genai could not load the model in {str(path)!r}: "
-                f"{first_line(exc)}; "
-                "check that the folder is complete (download it again)"
-            ) from exc
+        self._config, self._path, self._device = config, path, device
+        # With batched decode the decoder's weights live in batch_decoder.py's session; the
+        # Generator's model (the same weights again) is loaded only if a request needs it.
+        batching = decode_batch_rows > 1 and device == "cpu"
+        self._model = None if batching else self._load_model()
+        self.tokenizer = og.Tokenizer(self._model if self._model is not None else config)
         template = _TemplateTokenizer(self.tokenizer)
         self.facts = read_facts(
             path, genai_config, template, self.tokenizer.eos_token_ids, self.tokenizer.bos_token_id
@@ -104,6 +99,28 @@ class Engine:
             self.batch = self._batch_path(
                 path, genai_config, device, decode_batch_rows, max_concurrency, num_threads
             )
+        if self.batch is None and self._model is None:
+            self._model = self._load_model()
+
+    @property
+    def model(self) -> og.Model:
+        """onnxruntime-genai's model, loaded on first use when batched decode is on."""
+        if self._model is None:
+            log.info("loading the Generator's model for a request batched decode does not serve")
+            self._model = self._load_model()
+        return self._model
+
+    def _load_model(self) -> og.Model:
+        try:
+            return og.Model(self._config)
+        except Exception as exc:
+            if self._device != "cpu":
+                raise DeviceUnavailable(device_error(self._device, exc)) from exc
+            raise ModelFolderError(
+                f"onnxruntime-genai could not load the model in {str(self._path)!r}: "
+                f"{first_line(exc)}; "
+                "check that the folder is complete (download it again)"
+            ) from exc
 
     def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
@@ -156,12 +173,12 @@ class Engine:
         tokens from what the model really allocated."""
         request = Generate("warm-up", (("user", "Hi"),), max_new_tokens=1)
         prompt = self.prompts.fit(request.messages, 1, self.max_length)
-        generation = Generation(self, prompt, request, cached=False)
-        while generation.step() is None:
-            pass
-        self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
-        generation.release(reusable=False)
         if self.batch is None:
+            generation = Generation(self, prompt, request, cached=False)
+            while generation.step() is None:
+                pass
+            self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
+            generation.release(reusable=False)
             self.cache.budget_bytes = self._cache_budget
             return
         batched = self.batch.start(prompt, request, cached=False)
