@@ -17,7 +17,9 @@ import pytest
 
 from scripts import services
 from scripts.services import Service
+from sidecar.ipc import Generate
 from sidecar.model.batch_decoder import Unsupported, read_spec
+from sidecar.model.engine import Engine
 from sidecar.model.folder import read_genai_config
 from sidecar.model.sampling import Sampler
 from tests.sidecar import reference
@@ -188,3 +190,36 @@ def test_a_decoder_with_other_inputs_keeps_the_generator(tiny_model_dir: Path) -
     config["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"
     with pytest.raises(Unsupported, match="position_ids"):
         read_spec(config)
+
+
+def test_rows_join_leave_and_free_their_slots_in_the_real_engine(tiny_model_dir: Path) -> None:
+    """In one process: replies join at different steps, one leaves mid-decode (its row's slot
+    swaps with the last decoding one), the others still give the Generator's replies, and with
+    the cache off every slot's memory is given back at the end."""
+    engine = Engine(tiny_model_dir, num_threads=1, decode_batch_rows=2, max_concurrency=4)
+    engine.warm_up()
+    batch = engine.batch
+    assert batch is not None
+    requests = [Generate(f"r{i}", (("user", p),), max_new_tokens=30) for i, p in enumerate(PROMPTS)]
+    texts: dict[int, str] = {}
+    live: dict[int, Any] = {}
+    for step in range(400):
+        if step % 2 == 0 and step // 2 < 4:
+            live[step // 2] = engine.start(requests[step // 2])
+            texts[step // 2] = ""
+        index = {id(g): i for i, g in live.items()}
+        for generation, text in batch.step():
+            i = index[id(generation)]
+            texts[i] += text or ""
+            if generation.finish is not None:
+                generation.release(reusable=True)
+                del live[i]
+        if step == 12 and 0 in live:  # the first reply's user leaves
+            live.pop(0).release(reusable=True)
+        if not live and step > 8:
+            break
+    for i in (1, 2, 3):
+        assert texts[i] == expected(tiny_model_dir, PROMPTS[i], 30)
+    assert texts[0] == expected(tiny_model_dir, PROMPTS[0], 30)[: len(texts[0])]
+    assert not batch.busy
+    assert all(not key.any() for key in batch.pool.keys)  # freed pages read as zeros

@@ -135,13 +135,6 @@ class KvPool:
             buffer[a, :, :length_b] = buffer[b, :, :length_b]
             buffer[b, :, :length_a] = held
 
-    def close(self) -> None:
-        self.keys.clear()
-        self.values.clear()
-        for area in self._maps:
-            area.close()
-        self._maps.clear()
-
 
 class BatchDecoder:
     """The session, and model calls over runs of pool slots."""

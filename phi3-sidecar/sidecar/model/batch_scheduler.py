@@ -168,7 +168,12 @@ class BatchScheduler:
                 texts = [None] * len(group)
             results.extend(zip(group, texts, strict=True))
         for generation in list(self.ready):
-            results.append((generation, self._first_token(generation)))
+            try:
+                first_text: str | None = self._first_token(generation)
+            except Exception as exc:
+                self._failed([generation], exc)
+                first_text = None
+            results.append((generation, first_text))
         if self.prefilling:
             generation = self.prefilling[0]
             try:
@@ -202,7 +207,7 @@ class BatchScheduler:
             self.ready.append(generation)
 
     def _first_token(self, generation: BatchGeneration) -> str:
-        self.ready.remove(generation)
+        self.ready.remove(generation)  # first: a failure must not leave it there
         text = generation.first_token()
         if generation.finish is None:
             self._swap(generation.holder.slot, len(self.decoding))
