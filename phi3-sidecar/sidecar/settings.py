@@ -99,9 +99,11 @@ class Settings(BaseSettings):
         "buffers the worker owns, every active reply advances one token per call, and a "
         "joining prompt is read in PREFILL_CHUNK chunks between the others' steps. Decode "
         "reads all weights once per call, so rows are cheap until compute catches up "
-        "(ARCHITECTURE.md, 'Batched decode'). Greedy replies are the same either way. Requests "
-        "the direct path cannot serve (constrained output, a decoder it does not know) keep a "
-        "Generator. Set it to MAX_CONCURRENCY to batch every active reply.",
+        "(ARCHITECTURE.md, 'Batched decode'): a step of 4 rows gave 2.0 to 2.8 times the "
+        "tokens of one on a 2-vCPU AMD EPYC. Greedy replies are the same either way; a seeded "
+        "sampling reply is the sidecar's sampler's for that seed, not onnxruntime-genai's. "
+        "Requests the direct path cannot serve (constrained output, a decoder it does not know) "
+        "keep a Generator. Set it to MAX_CONCURRENCY to batch every active reply.",
     )
     worker_stall_s: float = Field(
         default=60.0,
