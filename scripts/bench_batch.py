@@ -93,15 +93,23 @@ def ttft_while_decoding(
     def background(i: int) -> None:
         body = {
             "messages": sized_messages(engine, args.prompt_tokens, shift + i),
-            "max_new_tokens": 4096,
-            "min_new_tokens": 4096,
+            # Long enough to outlast the arrivals (cancelled when they are done), within
+            # the context with the prompt.
+            "max_new_tokens": 2048,
+            "min_new_tokens": 2048,
         }
-        with httpx.stream("POST", url + "/predict", json=body, timeout=1200) as response:
-            for n, _ in enumerate(response.iter_raw()):
-                if n == 0 and streaming is not None:
-                    streaming.wait()
-                if stop.is_set():
-                    break  # leaving the block closes the connection: cancelled
+        try:
+            with httpx.stream("POST", url + "/predict", json=body, timeout=1200) as response:
+                assert response.status_code == 200, response.read()
+                for n, _ in enumerate(response.iter_raw()):
+                    if n == 0 and streaming is not None:
+                        streaming.wait()
+                    if stop.is_set():
+                        break  # leaving the block closes the connection: cancelled
+        except BaseException:
+            if streaming is not None:
+                streaming.abort()  # the main thread's wait raises instead of hanging
+            raise
 
     threads = [threading.Thread(target=background, args=(i,)) for i in range(others)]
     for thread in threads:
