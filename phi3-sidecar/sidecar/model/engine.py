@@ -116,11 +116,16 @@ class Engine:
         except Exception as exc:
             if self._device != "cpu":
                 raise DeviceUnavailable(device_error(self._device, exc)) from exc
-            raise ModelFolderError(
-                f"onnxruntime-genai could not load the model in {str(self._path)!r}: "
-                f"{first_line(exc)}; "
-                "check that the folder is complete (download it again)"
-            ) from exc
+            raise self._folder_error(exc) from exc
+
+    def _folder_error(self, exc: Exception) -> ModelFolderError:
+        """The model's files cannot be loaded (by onnxruntime-genai, or by the batched
+        path's session, which reads the same decoder): one sentence for /readyz."""
+        return ModelFolderError(
+            f"onnxruntime-genai could not load the model in {str(self._path)!r}: "
+            f"{first_line(exc)}; "
+            "check that the folder is complete (download it again)"
+        )
 
     def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
@@ -156,6 +161,8 @@ class Engine:
                 extra={"fields": {"reason": str(exc)}},
             )
             return None
+        except Exception as exc:
+            raise self._folder_error(exc) from exc
         cache = PromptCache(0, decoder.pool.bytes_per_token, self.max_length, self.prefill_chunk)
         cache.exact = self.cache.exact
         return BatchScheduler(
