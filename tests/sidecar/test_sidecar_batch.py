@@ -19,7 +19,7 @@ from scripts import services
 from scripts.services import Service
 from sidecar.ipc import Generate
 from sidecar.model.batch_decoder import Unsupported, read_spec
-from sidecar.model.engine import Engine
+from sidecar.model.engine import Engine, Generation
 from sidecar.model.folder import read_genai_config
 from sidecar.model.sampling import Sampler
 from tests.sidecar import reference
@@ -223,3 +223,30 @@ def test_rows_join_leave_and_free_their_slots_in_the_real_engine(tiny_model_dir:
     assert texts[0] == expected(tiny_model_dir, PROMPTS[0], 30)[: len(texts[0])]
     assert not batch.busy
     assert all(not key.any() for key in batch.pool.keys)  # freed pages read as zeros
+
+
+def test_the_generators_model_is_loaded_only_when_a_request_needs_it(
+    small_model_dir: Path,
+) -> None:
+    """Batched, the decoder's weights are in the direct session only; a request for the
+    Generator path (here made directly) loads onnxruntime-genai's model then, and its greedy
+    reply is the batched one."""
+    engine = Engine(small_model_dir, num_threads=1, decode_batch_rows=4, max_concurrency=2)
+    engine.warm_up()
+    assert engine._model is None
+    request = Generate("g", (("user", PROMPTS[6]),), max_new_tokens=20)
+    batched = engine.start(request)
+    assert engine.batch is not None and getattr(batched, "batched", False)
+    text = ""
+    while batched.finish is None:
+        for _, piece in engine.batch.step():
+            text += piece or ""
+    batched.release(reusable=False)
+    prompt = engine.prompts.fit(request.messages, 20, engine.max_length)
+    alone = Generation(engine, prompt, request, cached=False)
+    reference_text = ""
+    while alone.finish is None:
+        reference_text += alone.step() or ""
+    alone.release(reusable=False)
+    assert engine._model is not None
+    assert text == reference_text

@@ -168,7 +168,10 @@ class BatchDecoder:
             raise Unsupported(f"KV cache type {kv_type} is not supported")
         self._ids_type = _INT_TYPES[types[spec.input_ids]]
         self._mask_type = _INT_TYPES[types[spec.attention_mask]]
-        self.pool = KvPool(spec, slots, length, _NUMPY_TYPES[kv_type])
+        try:
+            self.pool = KvPool(spec, slots, length, _NUMPY_TYPES[kv_type])
+        except (OSError, ValueError, MemoryError) as exc:  # e.g. strict overcommit
+            raise Unsupported(f"the KV pool's address space cannot be mapped: {exc}") from exc
         self._bound: dict[tuple[int, int], list[ort.OrtValue]] = {}
 
     def run(self, first: int, ids: np.ndarray, lengths: Sequence[int]) -> np.ndarray:

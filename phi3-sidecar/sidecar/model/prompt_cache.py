@@ -40,7 +40,8 @@ Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
   conversation), and the old entry, a prefix of the new one, is dropped.
 
 Pure Python: the generators are onnxruntime-genai objects that engine.py makes and drives; this
-module only keeps the books.
+module only keeps the books. With batched decode (DECODE_BATCH_ROWS > 1) the entries are KV
+slots instead (batch_scheduler.py): same rules, an entry's bytes are the tokens its slot holds.
 """
 
 from __future__ import annotations
