@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import ipc
+from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine, Generation
 from sidecar.model.engine import load_engine as load_real_engine
 from sidecar.model.prompt import Prompt
@@ -46,7 +47,7 @@ SECRET = "secret-internal-detail-1234"  # in the exception text; must never reac
 
 
 class FaultyGeneration:
-    def __init__(self, real: Generation, fault: str | None) -> None:
+    def __init__(self, real: Generation | BatchGeneration, fault: str | None) -> None:
         self._real = real
         self._fault = fault
 
@@ -105,7 +106,7 @@ def load_faulty_engine(settings: Settings) -> FaultyEngine:
 
 
 class PacedGeneration:
-    def __init__(self, real: Generation, pace: float) -> None:
+    def __init__(self, real: Generation | BatchGeneration, pace: float) -> None:
         self._real = real
         self._pace = pace
 
