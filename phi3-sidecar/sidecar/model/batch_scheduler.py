@@ -384,6 +384,9 @@ SERVED_FIELDS = frozenset(
         "seed",
         "cache_scope",
         "stop",
+        "use_cache",
+        "deadline",  # the worker's, between steps
+        "repetition_penalty",  # served only when off (below)
         "key",
     }
 )
@@ -393,4 +396,6 @@ def serves(request: Generate) -> bool:
     """Whether the batched path serves this request (as the Generator would: greedy replies
     are the same; a seeded sampling reply is sampling.py's for that seed, the same whatever
     else runs, not onnxruntime-genai's sampler's)."""
+    if request.repetition_penalty not in (None, 1.0):
+        return False  # onnxruntime-genai's penalty: the Generator applies it
     return not any(getattr(request, f.name) for f in fields(request) if f.name not in SERVED_FIELDS)

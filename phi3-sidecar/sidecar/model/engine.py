@@ -131,6 +131,7 @@ class Engine:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
         generator (or KV slot) that holds the prompt's beginning, or make a new one."""
         prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
+        cached = cached and request.use_cache
         if self.batch is not None and serves(request):
             return self.batch.start(prompt, request, cached=cached)
         return Generation(self, prompt, request, cached=cached and self.batch is None)
@@ -436,6 +437,8 @@ def _turn_options(request: Generate, prompt: Prompt, vocab_size: int) -> dict[st
     min_new = min(request.min_new_tokens, prompt.max_new_tokens)
     # EOS is suppressed until min_length; 0 clears a previous turn's minimum.
     options: dict[str, Any] = {"min_length": len(prompt.ids) + min_new if min_new else 0}
+    # Applies to greedy and sampled replies alike; 1.0 clears a previous turn's penalty.
+    options["repetition_penalty"] = request.repetition_penalty or 1.0
     if request.temperature:
         options |= {
             "temperature": request.temperature,

@@ -86,6 +86,7 @@ class Backend(Protocol):
 class _Job:
     request_id: str
     generation: Stepper
+    deadline: float | None = None  # ipc.Generate.deadline
     # When recent tokens were finished (prefill steps are not tokens), to count those made
     # after a disconnect was noticed.
     finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=8))
@@ -142,6 +143,7 @@ class Scheduler:
         while not self._stopping:
             self._read(block=not self._jobs)
             if batch is not None and batch.busy:
+                self._end_expired()
                 # One model call for every batched reply (batch_scheduler.py).
                 keys = {id(job.generation): key for key, job in self._jobs.items()}
                 for generation, text in batch.step():
@@ -220,7 +222,7 @@ class Scheduler:
                 ipc.Rejected(request.key, "start_failed", "the model failed to start")
             )
             return
-        self._jobs[request.key] = _Job(request.request_id, generation)
+        self._jobs[request.key] = _Job(request.request_id, generation, request.deadline)
         prompt = generation.prompt
         self._outbox.send(
             ipc.Started(
@@ -232,7 +234,22 @@ class Scheduler:
             )
         )
 
+    def _end_expired(self) -> None:
+        """End the batched replies past their deadline (_step checks the others)."""
+        now = time.monotonic()
+        for key, job in list(self._jobs.items()):
+            expired = job.deadline is not None and now >= job.deadline
+            if expired and getattr(job.generation, "batched", False):
+                del self._jobs[key]
+                self._end(key, job, "time_limit")
+
     def _step(self, key: int, job: _Job) -> None:
+        if job.deadline is not None and time.monotonic() >= job.deadline:
+            # Checked between steps: the reply ends within one token (or one prompt chunk) of
+            # its deadline, as a normal end (the web process sends its final chunk).
+            del self._jobs[key]
+            self._end(key, job, "time_limit")
+            return
         try:
             text = job.generation.step()
         except Exception as exc:
