@@ -164,6 +164,35 @@ def test_a_seeded_sampling_reply_is_the_same_whoever_else_runs(batch_service: Se
     )  # top_k 1 leaves only the greedy choice
 
 
+def test_a_repetition_penalty_gives_the_generators_reply_in_a_batch(
+    batch_service: Service, small_model_dir: Path
+) -> None:
+    """llama.cpp's repeat_penalty on /v1 (onnxruntime-genai's repetition_penalty), decoded in
+    a batch with two other replies."""
+    body = {
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "max_tokens": NEW,
+        "repeat_penalty": 1.5,
+    }
+    result: list[str] = []
+
+    def penalised() -> None:
+        answer = httpx.post(batch_service.url + "/v1/chat/completions", json=body, timeout=300)
+        assert answer.status_code == 200, answer.text
+        result.append(answer.json()["choices"][0]["message"]["content"])
+
+    thread = threading.Thread(target=penalised)
+    thread.start()
+    others = together(
+        batch_service.url, [{"input_text": p, "max_new_tokens": NEW} for p in PROMPTS[1:3]]
+    )
+    thread.join(300)
+    search = {"do_sample": False, "repetition_penalty": 1.5}
+    assert result == [expected(small_model_dir, PROMPTS[0], NEW, **search)]
+    assert result[0] != expected(small_model_dir, PROMPTS[0], NEW)
+    assert others == [expected(small_model_dir, p) for p in PROMPTS[1:3]]
+
+
 # --- the pieces, in this process ---------------------------------------------------------------
 
 

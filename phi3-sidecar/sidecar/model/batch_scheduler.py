@@ -30,7 +30,7 @@ from sidecar.ipc import Finish, Generate
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, PromptCache
-from sidecar.model.sampling import Sampler
+from sidecar.model.sampling import Sampler, penalize_repeats
 from sidecar.model.stops import StopFilter
 
 log = logging.getLogger("sidecar.model.batch")
@@ -292,6 +292,7 @@ class BatchGeneration:
         if top_k is not None and scheduler._vocab_size:
             top_k = min(top_k, scheduler._vocab_size)
         self._sampler = Sampler(request.temperature, top_k, request.top_p, request.seed)
+        self._penalty = request.repetition_penalty or 1.0
         self._stream: TokenStream = scheduler._new_stream()
         self._stops = StopFilter(request.stop)
 
@@ -334,6 +335,8 @@ class BatchGeneration:
     def take(self, logits: np.ndarray) -> str:
         """Choose the next token; its text ('' while a character is incomplete)."""
         eos = self._scheduler.eos_ids
+        if self._penalty != 1.0:
+            logits = penalize_repeats(logits, self.holder.tokens, self._penalty)
         token = self._sampler.pick(logits, eos if self.generated < self._min_new else ())
         self.generated += 1
         self.last_token_at = time.monotonic()
@@ -386,7 +389,7 @@ SERVED_FIELDS = frozenset(
         "stop",
         "use_cache",
         "deadline",  # the worker's, between steps
-        "repetition_penalty",  # served only when off (below)
+        "repetition_penalty",
         "key",
     }
 )
@@ -396,6 +399,4 @@ def serves(request: Generate) -> bool:
     """Whether the batched path serves this request (as the Generator would: greedy replies
     are the same; a seeded sampling reply is sampling.py's for that seed, the same whatever
     else runs, not onnxruntime-genai's sampler's)."""
-    if request.repetition_penalty not in (None, 1.0):
-        return False  # onnxruntime-genai's penalty: the Generator applies it
     return not any(getattr(request, f.name) for f in fields(request) if f.name not in SERVED_FIELDS)

@@ -6,11 +6,15 @@ logits are divided by the temperature; top_k keeps the k most likely tokens (0 o
 top_p keeps the most likely ones until their probability adds up to top_p (at least one);
 one token is drawn from what is left. Each request has its own random generator, seeded with
 its seed, so a seeded request gets the same reply whatever else runs at the same time.
+
+A repetition penalty (onnxruntime-genai's `repetition_penalty`, llama.cpp's `repeat_penalty`)
+is applied first, with the usual meaning: the logit of every token already in the sequence
+(prompt included) is divided by the penalty if positive, multiplied by it if negative.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -48,3 +52,13 @@ class Sampler:
             order, probabilities = order[:keep], probabilities[:keep]
             probabilities /= probabilities.sum()
         return int(order[self._random.choice(len(order), p=probabilities)])
+
+
+def penalize_repeats(logits: np.ndarray, seen: Sequence[int], penalty: float) -> np.ndarray:
+    """The logits with the tokens of `seen` penalised (a copy; float32 arithmetic)."""
+    ids = np.unique(np.asarray(seen, dtype=np.int64))
+    out = logits.astype(np.float32, copy=True)
+    factor = np.float32(penalty)
+    chosen = out[ids]
+    out[ids] = np.where(chosen < 0, chosen * factor, chosen / factor)
+    return out
