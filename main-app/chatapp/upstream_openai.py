@@ -75,9 +75,9 @@ class OpenAIUpstream:
         model = self.model
         if model is None:
             raise ApiError(
-                502,
-                "The model service lists no model; set UPSTREAM_MODEL to the one to use.",
                 "upstream_error",
+                "The model service lists no model; set UPSTREAM_MODEL to the one to use.",
+                status=502,
             )
         body: dict[str, Any] = {
             "model": model,
@@ -167,6 +167,7 @@ def events(response: requests.Response) -> Iterator[Event]:
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     yield Done(
         finish_reason=finish,
+        generated_tokens=int_or_none(usage.get("completion_tokens")),
         prompt_tokens=int_or_none(usage.get("prompt_tokens")),
         cached_tokens=int_or_none(cached),
     )
@@ -210,10 +211,10 @@ def _refusal(response: requests.Response) -> ApiError:
         return payload_too_large()
     if status == 404:
         return ApiError(
-            502,
+            "upstream_error",
             f"The model service does not know the model ({trimmed(message) or 'not found'}); "
             "set UPSTREAM_MODEL to one it lists.",
-            "upstream_error",
+            status=502,
         )
     if 400 <= status < 500 and trimmed(message):
         return refused(message)

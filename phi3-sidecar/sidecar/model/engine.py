@@ -33,7 +33,7 @@ from sidecar.model.cpus import cpu_budget
 from sidecar.model.family import read_facts
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
 from sidecar.model.prompt import Prompt, PromptBuilder
-from sidecar.model.prompt_cache import Entry, PromptCache
+from sidecar.model.prompt_cache import ROUND_TOKENS, Entry, PromptCache
 from sidecar.model.stops import StopFilter
 from sidecar.settings import Settings
 
@@ -55,6 +55,7 @@ class Engine:
         prompt_cache_exact: bool = False,
         device: str = "cpu",
         provider_options: Mapping[str, str] | None = None,
+        default_new_tokens: int = 1024,
         decode_batch_rows: int = 1,
         max_concurrency: int = 1,
     ):
@@ -69,6 +70,8 @@ class Engine:
         # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self._cache_budget = prompt_cache_mb * 2**20
+        # The spare generator made while loading holds a short prompt and a default reply.
+        self._spare_needed = default_new_tokens + ROUND_TOKENS
         config = og.Config(str(path))
         self.session_options = session_options(num_threads, thread_spinning)
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
@@ -188,12 +191,30 @@ class Engine:
             self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
             generation.release(reusable=False)
             self.cache.budget_bytes = self._cache_budget
+            self._make_spare()
             return
         batched = self.batch.start(prompt, request, cached=False)
         while batched.finish is None:
             self.batch.step()
         batched.release(reusable=False)
         self.batch.cache.budget_bytes = self._cache_budget
+
+    def _make_spare(self) -> None:
+        """One idle greedy generator, made now: the first cached request takes it instead of
+        allocating and zero-filling a KV cache of its own (prompt_cache.py, "A spare"), so
+        loading pays for it, not the first reply."""
+        capacity = self.cache.capacity_for(min(self._spare_needed, self.max_length))
+        capacity = max(capacity, self.facts.min_cache_length)
+        nbytes = capacity * self.cache.bytes_per_token
+        if not self.cache.enabled or nbytes > self.cache.budget_bytes:
+            return
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(max_length=capacity, do_sample=False)
+        spare = Entry(og.Generator(self.model, params), params, capacity, None, False, nbytes)
+        spare.spare = True
+        self.cache.adopt(spare)
+        self.cache.give_back(spare, reusable=True)
+        log.info("spare generator", extra={"fields": {"capacity": capacity, "bytes": nbytes}})
 
     def cache_stats(self) -> CacheStats:
         cache = self.batch.cache if self.batch is not None else self.cache
@@ -474,6 +495,7 @@ def load_engine(settings: Settings) -> Engine:
         prompt_cache_exact=settings.prompt_cache_exact,
         device=settings.model_device,
         provider_options=settings.provider_options,
+        default_new_tokens=settings.max_new_tokens,
         decode_batch_rows=settings.decode_batch_rows,
         max_concurrency=settings.max_concurrency,
     )

@@ -45,6 +45,10 @@ class PhaseState:
     since: float
     max_length: int | None = None
 
+    @property
+    def ready(self) -> bool:
+        return ipc.is_ready(self.name)
+
 
 class Reply:
     """One request's view of its generation: how it started, its pieces, how it ended."""
@@ -115,7 +119,7 @@ class ModelClient:
         self._outbox.put(None)
         process = self._process
         if process is not None:
-            if self.phase.name == "ready":  # let it finish the step it is in, then read Stop
+            if self.phase.ready:  # let it finish the step it is in, then read Stop
                 await asyncio.to_thread(process.join, STOP_GRACE_S)
             if process.is_alive():
                 process.kill()
@@ -215,7 +219,7 @@ class ModelClient:
 
     def _set_phase(self, message: ipc.Phase) -> None:
         now = time.monotonic()
-        if message.name == "ready":
+        if message.ready:
             self._recovering = None
         elif self._recovering is not None and message.name not in ("failed", "restarting"):
             # A replacement coming up is still "restarting" to clients (retry soon), with
@@ -223,12 +227,12 @@ class ModelClient:
             reason = f"{self._recovering}; {message.name.replace('_', ' ')}"
             message = ipc.Phase("restarting", reason, message.context_length)
         self.phase = PhaseState(message.name, message.reason, now, message.context_length)
-        if message.name == "ready":
+        if message.ready:
             self._crashes = 0
         fields: dict[str, object] = {"phase": message.name}
         if message.reason:
             fields["reason"] = message.reason
-        if message.name == "ready":
+        if message.ready:
             fields["load_s"] = round(now - self._spawned_at, 2)
         level = {"failed": logging.ERROR, "restarting": logging.WARNING}.get(
             message.name, logging.INFO
@@ -257,7 +261,7 @@ class ModelClient:
         stall = self._settings.worker_stall_s
         while True:
             await asyncio.sleep(min(1.0, stall / 4))
-            if self.phase.name != "ready" or self._stalled is not None:
+            if not self.phase.ready or self._stalled is not None:
                 continue
             now = time.monotonic()
             if self._ping_sent is None:
