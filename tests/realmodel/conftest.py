@@ -19,7 +19,7 @@ from scripts import services
 from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
 
 # The browser and its page, as the e2e tests open them.
-from tests.e2e.test_e2e_browser import browser, page  # noqa: F401
+from tests.e2e.browser.conftest import browser, page  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / "build" / "real-models"

@@ -13,7 +13,7 @@ from playwright.sync_api import Page, expect
 from scripts import services
 from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
 from tests.e2e import live
-from tests.e2e.test_e2e_browser import reply, send
+from tests.e2e.browser.support import reply, send
 
 pytestmark = pytest.mark.realmodel
 
