@@ -40,7 +40,22 @@ PhaseName = Literal[
 # eos: the model ended its reply; stop: a stop sequence did; length: the token budget did.
 Finish = Literal["eos", "stop", "length", "cancelled", "error"]
 # Why the worker refuses a request; the web process decides the status (web/errors.py).
-Refusal = Literal["context_length_exceeded", "unencodable_prompt", "start_failed"]
+Refusal = Literal[
+    "context_length_exceeded", "unencodable_prompt", "start_failed", "invalid_guidance"
+]
+GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class Guidance:
+    """A grammar every token of the reply must follow (onnxruntime-genai's llguidance), built
+    by the web process from the request (web/guidance.py). All three fields are part of what a
+    conversation cache entry matches: a generator keeps its grammar for life."""
+
+    kind: GuidanceKind
+    data: str  # the JSON Schema or Lark grammar, as text
+    # Tokens the grammar forces (keys, punctuation) are appended without a decode step each.
+    ff_tokens: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +72,7 @@ class Generate:
     # shared unscoped pool.
     cache_scope: str | None = None
     stop: tuple[str, ...] = ()  # stop sequences (model/stops.py)
+    guidance: Guidance | None = None  # structured output (JSON Schema, tool calls)
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
 

@@ -60,6 +60,8 @@ REFUSALS: dict[str, Answer] = {
         413, "context_length_exceeded", 400, "context_length_exceeded"
     ),
     "unencodable_prompt": Answer(400, "invalid_request", 400, "invalid_prompt"),
+    # a response_format schema or tool parameters llguidance cannot compile (model/guidance.py)
+    "invalid_guidance": Answer(422, "invalid_request", 400, "invalid_schema"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
     # anything unexpected

@@ -72,6 +72,7 @@ from sidecar.web.errors import ApiError
 from sidecar.web.openai_schemas import ChatCompletionRequest
 from sidecar.web.pipeline import read_body
 from sidecar.web.reply import ReplyFormat
+from sidecar.web.tool_protocol import Call, ReplySplitter, read_calls
 
 router = APIRouter()
 
@@ -108,6 +109,7 @@ async def chat_completions(
 ) -> Response:
     body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
     record.stream = body.stream
+    guidance = body.guidance
     generate = ipc.Generate(
         record.request_id,
         body.conversation(),
@@ -118,11 +120,22 @@ async def chat_completions(
         seed=body.seed,
         cache_scope=body.cache_scope,
         stop=tuple(body.stop or ()),
+        guidance=guidance,
     )
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
-    reply_format = EventStream(ids, body.include_usage) if body.stream else Completion(ids)
-    return await pipeline.run(request, record, generate, reply_format)
+    tools = body.calls_tools
+    reply_format: ReplyFormat
+    if body.stream:
+        reply_format = EventStream(ids, body.include_usage, tools)
+    else:
+        reply_format = Completion(ids, tools)
+    try:
+        return await pipeline.run(request, record, generate, reply_format)
+    except ApiError as error:
+        if error.reason == "invalid_guidance":  # name the field the grammar came from
+            error.param = "tools" if body.tools else "response_format"
+        raise
 
 
 @dataclass(frozen=True)
@@ -148,8 +161,21 @@ def _usage(end: ipc.End, started: ipc.Started) -> dict[str, Any]:
     }
 
 
-def _finish_reason(end: ipc.End) -> str:
-    return "length" if end.finish == "length" else "stop"
+def _finish_reason(end: ipc.End, calls: list[Call] | None = None) -> str:
+    if end.finish == "length":
+        return "length"
+    return "tool_calls" if calls else "stop"
+
+
+def _calls(splitter: ReplySplitter | None) -> tuple[str, list[Call] | None]:
+    """At the end of a reply that may call tools: the text still held, and the calls (None
+    for a text reply, and for a call cut off by the length limit: it is dropped)."""
+    if splitter is None:
+        return "", None
+    rest = splitter.rest()
+    if not splitter.calling:
+        return rest, None
+    return "", read_calls(rest)
 
 
 def _json(data: dict[str, Any]) -> bytes:
@@ -162,20 +188,28 @@ class Completion(ReplyFormat):
     media_type = "application/json"
     buffered = True
 
-    def __init__(self, ids: Ids) -> None:
+    def __init__(self, ids: Ids, tools: bool = False) -> None:
         self._ids = ids
         self._text: list[str] = []
+        self._splitter = ReplySplitter() if tools else None
 
     def piece(self, text: str) -> bytes:
-        self._text.append(text)
+        self._text.append(self._splitter.feed(text) if self._splitter else text)
         return b""
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
+        rest, calls = _calls(self._splitter)
+        text = "".join(self._text) + rest
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self._splitter is not None and self._splitter.calling:
+            message["content"] = None
+        if calls:
+            message["tool_calls"] = [call.as_openai() for call in calls]
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": "".join(self._text)},
+            "message": message,
             "logprobs": None,
-            "finish_reason": _finish_reason(end),
+            "finish_reason": _finish_reason(end, calls),
         }
         usage = _usage(end, started)
         return _json(self._ids.object("chat.completion", choices=[choice], usage=usage))
@@ -186,11 +220,12 @@ class EventStream(ReplyFormat):
 
     media_type = "text/event-stream"
 
-    def __init__(self, ids: Ids, include_usage: bool) -> None:
+    def __init__(self, ids: Ids, include_usage: bool, tools: bool = False) -> None:
         self._ids = ids
         self._include_usage = include_usage
+        self._splitter = ReplySplitter() if tools else None
 
-    def _chunk(self, delta: dict[str, str], finish_reason: str | None = None) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         usage = {"usage": None} if self._include_usage else {}
         return _event(self._ids.object("chat.completion.chunk", choices=[choice], **usage))
@@ -199,10 +234,17 @@ class EventStream(ReplyFormat):
         return self._chunk({"role": "assistant"})
 
     def piece(self, text: str) -> bytes:
-        return self._chunk({"content": text})
+        if self._splitter is not None:
+            text = self._splitter.feed(text)  # a call is held until it is complete
+        return self._chunk({"content": text}) if text else b""
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
-        events = self._chunk({}, _finish_reason(end))
+        rest, calls = _calls(self._splitter)
+        events = self._chunk({"content": rest}) if rest else b""
+        # One delta per call, whole: the SDK's stream helpers assemble deltas by index.
+        for index, call in enumerate(calls or ()):
+            events += self._chunk({"tool_calls": [call.as_openai(index)]})
+        events += self._chunk({}, _finish_reason(end, calls))
         if self._include_usage:
             usage = _usage(end, started)
             events += _event(self._ids.object("chat.completion.chunk", choices=[], usage=usage))

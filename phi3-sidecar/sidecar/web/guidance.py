@@ -1,0 +1,158 @@
+"""From a request's `response_format`, `tools` and `tool_choice` to the grammar its reply must
+follow (ipc.Guidance, which the model worker hands to onnxruntime-genai's llguidance: every
+token outside the grammar is masked, so the reply is valid by construction).
+
+- json_schema: the user's JSON Schema, with two changes that only narrow what is produced
+  (every reply still validates against the schema as given): `x-guidance`
+  `whitespace_flexible: false` (compact JSON; with free whitespace a small model can run on in
+  spaces until the length limit), and every `pattern` anchored as `^(?:...)$` (JSON Schema's
+  pattern matches anywhere in the string, so "[A-Z]{3}" alone would allow any string holding
+  three capitals; a user means the whole string).
+- json_object: any JSON object, compact.
+- tools: a Lark grammar over tool_protocol.py's text protocol: `auto` is a text reply or a
+  call (`start: answer | calls`), `required` and a named function only a call, `none` only a
+  text reply that does not start like a call. A call is MARKER and a JSON array of
+  {"name", "arguments"} objects, each tool's arguments held to its `parameters`;
+  `parallel_tool_calls: false` allows one call.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from sidecar.ipc import Guidance
+from sidecar.web.openai_tools import (
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    NamedToolChoice,
+    ResponseFormat,
+    ToolChoice,
+    ToolSpec,
+)
+from sidecar.web.tool_protocol import MARKER
+
+COMPACT = {"whitespace_flexible": False}
+# A text reply (tool_choice auto or none): anything but what a call starts with, so a call can
+# never come back as text: the marker, or a JSON object or array written as text.
+TEXT_RULE = r"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*(" + re.escape(MARKER) + r"|\{|\[)(.|\n)*/"
+
+# Keywords whose value is a schema, a list of schemas, or a map of name to schema.
+_ONE = (
+    *("additionalProperties", "items", "not", "if", "then", "else", "contains"),
+    *("propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems"),
+)
+_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def for_request(
+    response_format: ResponseFormat | None,
+    tools: Sequence[ToolSpec],
+    tool_choice: ToolChoice | None,
+    parallel_tool_calls: bool,
+) -> Guidance | None:
+    """The guidance of a request; None for a free text reply."""
+    answer = _answer_schema(response_format)
+    choice = tool_choice or "auto"
+    if not tools:
+        return None if answer is None else Guidance("json_schema", _dump(answer))
+    if isinstance(choice, NamedToolChoice):
+        tools = [t for t in tools if t.function.name == choice.function.name]
+    if choice == "none":
+        rows = ["start: answer", _answer_rule(answer)]
+    elif choice == "auto":
+        calls = _calls_rule(tools, parallel_tool_calls)
+        rows = ["start: answer | calls", _answer_rule(answer), calls]
+    else:
+        rows = ["start: calls", _calls_rule(tools, parallel_tool_calls)]
+    return Guidance("lark_grammar", "\n".join(rows))
+
+
+def prepared(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema as llguidance gets it: compact, every pattern anchored (see above)."""
+    schema = copy.deepcopy(schema)
+    _anchor_patterns(schema)
+    schema["x-guidance"] = COMPACT | (schema.get("x-guidance") or {})
+    return schema
+
+
+def _answer_schema(response_format: ResponseFormat | None) -> dict[str, Any] | None:
+    if isinstance(response_format, JsonObjectFormat):
+        return prepared({"type": "object"})
+    if isinstance(response_format, JsonSchemaFormat):
+        schema = response_format.json_schema.json_schema
+        return prepared({"type": "object"} if schema is None else schema)
+    return None
+
+
+def _answer_rule(answer: dict[str, Any] | None) -> str:
+    if answer is None:
+        return "answer: TEXT\n" + TEXT_RULE
+    return f"answer: %json {_dump(answer)}"
+
+
+def _calls_rule(tools: Sequence[ToolSpec], parallel: bool) -> str:
+    calls: dict[str, Any] = {
+        "type": "array",
+        "items": {"anyOf": [_call_schema(t) for t in tools]},
+        "minItems": 1,
+        "x-guidance": COMPACT,
+    }
+    if not parallel:
+        calls["maxItems"] = 1
+    return f"calls: {json.dumps(MARKER)} %json {_dump(calls)}"
+
+
+def _call_schema(tool: ToolSpec) -> dict[str, Any]:
+    parameters = tool.function.parameters
+    if parameters is None:  # no arguments: {}
+        parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+    arguments = prepared(parameters)
+    arguments.pop("x-guidance")  # the whole array's applies
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _anchor_patterns(schema: object) -> None:
+    """Anchor every `pattern` of this schema and its subschemas, in place."""
+    if not isinstance(schema, dict):
+        return
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        schema["pattern"] = anchored(pattern)
+    for key in _ONE:
+        _anchor_patterns(schema.get(key))
+    for key in _MANY:
+        subs = schema.get(key)
+        for sub in subs if isinstance(subs, list) else ():
+            _anchor_patterns(sub)
+    for key in _MAP:
+        subs = schema.get(key)
+        if isinstance(subs, dict):
+            for sub in subs.values():
+                _anchor_patterns(sub)
+    items = schema.get("items")
+    if isinstance(items, list):  # the older tuple form
+        for sub in items:
+            _anchor_patterns(sub)
+
+
+def anchored(pattern: str) -> str:
+    """`pattern` matching whole strings: ^(?:core)$, its own ^ and $ taken off first."""
+    core = pattern.removeprefix("^")
+    trailing_backslashes = len(core[:-1]) - len(core[:-1].rstrip("\\"))
+    if core.endswith("$") and trailing_backslashes % 2 == 0:
+        core = core[:-1]
+    return f"^(?:{core})$"
+
+
+def _dump(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
