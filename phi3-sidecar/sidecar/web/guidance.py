@@ -13,7 +13,8 @@ token outside the grammar is masked, so the reply is valid by construction).
   call (`start: answer | calls`), `required` and a named function only a call, `none` only a
   text reply that does not start like a call. A call is MARKER and a JSON array of
   {"name", "arguments"} objects, each tool's arguments held to its `parameters`;
-  `parallel_tool_calls: false` allows one call.
+  `parallel_tool_calls: false` allows one call, else up to MAX_PARALLEL_CALLS (a small model
+  can otherwise go on listing calls until the length limit).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sidecar.web.openai_tools import (
 from sidecar.web.tool_protocol import MARKER
 
 COMPACT = {"whitespace_flexible": False}
+MAX_PARALLEL_CALLS = 8
 # A text reply (tool_choice auto or none): anything but what a call starts with, so a call can
 # never come back as text: the marker, or a JSON object or array written as text.
 TEXT_RULE = r"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*(" + re.escape(MARKER) + r"|\{|\[)(.|\n)*/"
@@ -100,10 +102,9 @@ def _calls_rule(tools: Sequence[ToolSpec], parallel: bool) -> str:
         "type": "array",
         "items": {"anyOf": [_call_schema(t) for t in tools]},
         "minItems": 1,
+        "maxItems": MAX_PARALLEL_CALLS if parallel else 1,
         "x-guidance": COMPACT,
     }
-    if not parallel:
-        calls["maxItems"] = 1
     return f"calls: {json.dumps(MARKER)} %json {_dump(calls)}"
 
 

@@ -167,15 +167,18 @@ def _finish_reason(end: ipc.End, calls: list[Call] | None = None) -> str:
     return "tool_calls" if calls else "stop"
 
 
-def _calls(splitter: ReplySplitter | None) -> tuple[str, list[Call] | None]:
-    """At the end of a reply that may call tools: the text still held, and the calls (None
-    for a text reply, and for a call cut off by the length limit: it is dropped)."""
+def _calls(splitter: ReplySplitter | None, end: ipc.End) -> tuple[str | None, list[Call] | None]:
+    """At the end of a reply that may call tools: the text still held (None: no content),
+    and the calls (None for a text reply, and for a call cut off by the length limit, which
+    is dropped: so is the start of the marker when the limit came first)."""
     if splitter is None:
         return "", None
     rest = splitter.rest()
-    if not splitter.calling:
-        return rest, None
-    return "", read_calls(rest)
+    if splitter.calling:
+        return None, read_calls(rest)
+    if rest and end.finish == "length" and splitter.undecided:
+        return None, None
+    return rest, None
 
 
 def _json(data: dict[str, Any]) -> bytes:
@@ -198,11 +201,10 @@ class Completion(ReplyFormat):
         return b""
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
-        rest, calls = _calls(self._splitter)
-        text = "".join(self._text) + rest
+        rest, calls = _calls(self._splitter, end)
+        shown = "".join(self._text)
+        text = None if rest is None and not shown else shown + (rest or "")
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        if self._splitter is not None and self._splitter.calling:
-            message["content"] = None
         if calls:
             message["tool_calls"] = [call.as_openai() for call in calls]
         choice = {
@@ -239,7 +241,7 @@ class EventStream(ReplyFormat):
         return self._chunk({"content": text}) if text else b""
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
-        rest, calls = _calls(self._splitter)
+        rest, calls = _calls(self._splitter, end)
         events = self._chunk({"content": rest}) if rest else b""
         # One delta per call, whole: the SDK's stream helpers assemble deltas by index.
         for index, call in enumerate(calls or ()):

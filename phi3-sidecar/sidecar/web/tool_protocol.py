@@ -5,7 +5,8 @@ assistant turns, which the model's own template renders, and guidance.py's gramm
 model's reply to it:
 
 - offered tools: a paragraph at the end of the system message (one is added when there is
-  none) lists them as JSON ({"name", "description", "parameters"}) and says how to call;
+  none) lists them as JSON ({"name", "description", "parameters"}), says how to call, and
+  whether to call now (tool_choice);
 - a call: the reply is MARKER followed by a JSON array of {"name": ..., "arguments": {...}};
   anything else is a text reply (the grammar keeps a text reply from starting like a call);
 - an earlier assistant turn with `tool_calls` is written the same way, and the `tool` messages
@@ -29,8 +30,9 @@ RESULT_MARKER = "<tool_result>"
 
 
 def instructions(tools: Sequence[ToolSpec], choice: ToolChoice) -> str:
-    """The paragraph that offers the tools (empty for tool_choice none)."""
-    if choice == "none" or not tools:
+    """The paragraph that offers the tools (for tool_choice none too: the model still reads
+    the calls and results earlier in the conversation)."""
+    if not tools:
         return ""
     listed = [
         {
@@ -44,6 +46,8 @@ def instructions(tools: Sequence[ToolSpec], choice: ToolChoice) -> str:
         when = f"Call the function {choice.function.name} now."
     elif choice == "required":
         when = "Call one or more of them now."
+    elif choice == "none":
+        when = "Do not call them now: answer in text."
     else:
         when = "Call them when they help; otherwise answer in text."
     example = f'{MARKER}[{{"name":"{listed[0]["name"]}","arguments":{{...}}}}]'
@@ -168,6 +172,11 @@ class ReplySplitter:
         self._decided = True
         out, self._held = self._held, ""
         return out
+
+    @property
+    def undecided(self) -> bool:
+        """Nothing shown yet: what is held could still begin a call."""
+        return not self._decided
 
     def rest(self) -> str:
         """At the end: the held text (all of it for a call)."""
