@@ -74,7 +74,9 @@ TOOLS: list[Any] = [
             "description": "The local time in a time zone.",
             "parameters": {
                 "type": "object",
-                "properties": {"zone": {"type": "string", "pattern": "^[A-Z][a-z]{2,9}/[A-Z][a-z]{2,9}$"}},
+                "properties": {
+                    "zone": {"type": "string", "pattern": "^[A-Z][a-z]{2,9}/[A-Z][a-z]{2,9}$"}
+                },
                 "required": ["zone"],
             },
         },
@@ -258,6 +260,28 @@ def test_a_named_function_is_the_one_called(client: OpenAI, stream: bool) -> Non
             jsonschema_rs.validate(PARAMETERS["get_time"], value)
 
 
+class Booking(BaseModel):
+    room: Room
+    nights: int = Field(ge=1, le=9)
+
+
+def test_a_pydantic_function_tool_with_nested_models(client: OpenAI) -> None:
+    """The SDK writes nested models as $defs and $ref; the call's arguments parse back."""
+    tool = openai.pydantic_function_tool(Booking)
+    completion = client.chat.completions.parse(
+        model="any",
+        messages=[{"role": "user", "content": "Book the blue room for two nights."}],
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=300,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    (call,) = choice.message.tool_calls
+    assert isinstance(call.function.parsed_arguments, Booking)
+
+
 @pytest.mark.parametrize("choice", ["auto", "none"])
 def test_auto_and_none_never_write_a_call_as_text(client: OpenAI, choice: str) -> None:
     for seed, question in enumerate(QUESTIONS):
@@ -331,33 +355,40 @@ def test_guided_and_unguided_generators_are_never_mixed(client: OpenAI) -> None:
     assert_record(reply)
 
 
-@pytest.mark.parametrize(
-    ("extra", "param"),
-    [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(("}}}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}, "response_format.json_schema.json_schema.name"),
-        ({"response_format": {"type": "xml"}}, "response_format"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
-        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}, "stop": ["}"]}, "stop"),
-    ],
-    ids=[
-        "unknown-type",
-        "bad-pattern",
-        "schema-without-name",
-        "unknown-format",
-        "unknown-tool-in-tool-choice",
-        "tool-choice-without-tools",
-        "duplicate-tools",
-        "bad-tool-name",
-        "bad-parameters",
-        "stop-with-a-format",
-    ],
-)  # fmt: skip
+def schema_format(schema: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"response_format": {"type": "json_schema", "json_schema": {"schema": schema, **spec}}}
+
+
+def one_tool(**function: Any) -> dict[str, Any]:
+    return {"tools": [{"type": "function", "function": function}]}
+
+
+NAMED = {"name": "x"}
+# name: (the request's extra fields, the `param` the refusal names)
+BAD: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown-type": (schema_format({"type": "objectx"}, **NAMED), "response_format"),
+    "bad-pattern": (
+        schema_format({"type": "string", "pattern": "(("}, **NAMED),
+        "response_format",
+    ),
+    "schema-without-name": (
+        schema_format({"type": "object"}),
+        "response_format.json_schema.json_schema.name",
+    ),
+    "unknown-format": ({"response_format": {"type": "xml"}}, "response_format"),
+    "unknown-tool-in-tool-choice": (
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice",
+    ),
+    "tool-choice-without-tools": ({"tool_choice": "required"}, "tool_choice"),
+    "duplicate-tools": ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
+    "bad-tool-name": (one_tool(name="bad name!"), "tools.0.function.name"),
+    "bad-parameters": (one_tool(name="f", parameters={"type": "nope"}), "tools"),
+    "stop-with-a-format": ({"response_format": {"type": "json_object"}, "stop": ["}"]}, "stop"),
+}
+
+
+@pytest.mark.parametrize(("extra", "param"), BAD.values(), ids=BAD.keys())
 def test_bad_structured_requests_are_refused_naming_the_field(
     client: OpenAI, extra: dict[str, Any], param: str
 ) -> None:

@@ -90,6 +90,9 @@ WHEN: dict[str, str] = {
     "context_length_exceeded": "the newest turn alone does not fit the context; `limit_tokens` "
     "says the limit (older turns are dropped first)",
     "unencodable_prompt": "the messages cannot be encoded by the model's tokenizer",
+    "invalid_guidance": "a `response_format` schema or a tool's `parameters` that the grammar "
+    "engine cannot compile (an unknown type, a bad `pattern`, a `$ref` it cannot resolve); "
+    "`param` names the field",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
     "cut off instead)",

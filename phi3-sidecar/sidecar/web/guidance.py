@@ -98,22 +98,35 @@ def _answer_rule(answer: dict[str, Any] | None) -> str:
 
 
 def _calls_rule(tools: Sequence[ToolSpec], parallel: bool) -> str:
+    definitions: dict[str, Any] = {}
     calls: dict[str, Any] = {
         "type": "array",
-        "items": {"anyOf": [_call_schema(t) for t in tools]},
+        "items": {"anyOf": [_call_schema(t, definitions) for t in tools]},
         "minItems": 1,
         "maxItems": MAX_PARALLEL_CALLS if parallel else 1,
         "x-guidance": COMPACT,
     }
+    if definitions:
+        calls["$defs"] = definitions
     return f"calls: {json.dumps(MARKER)} %json {_dump(calls)}"
 
 
-def _call_schema(tool: ToolSpec) -> dict[str, Any]:
+def _call_schema(tool: ToolSpec, definitions: dict[str, Any]) -> dict[str, Any]:
+    """One tool's call; its parameters' own definitions ($defs, as the SDK's
+    pydantic_function_tool writes nested models) move to the root as `<tool>.<name>`, where
+    their `#/$defs/...` references then point."""
     parameters = tool.function.parameters
     if parameters is None:  # no arguments: {}
         parameters = {"type": "object", "properties": {}, "additionalProperties": False}
     arguments = prepared(parameters)
     arguments.pop("x-guidance")  # the whole array's applies
+    prefix = tool.function.name + "."
+    for key in ("$defs", "definitions"):
+        for name, definition in (arguments.pop(key, None) or {}).items():
+            definitions[prefix + name] = definition
+    _move_references(arguments, prefix)
+    for name in [n for n in definitions if n.startswith(prefix)]:
+        _move_references(definitions[name], prefix)
     return {
         "type": "object",
         "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
@@ -144,6 +157,22 @@ def _anchor_patterns(schema: object) -> None:
     if isinstance(items, list):  # the older tuple form
         for sub in items:
             _anchor_patterns(sub)
+
+
+def _move_references(schema: object, prefix: str) -> None:
+    """Point `#/$defs/x` and `#/definitions/x` references at `#/$defs/<prefix>x`, in place."""
+    if isinstance(schema, list):
+        for item in schema:
+            _move_references(item, prefix)
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str):
+            for root in ("#/$defs/", "#/definitions/"):
+                if value.startswith(root):
+                    schema[key] = "#/$defs/" + prefix + value.removeprefix(root)
+        else:
+            _move_references(value, prefix)
 
 
 def anchored(pattern: str) -> str:

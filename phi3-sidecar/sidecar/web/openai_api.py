@@ -22,17 +22,25 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
                 part of it ever shown, finish_reason "stop"
   stream        bool, default false; stream_options {"include_usage", "include_obfuscation"}
                 only with it (no obfuscation padding is sent)
+  response_format  {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+                {"name", "description", "schema", "strict"}}: the reply is held to the schema
+                by a grammar (guidance.py), so it parses and validates unless finish_reason is
+                "length"
+  tools, tool_choice ("none" | "auto" | "required" | {"type": "function", "function":
+                {"name"}}), parallel_tool_calls   function tools through tool_protocol.py's
+                text protocol, held to by a grammar; messages may then hold an assistant's
+                tool_calls (content null) and role "tool" messages with tool_call_id. stop
+                cannot be combined with response_format or tools (it could cut the structure)
   Accepted only where they change nothing (absent, null or this value), else 400 naming the
   field: n 1, presence_penalty 0, frequency_penalty 0, logprobs false, top_logprobs 0,
-  logit_bias {}, tools [], tool_choice "none", response_format {"type": "text"}. Accepted with
-  any value of their type: store, parallel_tool_calls, metadata (OpenAI's limits),
+  logit_bias {}. Accepted with any value of their type: store, metadata (OpenAI's limits),
   safety_identifier. prompt_cache_key (else user), a string: scopes the conversation cache:
   only requests with the same key reuse each other's cached tokens.
 
 Reply, stream false: 200 application/json once the reply is complete:
   {"id": "chatcmpl-<request id>", "object": "chat.completion", "created": <unix seconds>,
    "model": ..., "choices": [{"index": 0, "message": {"role": "assistant", "content": ...},
-   "logprobs": null, "finish_reason": "stop" | "length"}],
+   "logprobs": null, "finish_reason": "stop" | "length" | "tool_calls"}],
    "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
              "prompt_tokens_details": {"cached_tokens": ...}}}
   completion_tokens counts every generated token, the end token included (the log line's
@@ -42,7 +50,10 @@ Reply, stream false: 200 application/json once the reply is complete:
 Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the text comes:
   chat.completion.chunk objects (id, created and model as above, "choices": [{"index": 0,
   "delta": ..., "logprobs": null, "finish_reason": null}]): first delta {"role": "assistant"},
-  then deltas {"content": "..."} (whole characters), then delta {} with the finish_reason; with
+  then deltas {"content": "..."} (whole characters), then delta {} with the finish_reason (a
+  reply that calls tools: content null in the message; streamed, the call is held until it
+  is complete and sent as one delta {"tool_calls": [{"index", "id", "type", "function":
+  {"name", "arguments"}}]} per call); with
   include_usage every chunk has "usage": null and one more chunk follows with "choices": []
   and the usage; the last event is `data: [DONE]`. An error after the first byte ends the
   response without [DONE] and without its final chunk (as /predict), logged with the id.
