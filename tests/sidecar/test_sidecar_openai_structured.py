@@ -298,6 +298,24 @@ def test_auto_and_none_never_write_a_call_as_text(client: OpenAI, choice: str) -
         assert completion.choices[0].finish_reason in ("stop", "length")
 
 
+def test_auto_with_a_json_schema_answers_json_or_calls(client: OpenAI) -> None:
+    complete = 0
+    for question in QUESTIONS[:3]:
+        completion = ask(client, question, tools=TOOLS, response_format=RESPONSE_FORMAT)
+        choice = completion.choices[0]
+        if choice.finish_reason == "length":
+            continue
+        complete += 1
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls"
+            for call in choice.message.tool_calls:
+                assert_call(call)
+        else:
+            assert choice.finish_reason == "stop"
+            assert_record(choice.message.content)
+    assert complete
+
+
 def test_a_tool_round_trip_through_two_requests(client: OpenAI) -> None:
     messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = ask(client, "", messages=messages, tools=TOOLS, **ONE_CALL)
