@@ -418,6 +418,17 @@ def test_bad_structured_requests_are_refused_naming_the_field(
     assert error.code in ("invalid_value", "invalid_schema")
 
 
+def test_the_log_line_says_what_a_reply_was_held_to(
+    client: OpenAI, sidecar_service: Service
+) -> None:
+    ask(client, "Hi", response_format={"type": "json_object"}, max_tokens=5)
+    ask(client, "Hi", tools=TOOLS, max_tokens=5)
+    ask(client, "Hi", max_tokens=5)
+    lines = [json.loads(line) for line in sidecar_service.log_lines()]
+    kinds = [line.get("structured") for line in lines if line.get("path") == "/v1/chat/completions"]
+    assert kinds[-3:] == ["json_object", "tools", None]
+
+
 def test_a_tool_message_must_answer_an_earlier_call(client: OpenAI) -> None:
     messages: list[Any] = [
         {"role": "user", "content": "Hi"},

@@ -121,6 +121,9 @@ async def chat_completions(
     body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
     record.stream = body.stream
     guidance = body.guidance
+    if guidance is not None:  # for the log line
+        held_to = body.response_format.type if body.response_format is not None else None
+        record.structured = "tools" if body.tools else held_to
     generate = ipc.Generate(
         record.request_id,
         body.conversation(),
