@@ -381,6 +381,13 @@ def one_tool(**function: Any) -> dict[str, Any]:
     return {"tools": [{"type": "function", "function": function}]}
 
 
+def nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
 NAMED = {"name": "x"}
 # name: (the request's extra fields, the `param` the refusal names)
 BAD: dict[str, tuple[dict[str, Any], str]] = {
@@ -402,6 +409,8 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
     "duplicate-tools": ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
     "bad-tool-name": (one_tool(name="bad name!"), "tools.0.function.name"),
     "bad-parameters": (one_tool(name="f", parameters={"type": "nope"}), "tools"),
+    "nested-too-deeply": (schema_format(nested(300), **NAMED), "response_format"),
+    "tool-nested-too-deeply": (one_tool(name="f", parameters=nested(300)), "tools"),
     "stop-with-a-format": ({"response_format": {"type": "json_object"}, "stop": ["}"]}, "stop"),
 }
 

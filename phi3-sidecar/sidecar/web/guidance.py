@@ -78,7 +78,8 @@ def prepared(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema as llguidance gets it: compact, every pattern anchored (see above)."""
     schema = copy.deepcopy(schema)
     _anchor_patterns(schema)
-    schema["x-guidance"] = COMPACT | (schema.get("x-guidance") or {})
+    own = schema.get("x-guidance")
+    schema["x-guidance"] = COMPACT | (own if isinstance(own, dict) else {})
     return schema
 
 
@@ -122,7 +123,8 @@ def _call_schema(tool: ToolSpec, definitions: dict[str, Any]) -> dict[str, Any]:
     arguments.pop("x-guidance")  # the whole array's applies
     prefix = tool.function.name + "."
     for key in ("$defs", "definitions"):
-        for name, definition in (arguments.pop(key, None) or {}).items():
+        moved = arguments.pop(key, None)
+        for name, definition in moved.items() if isinstance(moved, dict) else ():
             definitions[prefix + name] = definition
     _move_references(arguments, prefix)
     for name in [n for n in definitions if n.startswith(prefix)]:

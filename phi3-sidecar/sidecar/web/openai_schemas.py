@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 from sidecar import ipc
 from sidecar.ipc import Role
@@ -153,6 +153,7 @@ class ChatCompletionRequest(BaseModel):
     tools: Annotated[list[ToolSpec], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    _guidance: ipc.Guidance | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -197,7 +198,18 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("tool_choice: only allowed when tools are given")
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             raise ValueError(f"tool_choice: no tool named {choice.function.name!r} in tools")
-        if self.stop and self.guidance is not None:
+        response_format = self.response_format
+        if isinstance(response_format, TextFormat):
+            response_format = None
+        parallel = self.parallel_tool_calls is not False
+        try:
+            self._guidance = guidance.for_request(
+                response_format, self.tools or (), self.tool_choice, parallel
+            )
+        except RecursionError:
+            field = "tools" if self.tools else "response_format"
+            raise ValueError(f"{field}: the schema is nested too deeply") from None
+        if self.stop and self._guidance is not None:
             raise ValueError(
                 "stop: stop sequences cannot be combined with response_format or tools "
                 "(they would cut the structure)"
@@ -229,12 +241,9 @@ class ChatCompletionRequest(BaseModel):
 
     @property
     def guidance(self) -> ipc.Guidance | None:
-        """The grammar the reply is held to (guidance.py); None: free text."""
-        response_format = self.response_format
-        if isinstance(response_format, TextFormat):
-            response_format = None
-        parallel = self.parallel_tool_calls is not False
-        return guidance.for_request(response_format, self.tools or (), self.tool_choice, parallel)
+        """The grammar the reply is held to (guidance.py, built while validating); None: free
+        text."""
+        return self._guidance
 
     @property
     def cache_scope(self) -> str | None:
