@@ -335,7 +335,8 @@ class Generation:
             # EOS is not added to the sequence, and the step fed the token before it (and any
             # forced ones): the KV cache now holds the whole sequence.
             entry.kv_len = count
-            self.generated += ended
+            if ended:
+                self.generated += 1  # the end token counts, as it always did
         else:
             # The sampled token is in the sequence but not yet in the KV cache (the next step
             # feeds it): a later request re-appends it.
