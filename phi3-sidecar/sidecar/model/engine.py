@@ -272,7 +272,8 @@ class Generation:
                     params.set_guidance(guidance.kind, guidance.data, guidance.ff_tokens)
                 generator = og.Generator(engine.model, params)
             except RuntimeError as exc:
-                if guidance is not None and "grammar" in str(exc):
+                # the grammar, or llguidance's reading of this model's tokenizer ("llg_")
+                if guidance is not None and ("grammar" in str(exc) or "llg_" in str(exc)):
                     raise refusal(exc) from exc
                 raise
             self._entry = Entry(
