@@ -11,7 +11,7 @@ token outside the grammar is masked, so the reply is valid by construction).
 - json_object: any JSON object, compact.
 - tools: a Lark grammar over tool_protocol.py's text protocol: `auto` is a text reply or a
   call (`start: answer | calls`), `required` and a named function only a call, `none` only a
-  text reply that does not start like a call. A call is MARKER and a JSON array of
+  text reply (TEXT_RULE: one that does not start like a call nor hold the marker). A call is MARKER and a JSON array of
   {"name", "arguments"} objects, each tool's arguments held to its `parameters`;
   `parallel_tool_calls: false` allows one call, else up to MAX_PARALLEL_CALLS (a small model
   can otherwise go on listing calls until the length limit).
@@ -38,9 +38,11 @@ from sidecar.web.tool_protocol import MARKER
 
 COMPACT = {"whitespace_flexible": False}
 MAX_PARALLEL_CALLS = 8
-# A text reply (tool_choice auto or none): anything but what a call starts with, so a call can
-# never come back as text: the marker, or a JSON object or array written as text.
-TEXT_RULE = r"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*(" + re.escape(MARKER) + r"|\{|\[)(.|\n)*/"
+# A text reply (tool_choice auto or none): anything that does not start like a call (the
+# marker, or a JSON object or array written as text) and never holds the marker, so a call can
+# never come back as text (a model trained on `<tool_call>` may write one after a sentence).
+_CALL_START = r"[ \t\r\n]*(" + re.escape(MARKER) + r"|\{|\[)(.|\n)*"
+TEXT_RULE = rf"TEXT: /(.|\n)+/ & ~/{_CALL_START}/ & ~/(.|\n)*{re.escape(MARKER)}(.|\n)*/"
 
 # Keywords whose value is a schema, a list of schemas, or a map of name to schema.
 _ONE = (

@@ -8,7 +8,8 @@ model's reply to it:
   none) lists them as JSON ({"name", "description", "parameters"}), says how to call, and
   whether to call now (tool_choice);
 - a call: the reply is MARKER followed by a JSON array of {"name": ..., "arguments": {...}};
-  anything else is a text reply (the grammar keeps a text reply from starting like a call);
+  anything else is a text reply (the grammar keeps a text reply from starting like a call or
+  holding the marker);
 - an earlier assistant turn with `tool_calls` is written the same way, and the `tool` messages
   that answer it become one user turn: RESULT_MARKER and a JSON array of
   {"tool_call_id", "name", "content"}.
