@@ -11,8 +11,9 @@ token outside the grammar is masked, so the reply is valid by construction).
 - json_object: any JSON object, compact.
 - tools: a Lark grammar over tool_protocol.py's text protocol: `auto` is a text reply or a
   call (`start: answer | calls`), `required` and a named function only a call, `none` only a
-  text reply (TEXT_RULE: one that does not start like a call nor hold the marker). A call is MARKER and a JSON array of
-  {"name", "arguments"} objects, each tool's arguments held to its `parameters`;
+  text reply (TEXT_RULE: one that does not start like a call nor hold the marker). A call
+  is MARKER and a JSON array of {"name", "arguments"} objects, each tool's arguments held to
+  its `parameters`;
   `parallel_tool_calls: false` allows one call, else up to MAX_PARALLEL_CALLS (a small model
   can otherwise go on listing calls until the length limit).
 """
