@@ -74,9 +74,7 @@ class Generate:
     # shared unscoped pool.
     cache_scope: str | None = None
     stop: tuple[str, ...] = ()  # stop sequences (model/stops.py)
-<<<<<<< HEAD
     guidance: Guidance | None = None  # structured output (JSON Schema, tool calls)
-=======
     # False: this request neither reads from nor leaves anything in the conversation cache
     # (llama.cpp's `cache_prompt: false`).
     use_cache: bool = True
@@ -84,7 +82,6 @@ class Generate:
     # time.monotonic() (one clock for both processes) after which the worker ends the reply
     # with finish "time_limit", between two steps; None: no deadline.
     deadline: float | None = None
->>>>>>> main
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
 

@@ -83,11 +83,8 @@ class Entry:
     exact_end: int = 0  # leading tokens whose K/V a fresh chunked prefill would give bit for bit
     lent: bool = True
     last_used: int = 0
-<<<<<<< HEAD
     guidance: Guidance | None = None  # the grammar the generator was made with, for life
-=======
     spare: bool = False  # made while loading, never used yet: holds nothing
->>>>>>> main
 
     def prefilled(self, start: int, end: int, chunk: int) -> None:
         """The prompt was appended from `start` to `end` in chunks of `chunk` tokens."""
@@ -202,25 +199,18 @@ class PromptCache:
     ) -> Entry | None:
         """When a new generator of `capacity` tokens would not fit without evicting, one of the
         idle generators make_room would evict (least recently used first) that has the same
-<<<<<<< HEAD
         sampling mode and guidance, and room for `needed` tokens: lent to the caller, emptied
         of its tokens (the caller rewinds it to 0) and moved to `scope`. Reusing it skips
         allocating and zero-filling a whole KV cache (0.75 MiB a token for Phi-3-mini: about
         0.3 s a GiB, several times that where the kernel must first fault the pages in). None
-        when nothing has to be evicted or no such generator is among those that would be."""
-=======
-        sampling mode and room for `needed` tokens: lent to the caller, emptied of its tokens
-        (the caller rewinds it to 0) and moved to `scope`. Reusing it skips allocating and
-        zero-filling a whole KV cache (0.75 MiB a token for Phi-3-mini: about 0.3 s a GiB,
-        several times that where the kernel must first fault the pages in). None when nothing
-        has to be evicted or no such generator is among those that would be. Before all that,
-        an idle generator holding nothing (the spare) with the same sampling mode and room is
-        lent as it is."""
+        when nothing has to be evicted or no such generator is among those that would be.
+        Before all that, an idle generator holding nothing (the spare, unguided) with the same
+        sampling mode and guidance and room is lent as it is."""
         for entry in self._idle_by_age():
-            if entry.spare and entry.sampling == sampling and entry.capacity >= needed:
+            same_mode = entry.sampling == sampling and entry.guidance == guidance
+            if entry.spare and same_mode and entry.capacity >= needed:
                 entry.lent, entry.spare, entry.scope = True, False, scope
                 return entry  # no conversation lost: not an eviction
->>>>>>> main
         wanted = capacity * self.bytes_per_token
         held = self.stats().bytes
         idle = self._idle_by_age()

@@ -47,12 +47,9 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
 Reply, stream false: 200 application/json once the reply is complete:
   {"id": "chatcmpl-<request id>", "object": "chat.completion", "created": <unix seconds>,
    "model": ..., "choices": [{"index": 0, "message": {"role": "assistant", "content": ...},
-<<<<<<< HEAD
-   "logprobs": null, "finish_reason": "stop" | "length" | "tool_calls"}],
-=======
-   "logprobs": null, "finish_reason": "stop" | "length"}],  ("length" also when the reply
-   reached REPLY_TIME_LIMIT_S, counted from the request's arrival: outcome time_limit)
->>>>>>> main
+   "logprobs": null, "finish_reason": "stop" | "length" | "tool_calls"}],  ("length"
+   also when the reply reached REPLY_TIME_LIMIT_S, counted from the request's arrival:
+   outcome time_limit)
    "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
              "prompt_tokens_details": {"cached_tokens": ...}}}
   completion_tokens counts every generated token, the end token included (the log line's
@@ -146,12 +143,9 @@ async def chat_completions(
         seed=body.seed,
         cache_scope=body.cache_scope,
         stop=tuple(body.stop or ()),
-<<<<<<< HEAD
         guidance=guidance,
-=======
         use_cache=body.cache_prompt,
         repetition_penalty=body.repeat_penalty,
->>>>>>> main
     )
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
@@ -192,31 +186,26 @@ def _usage(end: ipc.End, started: ipc.Started) -> dict[str, Any]:
     }
 
 
-<<<<<<< HEAD
 def _finish_reason(end: ipc.End, calls: list[Call] | None = None) -> str:
-    if end.finish == "length":
+    # time_limit (REPLY_TIME_LIMIT_S) is "length" too: the reply was cut short by a limit, the
+    # reason OpenAI clients (and llama.cpp's own time limit) know for it.
+    if end.finish in ("length", "time_limit"):
         return "length"
     return "tool_calls" if calls else "stop"
 
 
 def _calls(splitter: ReplySplitter | None, end: ipc.End) -> tuple[str | None, list[Call] | None]:
     """At the end of a reply that may call tools: the text still held (None: no content),
-    and the calls (None for a text reply, and for a call cut off by the length limit, which
-    is dropped: so is the start of the marker when the limit came first)."""
+    and the calls (None for a text reply, and for a call cut off by a limit, which is
+    dropped: so is the start of the marker when the limit came first)."""
     if splitter is None:
         return "", None
     rest = splitter.rest()
     if splitter.calling:
         return None, read_calls(rest)
-    if rest and end.finish == "length" and splitter.undecided:
+    if rest and _finish_reason(end) == "length" and splitter.undecided:
         return None, None
     return rest, None
-=======
-def _finish_reason(end: ipc.End) -> str:
-    # time_limit (REPLY_TIME_LIMIT_S) is "length" too: the reply was cut short by a limit, the
-    # reason OpenAI clients (and llama.cpp's own time limit) know for it.
-    return "length" if end.finish in ("length", "time_limit") else "stop"
->>>>>>> main
 
 
 def _json(data: dict[str, Any]) -> bytes:

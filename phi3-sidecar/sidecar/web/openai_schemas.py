@@ -17,12 +17,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 
 from sidecar import ipc
 from sidecar.ipc import Role
-<<<<<<< HEAD
-from sidecar.web import guidance, tool_protocol
-=======
-from sidecar.web import llamacpp_fields
+from sidecar.web import guidance, llamacpp_fields, tool_protocol
 from sidecar.web.llamacpp_fields import PredictLimit, RepeatPenalty
->>>>>>> main
 from sidecar.web.messages import (
     MAX_MESSAGES,
     CacheScope,
@@ -155,14 +151,12 @@ class ChatCompletionRequest(BaseModel):
     # (else the same user) reuse each other's cached tokens; neither: the unscoped pool.
     prompt_cache_key: CacheScope | None = None
     user: CacheScope | None = None
-<<<<<<< HEAD
     # Structured output (openai_tools.py, guidance.py): held to by a grammar, not asked for.
     response_format: ResponseFormat | None = None
     tools: Annotated[list[ToolSpec], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     _guidance: ipc.Guidance | None = PrivateAttr(default=None)
-=======
     # llama.cpp server fields, sent by apps written for App Service's built-in model sidecar
     # extension; what each means here (and the ones accepted and ignored): llamacpp_fields.py.
     n_predict: PredictLimit | None = None
@@ -173,7 +167,6 @@ class ChatCompletionRequest(BaseModel):
     @classmethod
     def _llamacpp(cls, data: Any) -> Any:
         return llamacpp_fields.accept(data) if isinstance(data, dict) else data
->>>>>>> main
 
     @model_validator(mode="before")
     @classmethod
