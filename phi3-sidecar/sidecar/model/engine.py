@@ -32,6 +32,7 @@ from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchGeneration, BatchSch
 from sidecar.model.cpus import cpu_budget
 from sidecar.model.family import read_facts
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
+from sidecar.model.guidance import fitted, refusal, room
 from sidecar.model.prompt import Prompt, PromptBuilder
 from sidecar.model.prompt_cache import ROUND_TOKENS, Entry, PromptCache
 from sidecar.model.stops import StopFilter
@@ -332,6 +333,9 @@ class Generation:
         self._cache = engine.cache
         sampling = bool(request.temperature)
         needed = len(prompt.ids) + prompt.max_new_tokens
+        guidance = fitted(request.guidance, needed, engine.max_length)
+        needed += room(guidance)  # forced tokens may run past the reply's budget (guidance.py)
+        self.guided = guidance is not None
         # A seeded sampling request is never continued from a cache entry: its random state
         # would differ from a fresh generator's, and "same seed, same reply" would not hold.
         cached = cached and self._cache.enabled and not (sampling and request.seed is not None)
@@ -340,16 +344,17 @@ class Generation:
         # refuses less.
         capacity = self._cache.capacity_for(needed) if cached else needed
         capacity = max(capacity, engine.facts.min_cache_length)
-        lent = (
-            self._cache.lend(request.cache_scope, sampling, prompt.ids, needed) if cached else None
-        )
+        scope = request.cache_scope
+        lent = self._cache.lend(scope, sampling, prompt.ids, needed, guidance) if cached else None
         if lent is None and cached:
-            recycled = self._cache.recycle(request.cache_scope, sampling, capacity, needed)
+            recycled = self._cache.recycle(scope, sampling, capacity, needed, guidance)
             lent = (recycled, 0) if recycled is not None else None
         if lent is not None:
             self._entry, self.cached_tokens = lent
             try:
                 generator = self._entry.generator
+                if self.guided and generator.token_count() == self.cached_tokens > 0:
+                    self.cached_tokens -= 1  # only a rewind re-arms the grammar (guidance.py)
                 if generator.token_count() > self.cached_tokens:
                     generator.rewind_to(self.cached_tokens)
                 turn = _turn_options(request, prompt, engine.vocab_size)
@@ -368,13 +373,23 @@ class Generation:
             if request.seed is not None:
                 options["random_seed"] = request.seed
             params.set_search_options(**options)
+            try:
+                if guidance is not None:
+                    params.set_guidance(guidance.kind, guidance.data, guidance.ff_tokens)
+                generator = og.Generator(engine.model, params)
+            except RuntimeError as exc:
+                # the grammar, or llguidance's reading of this model's tokenizer ("llg_")
+                if guidance is not None and ("grammar" in str(exc) or "llg_" in str(exc)):
+                    raise refusal(exc) from exc
+                raise
             self._entry = Entry(
-                og.Generator(engine.model, params),
+                generator,
                 params,
                 capacity,
                 request.cache_scope,
                 sampling,
                 nbytes=capacity * self._cache.bytes_per_token,
+                guidance=guidance,
             )
             if keep:
                 self._cache.adopt(self._entry)
@@ -405,27 +420,42 @@ class Generation:
             entry.kv_len = self._generator.token_count()
             entry.prefilled(self.cached_tokens, self._appended, self._chunk)
             return None
+        before = self._generator.token_count()
         self._generator.generate_next_token()
         token = int(self._generator.get_next_tokens()[0])
-        self.generated += 1
+        count = self._generator.token_count()
         self.last_token_at = time.monotonic()
         if self.first_token_at is None:
             self.first_token_at = self.last_token_at
+        # A guided step may also have added the tokens its grammar forced, in front of the
+        # sampled one (guidance.py); an unguided step adds exactly the sampled token.
+        if count - before == 1 and token not in self._eos:
+            tokens = [token]
+        else:
+            tokens = [int(t) for t in self._generator.get_sequence(0)[before:count]]
+        budget = self.prompt.max_new_tokens - self.generated
+        shown = tokens[:budget]  # forced tokens never take a reply past its max_new_tokens
+        self.generated += len(shown)
+        text = "".join(str(self._stream.decode(t)) for t in shown)
+        ended = token in self._eos and len(shown) == len(tokens)
         if token in self._eos:
-            # EOS is not added to the sequence, and the step fed the token before it: the
-            # KV cache now holds the whole sequence.
-            entry.kv_len = self._generator.token_count()
-            self.finish = "eos"
-            return self._stops.flush()
-        # The new token is in the sequence but not yet in the KV cache (the next step feeds
-        # it): a later request re-appends it.
-        entry.kv_len = self._generator.token_count() - 1
-        text = str(self._stream.decode(token))
+            # EOS is not added to the sequence, and the step fed the token before it (and any
+            # forced ones): the KV cache now holds the whole sequence.
+            entry.kv_len = count
+            if ended:
+                self.generated += 1  # the end token counts, as it always did
+        else:
+            # The sampled token is in the sequence but not yet in the KV cache (the next step
+            # feeds it): a later request re-appends it.
+            entry.kv_len = count - 1
         if self._stops:
             text, stopped = self._stops.feed(text)
             if stopped:
                 self.finish = "stop"
                 return text
+        if ended:
+            self.finish = "eos"
+            return text + self._stops.flush()
         if self.generated >= self.prompt.max_new_tokens or self._generator.is_done():
             self.finish = "length"
             text += self._stops.flush()

@@ -33,6 +33,7 @@ from sidecar import ipc
 from sidecar.jsonlog import configure_logging
 from sidecar.model.download import download_if_needed
 from sidecar.model.folder import ModelFolderError, first_line
+from sidecar.model.guidance import GuidanceRefused
 from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
 from sidecar.settings import Settings
 
@@ -206,6 +207,13 @@ class Scheduler:
                     request.key,
                     "unencodable_prompt",
                     f"the model's chat template refuses these messages: {exc}",
+                )
+            )
+            return
+        except GuidanceRefused as exc:
+            self._outbox.send(
+                ipc.Rejected(
+                    request.key, "invalid_guidance", f"the model cannot follow this schema: {exc}"
                 )
             )
             return

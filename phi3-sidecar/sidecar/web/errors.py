@@ -60,6 +60,8 @@ REFUSALS: dict[str, Answer] = {
         413, "context_length_exceeded", 400, "context_length_exceeded"
     ),
     "unencodable_prompt": Answer(400, "invalid_request", 400, "invalid_prompt"),
+    # a response_format schema or tool parameters llguidance cannot compile (model/guidance.py)
+    "invalid_guidance": Answer(422, "invalid_request", 400, "invalid_schema"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
     # anything unexpected
@@ -88,6 +90,9 @@ WHEN: dict[str, str] = {
     "context_length_exceeded": "the newest turn alone does not fit the context; `limit_tokens` "
     "says the limit (older turns are dropped first)",
     "unencodable_prompt": "the messages cannot be encoded by the model's tokenizer",
+    "invalid_guidance": "a `response_format` schema or a tool's `parameters` that the grammar "
+    "engine cannot compile (an unknown type, a bad `pattern`, a `$ref` it cannot resolve); "
+    "`param` names the field",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
     "cut off instead)",

@@ -256,8 +256,15 @@ INVALID: dict[str, dict[str, Any]] = {
     "logit-bias": {"messages": HI, "logit_bias": {"50256": -100}},
     "presence-penalty": {"messages": HI, "presence_penalty": 0.5},
     "logprobs": {"messages": HI, "logprobs": True},
-    "tools": {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
-    "json-mode": {"messages": HI, "response_format": {"type": "json_object"}},
+    "tool-choice-names-no-tool": {
+        "messages": HI,
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tool_choice": {"type": "function", "function": {"name": "g"}},
+    },
+    "json-schema-without-name": {
+        "messages": HI,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
+    },
     "unknown-field": {"messages": HI, "max_new_tokens": 5},
     "max-tokens-zero": {"messages": HI, "max_tokens": 0},
     "two-different-limits": {"messages": HI, "max_tokens": 5, "max_completion_tokens": 6},
