@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.ipc import Generate, Guidance
+from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine, Generation
 from sidecar.web.guidance import TEXT_RULE, prepared
 
@@ -60,7 +61,7 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def timed(generation: Generation) -> dict[str, Any]:
+def timed(generation: Generation | BatchGeneration) -> dict[str, Any]:
     """Run one generation to its end: its text, tokens, decode steps and times."""
     text: list[str] = []
     steps = 0

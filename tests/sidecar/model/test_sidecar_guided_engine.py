@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.ipc import Generate, Guidance
+from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine, Generation
 from sidecar.model.guidance import FF_MARGIN, GuidanceRefused, fitted
 from sidecar.web.guidance import prepared
@@ -44,7 +45,7 @@ def request(question: str, guidance: Guidance | None, **extra: object) -> Genera
     return Generate("test", messages, 200, guidance=guidance, **extra)  # type: ignore[arg-type]
 
 
-def run(generation: Generation) -> tuple[str, int]:
+def run(generation: Generation | BatchGeneration) -> tuple[str, int]:
     """The reply's text and the decode steps it took (prefill steps not counted)."""
     text, steps = [], 0
     while generation.finish is None:
@@ -86,7 +87,7 @@ def test_forced_tokens_need_room_beyond_the_request(engine: Engine) -> None:
     assert fitted(GUIDED, 101, 100 + FF_MARGIN) == replace(GUIDED, ff_tokens=False)
     # a request that fills the context still runs, step by step
     generation = engine.start(replace(request(QUESTIONS[0], GUIDED), max_new_tokens=10**5))
-    assert generation.guided
+    assert isinstance(generation, Generation) and generation.guided
     run(generation)
 
 

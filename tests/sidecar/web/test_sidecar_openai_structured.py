@@ -21,6 +21,7 @@ from openai import OpenAI
 from pydantic import BaseModel, Field
 
 from scripts.services import Service
+from tests.sidecar.support import request_line
 
 CODE = "[A-Z]{2}[0-9]{3}"  # unanchored, as users write it; they mean the whole string
 SCHEMA: dict[str, Any] = {
@@ -430,12 +431,19 @@ def test_bad_structured_requests_are_refused_naming_the_field(
 def test_the_log_line_says_what_a_reply_was_held_to(
     client: OpenAI, sidecar_service: Service
 ) -> None:
-    ask(client, "Hi", response_format={"type": "json_object"}, max_tokens=5)
-    ask(client, "Hi", tools=TOOLS, max_tokens=5)
-    ask(client, "Hi", max_tokens=5)
-    lines = [json.loads(line) for line in sidecar_service.log_lines()]
-    kinds = [line.get("structured") for line in lines if line.get("path") == "/v1/chat/completions"]
-    assert kinds[-3:] == ["json_object", "tools", None]
+    held_to = {"log-json": "json_object", "log-tools": "tools", "log-plain": None}
+    ask(
+        client,
+        "Hi",
+        response_format={"type": "json_object"},
+        max_tokens=5,
+        extra_headers={"X-Request-Id": "log-json"},
+    )
+    ask(client, "Hi", tools=TOOLS, max_tokens=5, extra_headers={"X-Request-Id": "log-tools"})
+    ask(client, "Hi", max_tokens=5, extra_headers={"X-Request-Id": "log-plain"})
+    # each line is written when its request is over, which may be just after the client read it
+    for request_id, kind in held_to.items():
+        assert request_line(sidecar_service, request_id).get("structured") == kind
 
 
 def test_a_tool_message_must_answer_an_earlier_call(client: OpenAI) -> None:
