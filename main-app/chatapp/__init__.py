@@ -22,6 +22,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from flask import Flask
 
     from chatapp import errors, health, metrics, pages, relay, settings
+    from chatapp.body_deadline import BodyDeadline
     from chatapp.telemetry import Telemetry
     from chatapp.upstream import make_upstream
 
@@ -35,6 +36,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config.from_mapping(test_config)
 
     app.extensions["upstream"] = make_upstream(app.config)
+    # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py).
+    app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
+        app.wsgi_app, app.config["REQUEST_BODY_TIMEOUT"], app.config["MAX_CONTENT_LENGTH"]
+    )
     # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
     telemetry.install(app)

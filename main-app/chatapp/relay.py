@@ -23,6 +23,7 @@ from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from chatapp import errors, wire
+from chatapp.body_deadline import LATE
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
 from chatapp.telemetry import Telemetry
@@ -151,6 +152,10 @@ def _tag_and_log_refusal(response: Response) -> Response:
 
 def _json_body() -> Any:
     """The request's JSON; every way it can be wrong is a 400 in the envelope, never a 500."""
+    late = request.environ.get(LATE)
+    if late is not None:  # body_deadline.py: the body stalled
+        message = f"The request did not arrive within {late:g} seconds."
+        raise ApiError(408, message, "request_timeout")
     try:
         raw = request.get_data(cache=True)
     except HTTPException:

@@ -22,6 +22,11 @@ Environment variable (default): meaning
 - `MAX_REQUEST_BYTES` (`65536`): the largest accepted `POST /chat` body, else 413. Keep it at
   most the sidecar's `MAX_BODY_BYTES` (same default). The page drops the oldest turns of a long
   conversation to stay under it (the sidecar would leave them out of the context anyway).
+- `REQUEST_BODY_TIMEOUT` (`10`): seconds a client has to send a request's whole body, from
+  the end of its headers; then `POST /chat` answers 408 `request_timeout` and the connection is
+  closed (`chatapp.body_deadline`; under gunicorn's gevent worker, as deployed).
+- `REQUEST_HEADERS_TIMEOUT` (`5`): whole seconds a client has to send a request's headers, and
+  an idle kept-alive connection lives; then the connection is closed (gunicorn's `keepalive`).
 - `MAX_MESSAGES` (`200`): the most messages in one conversation, else 413.
 - `MAX_NEW_TOKENS` (unset): sent to the sidecar as `max_new_tokens` when the browser does not
   send one; unset, the sidecar decides.
@@ -65,6 +70,7 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL": 1.0,
     # Flask's own name; the environment says MAX_REQUEST_BYTES. The sidecar's default limit.
     "MAX_CONTENT_LENGTH": 64 * 1024,
+    "REQUEST_BODY_TIMEOUT": 10.0,
     "MAX_MESSAGES": 200,
     "MAX_NEW_TOKENS": None,
     "MAX_NEW_TOKENS_LIMIT": 4096,
@@ -172,6 +178,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SIDECAR_READ_TIMEOUT": ("SIDECAR_READ_TIMEOUT", _positive_float),
     "HEARTBEAT_INTERVAL": ("HEARTBEAT_INTERVAL", _positive_float),
     "MAX_REQUEST_BYTES": ("MAX_CONTENT_LENGTH", _positive_int),
+    "REQUEST_BODY_TIMEOUT": ("REQUEST_BODY_TIMEOUT", _positive_float),
     "MAX_MESSAGES": ("MAX_MESSAGES", _positive_int),
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
     "MAX_NEW_TOKENS_LIMIT": ("MAX_NEW_TOKENS_LIMIT", _positive_int),
@@ -222,6 +229,13 @@ def log_level(environ: Mapping[str, str]) -> str:
     """LOG_LEVEL, for the server's own log lines (the app reads it through from_environ)."""
     raw = environ.get("LOG_LEVEL", "")
     return _log_level("LOG_LEVEL", raw) if raw.strip() else DEFAULTS["LOG_LEVEL"]
+
+
+def headers_timeout(environ: Mapping[str, str]) -> int:
+    """REQUEST_HEADERS_TIMEOUT, for gunicorn's `keepalive` (the gevent worker's deadline on a
+    request's headers and on an idle kept-alive connection)."""
+    raw = environ.get("REQUEST_HEADERS_TIMEOUT", "").strip() or "5"
+    return _positive_int("REQUEST_HEADERS_TIMEOUT", raw)  # gunicorn takes whole seconds
 
 
 def server_size(environ: Mapping[str, str]) -> tuple[int, int]:

@@ -124,6 +124,22 @@ class Settings(BaseSettings):
         le=16 * 1024 * 1024,
         description="Largest request body (/predict, /v1/chat/completions); beyond: 413.",
     )
+    request_headers_timeout_s: float = Field(
+        default=5.0,
+        ge=0.5,
+        le=300.0,
+        description="Seconds a client has to send a request's headers, from the connection "
+        "opening or the previous response ending; then the connection is closed (web/"
+        "deadlines.py). Slow and idle clients cannot hold sockets past it.",
+    )
+    request_body_timeout_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds a client has to send a request's whole body, from the end of its "
+        "headers; then 408 request_timeout and the connection is closed (a body nobody reads "
+        "is closed 2 s later). A stalled or endless body cannot hold a socket past it.",
+    )
     log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
     log_prompts: bool = Field(
         default=False, description="Put prompt and reply text in the logs (debugging only)."

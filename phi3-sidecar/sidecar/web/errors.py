@@ -45,6 +45,7 @@ REFUSALS: dict[str, Answer] = {
     "invalid_encoding": Answer(400, "invalid_encoding", 400, "invalid_encoding"),
     "invalid_json": Answer(400, "invalid_json", 400, "invalid_json"),
     "invalid_field": Answer(422, "invalid_request", 400, "invalid_value"),
+    "request_timeout": Answer(408, "request_timeout", 408, "request_timeout"),
     # who is asking (access.py)
     "unauthorized": Answer(401, "unauthorized", 401, "invalid_api_key"),
     "invalid_host": Answer(400, "invalid_host", 400, "invalid_host"),
