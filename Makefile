@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test lint coverage hooks venv peers export-deps export clean
+.PHONY: run test lint docs coverage hooks venv peers export-deps export clean
 
 $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy phi3-sidecar/sidecar main-app/chatapp scripts tests
+
+# The generated tables of docs/ (settings, refusals), from the code; tests/test_docs.py checks them.
+docs: venv
+	$(PY) scripts/gen_docs.py
 
 test: lint export-deps
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -3,7 +3,7 @@
 // images live in a private Azure Container Registry and are pulled with a user-assigned managed
 // identity (AcrPull role): no registry passwords anywhere.
 //
-// Deployed by `azd up` (azure.yaml) or scripts/deploy.sh (az CLI). See README.md, "Containers and deployment".
+// Deployed by `azd up` (azure.yaml) or scripts/deploy.sh (az CLI). See docs/deploy.md.
 targetScope = 'resourceGroup'
 
 @description('Name of this deployment environment (azd sets it); prefixes the resource names.')
@@ -63,7 +63,7 @@ param modelSubfolder string = 'cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4'
 
 // Traces of both containers in Application Insights (Azure Monitor, workspace-based): each
 // container gets APPLICATIONINSIGHTS_CONNECTION_STRING and exports its spans there; the app's
-// and the sidecar's spans of one chat share a trace (README, "Operations"). Off: no resource,
+// and the sidecar's spans of one chat share a trace (docs/operations.md). Off: no resource,
 // no variable, no telemetry leaves the app.
 @description('Create Application Insights (and its Log Analytics workspace) and send the traces of both containers to it.')
 param useApplicationInsights bool = false

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Deploy the chat pair to Azure App Service with the az CLI alone (no azd, no local Docker
 # unless a model is baked in): infra/main.bicep, both images built in the registry with
-# `az acr build`, then a smoke test. See README.md, "Containers and deployment".
+# `az acr build`, then a smoke test. See docs/deploy.md.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +27,7 @@ scripts/smoke_test.py against it.
                              with docker or podman, then pushed); default: the sidecar
                              downloads the model into /home on its first start
       --app-insights         create Application Insights and send both containers' traces
-                             to it (README, "Operations")
+                             to it (docs/operations.md)
       --no-smoke             do not run the smoke test
   -h, --help                 this message
 EOF

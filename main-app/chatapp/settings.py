@@ -5,57 +5,8 @@ config. Nothing here reads the environment at import time. `HOST` and `PORT` are
 servers that run the app (`chatapp.gunicorn_conf`, `python -m chatapp`) through `listen_address`;
 `WEB_CONCURRENCY` and `GUNICORN_CONNECTIONS` size gunicorn (`server_size`).
 
-Environment variable (default): meaning
-
-- `SIDECAR_URL` (`http://localhost:8000`): base URL of the model service (the sidecar, or an
-  OpenAI-compatible server: its root or its `/v1`).
-- `UPSTREAM_API` (`predict`): how to talk to it: `predict` (our sidecar's `POST /predict`) or
-  `openai` (`POST /v1/chat/completions` on any OpenAI-compatible server).
-- `UPSTREAM_MODEL` (unset): with `openai`, the model to ask for; unset, the first one the server
-  lists at `GET /v1/models`.
-- `SIDECAR_CONNECT_TIMEOUT` (`3`): seconds to open a connection to the sidecar.
-- `SIDECAR_READ_TIMEOUT` (`300`): the longest silence, in seconds, tolerated from the sidecar,
-  before its answer starts and between two pieces of a reply. The prefill of a long prompt on a
-  slow CPU is silence too, hence the generous default.
-- `HEARTBEAT_INTERVAL` (`1`): seconds of sidecar silence after which the relay writes a
-  `{"ping": true}` line, so that a browser that went away is noticed quickly.
-- `MAX_REQUEST_BYTES` (`65536`): the largest accepted `POST /chat` body, else 413. Keep it at
-  most the sidecar's `MAX_BODY_BYTES` (same default). The page drops the oldest turns of a long
-  conversation to stay under it (the sidecar would leave them out of the context anyway).
-- `REQUEST_BODY_TIMEOUT` (`10`): seconds a client has to send a request's whole body, from
-  the end of its headers; then `POST /chat` answers 408 `request_timeout` and the connection is
-  closed (`chatapp.body_deadline`; under gunicorn's gevent worker, as deployed).
-- `REQUEST_HEADERS_TIMEOUT` (`5`): whole seconds a client has to send a request's headers, and
-  an idle kept-alive connection lives; then the connection is closed (gunicorn's `keepalive`).
-- `MAX_MESSAGES` (`200`): the most messages in one conversation, else 413.
-- `MAX_NEW_TOKENS` (unset): sent to the sidecar as `max_new_tokens` when the browser does not
-  send one; unset, the sidecar decides.
-- `MAX_NEW_TOKENS_LIMIT` (`4096`): the largest `max_new_tokens` (and `min_new_tokens`) a
-  browser may ask for, else 400; the page's settings offer up to this.
-- `UPSTREAM_API_KEY` (unset; `SIDECAR_API_KEY` is the same setting by another name): sent as
-  `Authorization: Bearer <key>`, for our sidecar started with `API_KEY` or any server that wants
-  a key.
-- `ALLOWED_HOSTS` (unset: any): the Host header values this app answers, comma-separated: names
-  and `*.example.com`; others get 400 `invalid_host`. Set it when the app is reached directly
-  (not behind App Service's front end, which only forwards the site's own names).
-- `LOG_LEVEL` (`info`): `debug`, `info`, `warning` or `error`; the app's JSON log lines from
-  that level up (one `info` line per chat, see `chatapp.logs`).
-- `HOST` (`0.0.0.0`) and `PORT` (`8080`, where App Service sends outside traffic): the address
-  the server listens on.
-- `METRICS` (`true`): serve `GET /metrics` (Prometheus text; counts and timings, never text or
-  ids); `false` removes the route, e.g. on a public site nobody scrapes.
-
-Traces (`chatapp.telemetry`), off unless one destination is set:
-
-- `OTEL_EXPORTER_OTLP_ENDPOINT` (unset): OpenTelemetry's standard variable: send spans over
-  OTLP/HTTP (protobuf) to this collector, at its `/v1/traces` (`http://localhost:4318`).
-- `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (unset): the full URL for spans, used as it is.
-- `OTEL_EXPORTER_OTLP_PROTOCOL` (`http/protobuf`): the only one installed; others are refused.
-- `APPLICATIONINSIGHTS_CONNECTION_STRING` (unset): send spans to this Application Insights
-  resource (Azure Monitor; App Service's name for it).
-- `TRACES_FILE` (unset): append spans to this file as OTLP JSON lines (disconnected sites).
-- `OTEL_SERVICE_NAME` (`phi3-chat-app`): the spans' `service.name`.
-- `OTEL_SDK_DISABLED` (`false`): `true` turns tracing off whatever is set.
+Every variable, its default and what it means: `DESCRIPTIONS` below, and the page generated
+from it, docs/configuration.md (`python scripts/gen_docs.py`).
 """
 
 from __future__ import annotations
@@ -89,6 +40,73 @@ DEFAULTS: dict[str, Any] = {
     "OTEL_SDK_DISABLED": False,
 }
 
+# Read by the server that runs the app, not by create_app (listen_address, server_size).
+SERVER_DEFAULTS: dict[str, Any] = {
+    "HOST": "0.0.0.0",
+    "PORT": 8080,
+    "WEB_CONCURRENCY": 2,
+    "GUNICORN_CONNECTIONS": 1000,
+    "REQUEST_HEADERS_TIMEOUT": 5,
+}
+
+# What each environment variable means (docs/configuration.md is generated from it; a test
+# requires one for every variable the app reads).
+DESCRIPTIONS: dict[str, str] = {
+    "SIDECAR_URL": "Base URL of the model service: the sidecar, or an OpenAI-compatible server "
+    "(its root or its `/v1`).",
+    "UPSTREAM_API": "How to talk to it: `predict` (our sidecar's `POST /predict`, events) or "
+    "`openai` (`POST /v1/chat/completions` on any OpenAI-compatible server; docs/models.md, "
+    "'Other model servers').",
+    "UPSTREAM_MODEL": "With `openai`, the model to ask for; unset, the first one the server lists "
+    "at `GET /v1/models`.",
+    "SIDECAR_CONNECT_TIMEOUT": "Seconds to open a connection to the sidecar.",
+    "SIDECAR_READ_TIMEOUT": "The longest silence, in seconds, tolerated from the sidecar, before "
+    "its answer starts and between two pieces of a reply. The prefill of a long prompt on a slow "
+    "CPU is silence too, hence the generous default.",
+    "HEARTBEAT_INTERVAL": "Seconds of sidecar silence after which the relay writes a "
+    '`{"ping": true}` line, so that a browser that went away is noticed quickly.',
+    "MAX_REQUEST_BYTES": "The largest accepted `POST /chat` body, else 413. Keep it at most the "
+    "sidecar's `MAX_BODY_BYTES` (same default). The page drops the oldest turns of a long "
+    "conversation to stay under it (the sidecar would leave them out of the context anyway).",
+    "REQUEST_BODY_TIMEOUT": "Seconds a client has to send a request's whole body, from the end "
+    "of its headers; then `POST /chat` answers 408 `request_timeout` and the connection is "
+    "closed, so a stalled or endless body cannot hold a socket (`chatapp.body_deadline`; under "
+    "gunicorn's gevent worker, as deployed).",
+    "REQUEST_HEADERS_TIMEOUT": "Seconds a client has to send a request's headers, and that an "
+    "idle kept-alive connection lives; then the connection is closed (gunicorn's `keepalive`), "
+    "so slow and idle clients cannot hold sockets.",
+    "MAX_MESSAGES": "The most messages in one conversation, else 413.",
+    "MAX_NEW_TOKENS": "Sent to the sidecar as `max_new_tokens` when the browser does not send "
+    "one; unset, the sidecar decides.",
+    "MAX_NEW_TOKENS_LIMIT": "The largest `max_new_tokens` (and `min_new_tokens`) a browser may ask "
+    "for, else 400; the page's settings offer up to this.",
+    "UPSTREAM_API_KEY": "Sent as `Authorization: Bearer <key>`, for our sidecar started with "
+    "`API_KEY` or any server that wants a key.",
+    "SIDECAR_API_KEY": "The same setting as `UPSTREAM_API_KEY`, by its older name.",
+    "ALLOWED_HOSTS": "The Host header values this app answers, comma-separated: names and "
+    "`*.example.com`; others get 400 `invalid_host`. Unset: any. Set it when the app is reached "
+    "directly (not behind App Service's front end, which only forwards the site's own names).",
+    "LOG_LEVEL": "`debug`, `info`, `warning` or `error`: the app's JSON log lines from that level "
+    "up (one `info` line per chat, see `chatapp.logs`).",
+    "METRICS": "Serve `GET /metrics` (Prometheus text; counts and timings, never text or ids); "
+    "`false` removes the route, e.g. on a public site nobody scrapes.",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "OpenTelemetry's standard variable: send spans over OTLP/HTTP "
+    "(protobuf) to this collector, at its `/v1/traces` (`http://localhost:4318`).",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "The full URL for spans, used as it is.",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "The only one installed; others are refused.",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING": "Send spans to this Application Insights resource "
+    "(Azure Monitor; App Service's name for it).",
+    "TRACES_FILE": "Append spans to this file as OTLP JSON lines (disconnected sites).",
+    "OTEL_SERVICE_NAME": "The spans' `service.name`.",
+    "OTEL_SDK_DISABLED": "`true` turns tracing off whatever is set.",
+    "HOST": "The address the server listens on.",
+    "PORT": "The port the server listens on (App Service sends outside traffic to 8080).",
+    "WEB_CONCURRENCY": "gunicorn worker processes.",
+    "GUNICORN_CONNECTIONS": "Connections each gunicorn process serves at once (gevent: one "
+    "greenlet per connection, so long streams and slow clients hold no thread; a request's "
+    "headers must arrive within 5 s).",
+}
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 UPSTREAM_APIS = ("predict", "openai")
 
@@ -98,6 +116,7 @@ class SettingsError(ValueError):
 
 
 def _url(name: str, raw: str) -> str:
+    """http(s) URL"""
     url = raw.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise SettingsError(f"{name} must start with http:// or https://, got {raw!r}")
@@ -105,6 +124,7 @@ def _url(name: str, raw: str) -> str:
 
 
 def _positive_float(name: str, raw: str) -> float:
+    """seconds, > 0"""
     try:
         value = float(raw)
     except ValueError:
@@ -115,6 +135,7 @@ def _positive_float(name: str, raw: str) -> float:
 
 
 def _positive_int(name: str, raw: str) -> int:
+    """whole number, >= 1"""
     try:
         value = int(raw)
     except ValueError:
@@ -125,6 +146,7 @@ def _positive_int(name: str, raw: str) -> int:
 
 
 def _log_level(name: str, raw: str) -> str:
+    """one of LOG_LEVELS"""
     level = raw.strip().lower()
     if level not in LOG_LEVELS:
         raise SettingsError(f"{name} must be one of {', '.join(LOG_LEVELS)}, got {raw!r}")
@@ -132,10 +154,12 @@ def _log_level(name: str, raw: str) -> str:
 
 
 def _secret(name: str, raw: str) -> str:
+    """secret text"""
     return raw.strip()
 
 
 def _upstream_api(name: str, raw: str) -> str:
+    """one of UPSTREAM_APIS"""
     api = raw.strip().lower()
     if api not in UPSTREAM_APIS:
         raise SettingsError(f"{name} must be one of {', '.join(UPSTREAM_APIS)}, got {raw!r}")
@@ -143,11 +167,13 @@ def _upstream_api(name: str, raw: str) -> str:
 
 
 def _model(name: str, raw: str) -> str:
+    """text"""
     return raw.strip()
 
 
 def _hosts(name: str, raw: str) -> list[str] | None:
-    """ALLOWED_HOSTS as Flask's TRUSTED_HOSTS (".example.com" matches its subdomains)."""
+    """host names, comma-separated"""
+    # As Flask's TRUSTED_HOSTS, where ".example.com" matches its subdomains.
     hosts = [h.strip().lower() for h in raw.split(",") if h.strip()]
     if "*" in hosts:
         return None
@@ -155,6 +181,7 @@ def _hosts(name: str, raw: str) -> list[str] | None:
 
 
 def _bool(name: str, raw: str) -> bool:
+    """true or false"""
     value = raw.strip().lower()
     if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
         raise SettingsError(f"{name} must be true or false, got {raw!r}")
@@ -162,10 +189,12 @@ def _bool(name: str, raw: str) -> bool:
 
 
 def _text(name: str, raw: str) -> str:
+    """text"""
     return raw.strip()
 
 
 def _otlp_protocol(name: str, raw: str) -> str:
+    """http/protobuf"""
     if raw.strip() != "http/protobuf":
         raise SettingsError(f"{name} must be http/protobuf (the one installed), got {raw!r}")
     return raw.strip()
@@ -214,8 +243,8 @@ def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def listen_address(environ: Mapping[str, str]) -> tuple[str, int]:
     """(HOST, PORT) for the server that runs the app."""
-    host = environ.get("HOST", "").strip() or "0.0.0.0"
-    port = _positive_int("PORT", environ.get("PORT", "").strip() or "8080")
+    host = environ.get("HOST", "").strip() or SERVER_DEFAULTS["HOST"]
+    port = _positive_int("PORT", environ.get("PORT", "").strip() or str(SERVER_DEFAULTS["PORT"]))
     return host, port
 
 
@@ -234,13 +263,33 @@ def log_level(environ: Mapping[str, str]) -> str:
 def headers_timeout(environ: Mapping[str, str]) -> int:
     """REQUEST_HEADERS_TIMEOUT, for gunicorn's `keepalive` (the gevent worker's deadline on a
     request's headers and on an idle kept-alive connection)."""
-    raw = environ.get("REQUEST_HEADERS_TIMEOUT", "").strip() or "5"
+    default = str(SERVER_DEFAULTS["REQUEST_HEADERS_TIMEOUT"])
+    raw = environ.get("REQUEST_HEADERS_TIMEOUT", "").strip() or default
     return _positive_int("REQUEST_HEADERS_TIMEOUT", raw)  # gunicorn takes whole seconds
 
 
 def server_size(environ: Mapping[str, str]) -> tuple[int, int]:
     """(WEB_CONCURRENCY, GUNICORN_CONNECTIONS): gunicorn processes, and the connections each
     serves at once (gevent: one greenlet each, open streams and idle clients alike)."""
-    workers = _positive_int("WEB_CONCURRENCY", environ.get("WEB_CONCURRENCY", "").strip() or "2")
-    raw = environ.get("GUNICORN_CONNECTIONS", "").strip() or "1000"
+    raw = environ.get("WEB_CONCURRENCY", "").strip() or str(SERVER_DEFAULTS["WEB_CONCURRENCY"])
+    workers = _positive_int("WEB_CONCURRENCY", raw)
+    raw = environ.get("GUNICORN_CONNECTIONS", "").strip() or str(
+        SERVER_DEFAULTS["GUNICORN_CONNECTIONS"]
+    )
     return workers, _positive_int("GUNICORN_CONNECTIONS", raw)
+
+
+def reference() -> list[tuple[str, str, Any, str]]:
+    """(variable, kind of value, default, meaning) of every variable the app and its server read,
+    for docs/configuration.md. A variable without a description says so instead of failing, so
+    the page can always be written; tests/test_docs.py requires one."""
+    rows = []
+    for name, (key, parse) in _FROM_ENV.items():
+        kind = (parse.__doc__ or parse.__name__).strip()
+        kind = kind.replace("LOG_LEVELS", ", ".join(LOG_LEVELS))
+        kind = kind.replace("UPSTREAM_APIS", ", ".join(UPSTREAM_APIS))
+        rows.append((name, kind, DEFAULTS.get(key), DESCRIPTIONS.get(name, "")))
+    for name, default in SERVER_DEFAULTS.items():
+        kind = "whole number, >= 1" if isinstance(default, int) else "text"
+        rows.append((name, kind, default, DESCRIPTIONS.get(name, "")))
+    return rows

@@ -11,7 +11,7 @@ measured (Phi-3-mini's weights file, which scripts/make_model.py reproduces byte
 marked approximate otherwise (`size_exact`). No revision is pinned to a commit: none could be
 confirmed to hold every folder, so entries follow the repository's `main` branch. Llama 3.2,
 Qwen2.5 and Gemma publish no onnxruntime-genai folder that could be verified: convert them with
-scripts/export_model.py (README, "Choosing a model").
+scripts/export_model.py (docs/models.md).
 """
 
 from __future__ import annotations

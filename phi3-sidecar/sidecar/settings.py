@@ -26,7 +26,8 @@ class Settings(BaseSettings):
 
     model_path: Path = Field(
         default=Path("/home/models") / catalog.DEFAULT.folder,
-        description="Folder that holds genai_config.json, the ONNX model and the tokenizer.",
+        description="Folder that holds genai_config.json, the ONNX model and the tokenizer; with "
+        "MODEL_DOWNLOAD, the download root (the model lands in MODEL_PATH/MODEL_SUBFOLDER).",
     )
     model_name: str | None = Field(
         default=None,
@@ -105,7 +106,7 @@ class Settings(BaseSettings):
         "kept between requests, so that each chat turn reads only its new tokens (in use or "
         "idle, all count; least recently used go first). 0 turns the cache off. Phi-3-mini's "
         "KV cache takes 0.75 MiB a token; the default fits a Premium v3 P1v3 plan (8 GB) next "
-        "to the model. README, 'Conversation cache'.",
+        "to the model. docs/conversation-cache.md.",
     )
     prompt_cache_exact: bool = Field(
         default=False,

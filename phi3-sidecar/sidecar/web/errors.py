@@ -67,6 +67,35 @@ REFUSALS: dict[str, Answer] = {
     "internal_error": Answer(500, "internal_error", 500, None, "server_error"),
 }
 
+# When each refusal happens, in a sentence: docs/api.md's table is generated from REFUSALS and
+# this (scripts/gen_docs.py); a test requires a sentence for every reason.
+WHEN: dict[str, str] = {
+    "unsupported_media_type": "the body is not `application/json`",
+    "body_too_large": "the body is over `MAX_BODY_BYTES` (`/predict` and `/v1/chat/completions`)",
+    "body_cut_off": "the body ended before its `Content-Length`",
+    "invalid_encoding": "the body is not UTF-8",
+    "invalid_json": "the body is not JSON, or is nested too deeply",
+    "invalid_field": 'a field is wrong (`"field.path: reason"`; the input is never echoed)',
+    "unauthorized": "`API_KEY` is set and the request has no valid `Authorization: Bearer <key>` "
+    "(the answer carries `WWW-Authenticate: Bearer`)",
+    "invalid_host": "the `Host` is not one of `ALLOWED_HOSTS`",
+    "not_found": "no such path",
+    "model_not_found": "`GET /v1/models/{id}` names a model this sidecar does not serve",
+    "method_not_allowed": "the path exists, not with this method (`Allow` says which)",
+    "not_ready": "the model is not ready; `phase` says why (`Retry-After: 5`): loading "
+    "(`starting`, `downloading`, `loading`, `warming_up`), `restarting` (the worker died or "
+    "stopped answering and is being replaced: retry), or `failed` (waiting will not help)",
+    "overloaded": "the queue is full (`QUEUE_SIZE`; `Retry-After: 2`)",
+    "context_length_exceeded": "the newest turn alone does not fit the context; `limit_tokens` "
+    "says the limit (older turns are dropped first)",
+    "unencodable_prompt": "the messages cannot be encoded by the model's tokenizer",
+    "start_failed": "the model worker could not start the generation",
+    "generation_failed": "the generation failed before its first byte (after it, the stream is "
+    "cut off instead)",
+    "internal_error": "anything unexpected (logged with the request id; no detail reaches the "
+    "client)",
+}
+
 
 def is_openai(path: str) -> bool:
     """Requests whose errors take OpenAI's shape (openai_api.py's routes)."""
