@@ -73,6 +73,8 @@ WHEN: dict[str, str] = {
     "unsupported_media_type": "the body is not `application/json`",
     "body_too_large": "the body is over `MAX_BODY_BYTES` (`/predict` and `/v1/chat/completions`)",
     "body_cut_off": "the body ended before its `Content-Length`",
+    "request_timeout": "the body did not arrive within `REQUEST_BODY_TIMEOUT_S` of the headers "
+    "(a stalled or endless body; the connection is closed)",
     "invalid_encoding": "the body is not UTF-8",
     "invalid_json": "the body is not JSON, or is nested too deeply",
     "invalid_field": 'a field is wrong (`"field.path: reason"`; the input is never echoed)',
