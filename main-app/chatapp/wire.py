@@ -17,8 +17,12 @@ keeps nothing between requests.
 
 Optional `"conversation_id"`: 1 to 64 characters of `A-Z a-z 0-9 _ -`, the same for every
 request of one chat and new for a new chat (the page makes a random one per chat). It names the
-conversation for the model service's prompt cache; it is not part of the prompt, and a request
-without one works the same, only without the cache.
+conversation's scope in the model service's conversation cache; it is not part of the prompt.
+Only requests with the same id reuse each other's cached tokens, and the `done` line's
+`cached_tokens` is an exact oracle for whoever shares a scope: it tells whether a prompt begins
+with what another request of that scope sent. So keep an id secret to its conversation (the
+page's are random). A request without one gets a fresh random scope of its own, never the
+model service's shared unscoped pool: it works the same, with nothing to reuse.
 
 Errors before the reply starts
 ------------------------------
@@ -77,6 +81,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from typing import Any
 
 from chatapp.errors import ApiError
@@ -151,6 +156,8 @@ def parse_chat_request(
         if not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id):
             raise _invalid("conversation_id must be 1 to 64 letters, digits, '-' or '_'.")
         payload["cache_scope"] = conversation_id
+    else:  # never the unscoped pool, where cached_tokens would tell what others sent
+        payload["cache_scope"] = "once-" + secrets.token_hex(16)
     return payload
 
 

@@ -116,6 +116,15 @@ class Settings(BaseSettings):
         "does (a reply may differ from an uncached one at rare near-ties). Regenerated replies "
         "and edited messages are exact either way.",
     )
+    prompt_cache_unscoped: bool = Field(
+        default=True,
+        description="Let requests without a scope (no `cache_scope`, `prompt_cache_key` or "
+        "`user`) share one cache pool. Whoever shares a pool can tell from `cached_tokens` (and "
+        "the timing) whether a prompt begins with what another request sent: an exact oracle. "
+        "On by default because only the chat app reaches the sidecar on App Service, and the app "
+        "never sends an unscoped request; false where other clients call the sidecar: unscoped "
+        "requests then use no cache.",
+    )
     queue_size: int = Field(
         default=8, ge=0, le=4096, description="Requests that may wait for a free slot; beyond: 503."
     )

@@ -43,7 +43,7 @@ def test_streams_deltas_then_done(client: FlaskClient, fake: FakeSidecar) -> Non
     done = objs[-1]
     assert done["done"] is True and done["tokens"] == 4
     assert done["ttft_ms"] >= 0 and done["tokens_per_s"] > 0
-    assert fake.requests == [CONVERSATION]
+    assert fake.requests == [{**CONVERSATION, "cache_scope": fake.requests[0]["cache_scope"]}]
 
 
 def test_sends_generation_options(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
@@ -170,7 +170,8 @@ def test_sidecar_error_is_a_sentence_not_internals(client: FlaskClient, fake: Fa
 
 def test_body_is_sent_as_utf8(client: FlaskClient, fake: FakeSidecar) -> None:
     lines(client.post("/chat", json=CONVERSATION))
-    expected = json.dumps(CONVERSATION, ensure_ascii=False, separators=(",", ":"))
+    sent = {**CONVERSATION, "cache_scope": fake.requests[0]["cache_scope"]}
+    expected = json.dumps(sent, ensure_ascii=False, separators=(",", ":"))
     assert fake.raw_bodies[0].decode("utf-8") == expected
 
 

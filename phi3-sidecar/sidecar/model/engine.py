@@ -51,6 +51,7 @@ class Engine:
         prefill_chunk: int = 64,
         prompt_cache_mb: int = 0,
         prompt_cache_exact: bool = False,
+        prompt_cache_unscoped: bool = True,
         device: str = "cpu",
         provider_options: Mapping[str, str] | None = None,
     ):
@@ -65,6 +66,7 @@ class Engine:
         # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self._cache_budget = prompt_cache_mb * 2**20
+        self.cache_unscoped = prompt_cache_unscoped
         config = og.Config(str(path))
         self.session_options = session_options(num_threads, thread_spinning)
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
@@ -98,6 +100,9 @@ class Engine:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
         generator that holds the prompt's beginning, or make a new one."""
         prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
+        # PROMPT_CACHE_UNSCOPED=false: a request without a scope neither reuses nor leaves
+        # anything, so the shared pool (an oracle for what others sent) does not exist.
+        cached = cached and (request.cache_scope is not None or self.cache_unscoped)
         return Generation(self, prompt, request, cached=cached)
 
     def warm_up(self) -> None:
@@ -385,6 +390,7 @@ def load_engine(settings: Settings) -> Engine:
         prefill_chunk=settings.prefill_chunk,
         prompt_cache_mb=settings.prompt_cache_mb,
         prompt_cache_exact=settings.prompt_cache_exact,
+        prompt_cache_unscoped=settings.prompt_cache_unscoped,
         device=settings.model_device,
         provider_options=settings.provider_options,
     )
