@@ -135,6 +135,10 @@ def _telemetry() -> Telemetry:
 
 @bp.before_request
 def _open_record() -> None:
+    # Only a POST is a chat: Flask answers OPTIONS /chat itself, through these hooks too, and
+    # must leave no chat line and no metric (it once counted -1 open stream each).
+    if request.method != "POST":
+        return
     rid = request_id(request.headers.get("X-Request-Id"))
     g.chat = ChatRecord(rid, observer=_telemetry().chat_observer(rid))  # telemetry: the end
 
@@ -143,7 +147,9 @@ def _open_record() -> None:
 def _tag_and_log_refusal(response: Response) -> Response:
     """Every answer to /chat carries the request id. An error answer (ApiError, Flask's own
     413 and the like) ends the chat: its line is logged here; a stream logs it when it ends."""
-    record: ChatRecord = g.chat
+    record: ChatRecord | None = g.get("chat")
+    if record is None:  # not a chat (OPTIONS)
+        return response
     response.headers["X-Request-Id"] = record.request_id
     if not response.is_streamed:
         record.finish(response.status_code, errors.type_of(response))
