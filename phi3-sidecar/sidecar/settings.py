@@ -96,7 +96,8 @@ class Settings(BaseSettings):
         description="Seconds the model worker may go without finishing a step (a token, or a "
         "chunk of PREFILL_CHUNK prompt tokens) while it is ready, before the watchdog fails its "
         "replies, kills it and starts another. Keep it above the longest step: one prompt chunk "
-        "on the slowest CPU the sidecar runs on.",
+        "on the slowest CPU the sidecar runs on. A replacement worker still loading is replaced "
+        "too when it reports no progress for this plus twice the first worker's load time.",
     )
     prompt_cache_mb: int = Field(
         default=2048,

@@ -94,6 +94,37 @@ def test_5_a_crashed_worker_reads_as_restarting_with_retry_after(faulty_slow: Se
     assert predict(faulty_slow.url, {"input_text": "Hi"}).status_code == 200
 
 
+def test_5_a_replacement_that_hangs_while_loading_is_replaced_and_retry_after_is_the_backoff(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 25: the watchdog watched only a ready worker, so a hung replacement was never
+    replaced; and Retry-After said 5 whatever the back-off was (1, 2, 5, 10, 30 s)."""
+    env = {
+        **faulty(),
+        "ENGINE_FACTORY": "tests.support.engines:load_faulty_hanging_replacement",
+        "LOAD_COUNT_FILE": str(tmp_path / "loads"),
+        "WORKER_STALL_S": "1",
+    }
+    with services.sidecar(tiny_model_dir, tmp_path / "sidecar.log", env=env) as service:
+        with pytest.raises(httpx.RemoteProtocolError):
+            predict(service.url, {"input_text": f"{EXIT} go"})
+        # Every replacement hangs: each is killed and the back-off grows to 10 s.
+        deadline = time.monotonic() + 90
+        while True:
+            assert time.monotonic() < deadline, service.log()[-3000:]
+            ready = httpx.get(service.url + "/readyz", timeout=10)
+            if "restarting in 10 s" in (ready.json()["reason"] or ""):
+                break
+            time.sleep(0.1)
+        assert ready.status_code == 503
+        assert "hung while loading" in ready.json()["reason"]
+        assert int(ready.headers["retry-after"]) >= 9  # the back-off, not a fixed 5
+        refused = predict(service.url, {"input_text": "Hi"})
+        assert error_of(refused, 503)["phase"] == "restarting"
+        assert int(refused.headers["retry-after"]) >= 9
+        assert int((tmp_path / "loads").read_text()) >= 4  # three replacements were started
+
+
 # -- 6. a frozen worker is noticed ----------------------------------------------------------------
 
 

@@ -84,9 +84,10 @@ WHEN: dict[str, str] = {
     "not_found": "no such path",
     "model_not_found": "`GET /v1/models/{id}` names a model this sidecar does not serve",
     "method_not_allowed": "the path exists, not with this method (`Allow` says which)",
-    "not_ready": "the model is not ready; `phase` says why (`Retry-After: 5`): loading "
-    "(`starting`, `downloading`, `loading`, `warming_up`), `restarting` (the worker died or "
-    "stopped answering and is being replaced: retry), or `failed` (waiting will not help)",
+    "not_ready": "the model is not ready; `phase` says why: loading (`starting`, `downloading`, "
+    "`loading`, `warming_up`; `Retry-After: 5`), `restarting` (the worker died, stopped "
+    "answering or hung while loading, and is being replaced; `Retry-After`: the back-off of "
+    "1, 2, 5, 10 or 30 s left plus the last load time), or `failed` (waiting will not help)",
     "overloaded": "the queue is full (`QUEUE_SIZE`; `Retry-After: 2`)",
     "context_length_exceeded": "the newest turn alone does not fit the context; `limit_tokens` "
     "says the limit (older turns are dropped first)",
@@ -141,12 +142,13 @@ class ApiError(Exception):
         return JSONResponse({"error": body}, status_code=answer.openai_status, headers=self.headers)
 
 
-def not_ready(phase: str, reason: str | None) -> ApiError:
+def not_ready(phase: str, reason: str | None, retry_after: int = RETRY_NOT_READY_S) -> ApiError:
+    """503: `retry_after` from the real back-off while a worker is replaced (model_client)."""
     detail = f"{phase}: {reason}" if reason else phase
     return ApiError(
         "not_ready",
         f"the model is not ready ({detail})",
-        headers={"Retry-After": str(RETRY_NOT_READY_S)},
+        headers={"Retry-After": str(retry_after)},
         extra={"phase": phase},  # for clients: "failed" will not heal by waiting, "loading" will
     )
 
