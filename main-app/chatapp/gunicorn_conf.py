@@ -32,7 +32,16 @@ keepalive = settings.headers_timeout(os.environ)
 # gunicorn on the machine, and nothing here uses gunicornc.
 control_socket_disable = True
 # /metrics adds up every worker's numbers: each writes them into one folder (gunicorn_metrics.py).
-on_starting = gunicorn_metrics.on_starting
+
+
+def on_starting(server: object) -> None:
+    gunicorn_metrics.on_starting(server)
+    # One line at start: whether the app sends a key to the model service, whom it answers.
+    logging.getLogger("chatapp.start").info(
+        "access", extra={"fields": settings.access_summary(os.environ)}
+    )
+
+
 child_exit = gunicorn_metrics.child_exit
 on_exit = gunicorn_metrics.on_exit
 # No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.

@@ -279,6 +279,19 @@ def server_size(environ: Mapping[str, str]) -> tuple[int, int]:
     return workers, _positive_int("GUNICORN_CONNECTIONS", raw)
 
 
+def access_summary(environ: Mapping[str, str]) -> dict[str, Any]:
+    """For the start log line: whether a key goes to the model service (never the key), which
+    hosts are answered, whether /metrics is served. The app itself asks nobody for a key."""
+    config = {**DEFAULTS, **from_environ(environ)}
+    hosts = config["TRUSTED_HOSTS"]
+    return {
+        "upstream_api": config["UPSTREAM_API"],
+        "upstream_key": "set" if config["UPSTREAM_API_KEY"] else "unset",
+        "allowed_hosts": "*" if not hosts else ",".join(hosts),
+        "metrics": config["METRICS"],
+    }
+
+
 def reference() -> list[tuple[str, str, Any, str]]:
     """(variable, kind of value, default, meaning) of every variable the app and its server read,
     for docs/configuration.md. A variable without a description says so instead of failing, so

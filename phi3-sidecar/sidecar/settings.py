@@ -177,7 +177,9 @@ class Settings(BaseSettings):
         default=None,
         description="Require `Authorization: Bearer <key>`; several keys comma-separated. Off by "
         "default (on App Service only the main container is reachable from outside); turn it on "
-        "when the sidecar's port is published (web/access.py).",
+        "when the sidecar's port is published (web/access.py). Set but empty, blank or only "
+        "commas: refused at start (unset it to turn authentication off). The start log line "
+        "`access` says whether authentication is on.",
     )
     api_key_probes: bool = Field(
         default=False,
@@ -291,6 +293,17 @@ class Settings(BaseSettings):
             "model_path": Path("/home/models") / entry.folder,
         }
         return {**{k: v for k, v in defaults.items() if k not in given}, **data}
+
+    @field_validator("api_key")
+    @classmethod
+    def _some_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """API_KEY="" or " , " once turned authentication off without a word: refused."""
+        if value is not None and not any(k.strip() for k in value.get_secret_value().split(",")):
+            raise ValueError(
+                "API_KEY is set but holds no key (it is empty, blank or only commas); unset it "
+                "to run without authentication, or give one or more keys, comma-separated"
+            )
+        return value
 
     @field_validator("model_device", mode="before")
     @classmethod

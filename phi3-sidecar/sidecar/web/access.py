@@ -18,6 +18,7 @@ Refusals use errors.REFUSALS: 401 `unauthorized` (with `WWW-Authenticate: Bearer
 from __future__ import annotations
 
 import hmac
+import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -25,6 +26,21 @@ from sidecar.settings import Settings
 from sidecar.web.errors import ApiError
 
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+log = logging.getLogger("sidecar.web.access")
+
+
+def log_state(settings: Settings) -> None:
+    """One line at start: whether authentication is on (how many keys, never the keys) and
+    which hosts are served, so that an operator sees an open sidecar at once."""
+    keys = len(settings.api_keys)
+    fields = {
+        "authentication": "on" if keys else "off",
+        "api_keys": keys,
+        "probes_need_key": bool(keys) and settings.api_key_probes,
+        "allowed_hosts": ",".join(settings.allowed_host_patterns) or "*",
+    }
+    log.info("access", extra={"fields": fields})
 
 
 class AccessMiddleware:

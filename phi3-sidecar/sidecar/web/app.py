@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from sidecar.settings import Settings
 from sidecar.web import errors, openapi
-from sidecar.web.access import AccessMiddleware
+from sidecar.web.access import AccessMiddleware, log_state
 from sidecar.web.admission import Admission
 from sidecar.web.deadlines import BodyDeadline
 from sidecar.web.metrics import Metrics
@@ -37,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log_state(settings)  # whether authentication is on, once at start
         await model.start()  # returns at once: the port opens while the model loads
         try:
             yield
