@@ -23,6 +23,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     from chatapp import errors, health, metrics, pages, relay, settings
     from chatapp.body_deadline import BodyDeadline
+    from chatapp.host import LowerCaseHost
     from chatapp.telemetry import Telemetry
     from chatapp.upstream import make_upstream
 
@@ -40,6 +41,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
         app.wsgi_app, app.config["REQUEST_BODY_TIMEOUT"], app.config["MAX_CONTENT_LENGTH"]
     )
+    app.wsgi_app = LowerCaseHost(app.wsgi_app)  # type: ignore[method-assign]
     # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
     telemetry.install(app)

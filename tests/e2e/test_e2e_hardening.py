@@ -76,9 +76,14 @@ def test_8_allowed_hosts(start_app: AppFactory, sidecar_service: services.Servic
         assert httpx.get(app.url + "/healthz", timeout=10).status_code == 200
         ok = httpx.get(app.url + "/healthz", headers={"host": "chat.example.com"}, timeout=10)
         assert ok.status_code == 200
-        refused = httpx.get(app.url + "/healthz", headers={"host": "evil.test"}, timeout=10)
-        assert refused.status_code == 400
-        assert refused.json()["error"]["type"] == "invalid_host"
+        # Host names are case-insensitive (issue 25: an upper-case Host was refused).
+        for host in ("CHAT.EXAMPLE.COM", "Chat.Example.com:8080"):
+            ok = httpx.get(app.url + "/healthz", headers={"host": host}, timeout=10)
+            assert ok.status_code == 200, host
+        for host in ("evil.test", "evil.com#.example.com", "evil.com/.example.com"):
+            refused = httpx.get(app.url + "/healthz", headers={"host": host}, timeout=10)
+            assert refused.status_code == 400
+            assert refused.json()["error"]["type"] == "invalid_host"
 
 
 @pytest.fixture(scope="module")

@@ -202,7 +202,7 @@ def test_9_tokens_of_a_reply_cut_by_a_crash_are_counted(faulty_slow: Service) ->
 @pytest.fixture(scope="module")
 def guarded(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     log = tmp_path_factory.mktemp("logs") / "sidecar.log"
-    env = {"API_KEY": "first-key, second-key", "ALLOWED_HOSTS": "127.0.0.1,localhost"}
+    env = {"API_KEY": "first-key, second-key", "ALLOWED_HOSTS": "127.0.0.1,localhost,*.example.com"}
     with services.sidecar(tiny_model_dir, log, env=env) as service:
         yield service
 
@@ -256,11 +256,15 @@ def test_10_probes_closed_with_api_key_probes(tiny_model_dir: Path, tmp_path: Pa
 
 def test_10_another_host_name_is_refused(guarded: Service) -> None:
     auth = {"authorization": "Bearer first-key"}
-    for host in ("evil.example", "localhost.evil.example"):
+    # Issue 25: a Host that is no host name was matched by its end ("evil.com#.example.com").
+    refused = ("evil.example", "localhost.evil.example", "evil.com#.example.com", "example.com")
+    for host in (*refused, "evil.com/.example.com", "a.example.com@evil.com", "x .example.com"):
         headers = {**auth, "host": host}
         response = httpx.get(guarded.url + "/v1/models", headers=headers, timeout=10)
         assert error_of(response, 400)["code"] == "invalid_host"  # /v1: OpenAI's shape
-    assert httpx.get(guarded.url + "/v1/models", headers={**auth, "host": "localhost:9"}).is_success
+    for host in ("localhost:9", "a.example.com", "A.Example.COM:8000", "127.0.0.1"):
+        headers = {**auth, "host": host}
+        assert httpx.get(guarded.url + "/v1/models", headers=headers).is_success, host
 
 
 # -- beyond the list ------------------------------------------------------------------------------
