@@ -42,7 +42,10 @@ A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`
   stopped answering; try again after that many seconds.
 - `upstream_unauthorized` (502): the model service refused the app's key (`UPSTREAM_API_KEY`).
 - `invalid_host` (400): the request's Host is not one of `ALLOWED_HOSTS`.
-- `upstream_error` (502), `internal_error` (500), `not_found` (404), `method_not_allowed` (405).
+- `upstream_error` (502): the model service failed, or is misconfigured for the app (its
+  `ALLOWED_HOSTS` does not name the host in `SIDECAR_URL`; the message says which).
+- `request_timeout` (408): the request's body did not arrive within `REQUEST_BODY_TIMEOUT`.
+- `internal_error` (500), `not_found` (404), `method_not_allowed` (405).
 
 The reply stream
 ----------------
