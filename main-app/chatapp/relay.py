@@ -26,6 +26,7 @@ from chatapp import errors, wire
 from chatapp.body_deadline import LATE
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
+from chatapp.pending import PendingReply, Refused
 from chatapp.telemetry import Telemetry
 from chatapp.upstream import Broken, Done, ReplyStream, Upstream
 
@@ -38,7 +39,11 @@ class Relay:
     and logs the chat's line."""
 
     def __init__(
-        self, reply: ReplyStream, record: ChatRecord, heartbeat: float, stall: float
+        self,
+        reply: ReplyStream | PendingReply,
+        record: ChatRecord,
+        heartbeat: float,
+        stall: float,
     ) -> None:
         self._reply = reply
         self._record = record
@@ -90,6 +95,11 @@ class Relay:
                         cached_tokens=record.cached_tokens,
                         dropped_messages=record.dropped_messages,
                     )
+                    return
+                if isinstance(event, Refused):  # refused after waiting in its queue (pending.py)
+                    log.warning("the model service refused a queued chat: %s", event.error.type)
+                    self._outcome = event.error.type
+                    yield wire.error(event.error.message, event.error.type)
                     return
                 if isinstance(event, Broken):
                     type = "upstream_timeout" if event.timed_out else "upstream_disconnected"
@@ -193,11 +203,16 @@ def chat() -> Response:
     if "max_new_tokens" not in payload and default:
         # The app's default never undercuts a minimum the request asked for.
         payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
-    try:
-        reply = _upstream().start(payload, record.request_id)
-    except ApiError as error:  # telemetry: the hop to the model service failed before the reply
-        _telemetry().upstream_error(error.type)
-        raise
+    # The sidecar answers at once, unless it queues the chat: then the stream starts anyway,
+    # with heartbeats while it waits (pending.py).
+    pending = PendingReply(_upstream(), payload, record.request_id)
+    reply: ReplyStream | PendingReply = pending
+    if pending.wait(config["HEARTBEAT_INTERVAL"]):
+        try:
+            reply = pending.result()
+        except ApiError as error:  # telemetry: the hop to the model service failed first
+            _telemetry().upstream_error(error.type)
+            raise
     body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
     _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(

@@ -27,7 +27,10 @@ model service's shared unscoped pool: it works the same, with nothing to reuse.
 Errors before the reply starts
 ------------------------------
 A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`, where
-`message` is one sentence for the person using the page. The types:
+`message` is one sentence for the person using the page. (A chat the model service keeps in its
+queue for longer than `HEARTBEAT_INTERVAL` gets its `200` stream at once, with pings while it
+waits; a refusal that comes after that is the stream's last line, an `error` with the same
+type: chatapp/pending.py.) The types:
 
 - `loading` (503 + `Retry-After`): the model is still loading; try again after that many seconds.
 - `busy` (503 + `Retry-After`): the model service has as many replies queued as it takes (or,
@@ -56,7 +59,8 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
   concatenation of the deltas. A delta never ends inside a character. Show it as text, never
   as HTML.
 - `{"ping": true}`: a heartbeat, written about once a second while the model service is silent
-  (during a long prompt's prefill, say), so that a browser that went away is noticed. Ignore it.
+  (while the chat waits in its queue, or during a long prompt's prefill), so that a browser that
+  went away is noticed. Ignore it.
 - Exactly one last line, either
   - `{"done": true, "tokens": n, "ttft_ms": t, "tokens_per_s": r}`: the reply is complete.
     `tokens` counts the pieces of text the model service sent: one per generated token while

@@ -194,10 +194,24 @@ def test_done_line_reports_the_sidecars_prompt_counts(
 
 def test_read_timeout_before_the_reply(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
     fake.predict = lambda h: fs.wait_until_client_closes(h, 5)
-    client = make_app(SIDECAR_READ_TIMEOUT=0.5).test_client()
+    client = make_app(SIDECAR_READ_TIMEOUT=0.5, HEARTBEAT_INTERVAL=1.0).test_client()
     response = client.post("/chat", json=CONVERSATION)
     assert response.status_code == 504
     assert response.get_json()["error"]["type"] == "upstream_timeout"
+    assert fake.client_gone.wait(2)
+
+
+def test_a_silent_start_gets_heartbeats_then_its_refusal(
+    make_app: Callable[..., Flask], fake: FakeSidecar
+) -> None:
+    # The sidecar answers only when a queued chat gets its slot: past HEARTBEAT_INTERVAL the
+    # stream starts with pings (issue 25), and a refusal that comes later is its last line.
+    fake.predict = lambda h: fs.wait_until_client_closes(h, 5)
+    client = make_app(SIDECAR_READ_TIMEOUT=0.7, HEARTBEAT_INTERVAL=0.1).test_client()
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    assert objs[0] == {"ping": True}
+    assert objs[-1]["error"]["type"] == "upstream_timeout"
+    assert all(obj == {"ping": True} for obj in objs[:-1])
     assert fake.client_gone.wait(2)
 
 
