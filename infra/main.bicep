@@ -61,6 +61,16 @@ param modelRepoId string = 'microsoft/Phi-3-mini-4k-instruct-onnx'
 @description('Folder of the model inside that repository (modelSource=download).')
 param modelSubfolder string = 'cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4'
 
+// 8000 is the sidecar's own default. 11434 is where App Service's built-in model sidecar
+// extension (llama.cpp's server) serves: an app written for it as the main container then
+// reaches this sidecar at http://localhost:11434/v1/chat/completions with no change.
+@description('Port of the model sidecar on localhost: its PORT and targetPort, and the SIDECAR_URL of the app. 11434: the port of the built-in model sidecar extension of App Service.')
+@allowed([
+  '8000'
+  '11434'
+])
+param sidecarPort string = '8000'
+
 // Traces of both containers in Application Insights (Azure Monitor, workspace-based): each
 // container gets APPLICATIONINSIGHTS_CONNECTION_STRING and exports its spans there; the app's
 // and the sidecar's spans of one chat share a trace (docs/operations.md). Off: no resource,
@@ -73,7 +83,13 @@ var tags = {
   'azd-env-name': environmentName
 }
 var appPort = '8080'
-var sidecarPort = '8000'
+// How long App Service waits for the containers to start before it restarts them (its default
+// 230 s, at most 1800). The sidecar took at most 34 s from `podman run` to /readyz ready with
+// the Phi-3-mini-shaped model baked in or on a mounted folder, read from disk (AMD EPYC Zen 4,
+// 2 shared vCPUs under load: an upper bound; docs/benchmarks.md, "Container start"). The
+// limit is ten times that, in whole minutes: room for a slower plan CPU and for /home being
+// network storage. It only delays the restart of a start that truly hangs.
+var containerStartTimeLimit = '360'
 // Built-in role "AcrPull".
 var acrPullRoleId = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
 
@@ -161,6 +177,7 @@ var appSettings = concat(
   [
     // Mount the persistent /home share into the containers (the downloaded model lives there).
     { name: 'WEBSITES_ENABLE_APP_SERVICE_STORAGE', value: 'true' }
+    { name: 'WEBSITES_CONTAINER_START_TIME_LIMIT', value: containerStartTimeLimit }
     { name: 'APP_PORT', value: appPort }
     { name: 'SIDECAR_URL', value: 'http://localhost:${sidecarPort}' }
     { name: 'SIDECAR_PORT', value: sidecarPort }

@@ -4,7 +4,8 @@ sees it. Label values come from fixed sets of the code only (never a request id,
 - `chatapp_relay_duration_seconds{outcome}`: a chat from its request to its last line;
   `outcome` is `done`, `client_gone`, or the error type the chat ended with;
 - `chatapp_upstream_errors_total{type}`: failures of the hop to the sidecar (`loading`, `busy`,
-  `upstream_unavailable`, `upstream_timeout`, `upstream_disconnected`, ...);
+  `upstream_unavailable`, `upstream_timeout`, `upstream_disconnected`, `reply_time_limit`,
+  ...);
 - `chatapp_open_streams`: replies being streamed now.
 
 Under gunicorn every worker process counts its own chats, so each writes its numbers into one

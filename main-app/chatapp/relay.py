@@ -44,11 +44,12 @@ class Relay:
         record: ChatRecord,
         heartbeat: float,
         stall: float,
+        time_limit: float = float("inf"),
     ) -> None:
         self._reply = reply
         self._record = record
         self._outcome = "client_gone"  # unless the relay reaches an end of its own
-        self._lines = self._relay(heartbeat, stall)
+        self._lines = self._relay(heartbeat, stall, record.started + time_limit)
 
     def __iter__(self) -> Iterator[bytes]:
         return self._lines
@@ -60,13 +61,22 @@ class Relay:
         self._reply.close()
         self._record.finish(200, self._outcome)
 
-    def _relay(self, heartbeat: float, stall: float) -> Generator[bytes, None, None]:
+    def _relay(
+        self, heartbeat: float, stall: float, deadline: float
+    ) -> Generator[bytes, None, None]:
         record = self._record
         started = record.started
         first = last = silent_since = started
         try:
             while True:
-                event = self._reply.next(timeout=heartbeat)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    # Before App Service's front end cuts the request (230 s) without a word.
+                    log.warning("the chat reached RELAY_TIME_LIMIT; ending its reply")
+                    self._outcome = "reply_time_limit"
+                    yield wire.error(TOO_LONG, "reply_time_limit")
+                    return
+                event = self._reply.next(timeout=min(heartbeat, left))
                 now = time.monotonic()
                 if event is None:
                     if now - silent_since >= stall:
@@ -120,6 +130,7 @@ class Relay:
 
 STALLED = "The model service stopped responding in the middle of the reply."
 STOPPED = "The model service stopped in the middle of the reply."
+TOO_LONG = "The reply took longer than this site allows for one message; it is cut off here."
 
 
 def _speed(
@@ -213,7 +224,13 @@ def chat() -> Response:
         except ApiError as error:  # telemetry: the hop to the model service failed first
             _telemetry().upstream_error(error.type)
             raise
-    body_iter = Relay(reply, record, config["HEARTBEAT_INTERVAL"], config["SIDECAR_READ_TIMEOUT"])
+    body_iter = Relay(
+        reply,
+        record,
+        config["HEARTBEAT_INTERVAL"],
+        config["SIDECAR_READ_TIMEOUT"],
+        config["RELAY_TIME_LIMIT"],
+    )
     _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(
         body_iter,

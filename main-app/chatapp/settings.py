@@ -18,6 +18,7 @@ DEFAULTS: dict[str, Any] = {
     "SIDECAR_URL": "http://localhost:8000",
     "SIDECAR_CONNECT_TIMEOUT": 3.0,
     "SIDECAR_READ_TIMEOUT": 300.0,
+    "RELAY_TIME_LIMIT": 220.0,
     "HEARTBEAT_INTERVAL": 1.0,
     # Flask's own name; the environment says MAX_REQUEST_BYTES. The sidecar's default limit.
     "MAX_CONTENT_LENGTH": 64 * 1024,
@@ -63,6 +64,13 @@ DESCRIPTIONS: dict[str, str] = {
     "SIDECAR_READ_TIMEOUT": "The longest silence, in seconds, tolerated from the sidecar, before "
     "its answer starts and between two pieces of a reply. The prefill of a long prompt on a slow "
     "CPU is silence too, hence the generous default.",
+    "RELAY_TIME_LIMIT": "The longest a chat may take, in seconds from its request: the relay "
+    "then ends the reply with an `error` line of type `reply_time_limit` and hangs up (the "
+    "sidecar stops generating). App Service's front end cuts every request at 230 s, silently "
+    "for the page; this ends it first, with a sentence. It also bounds the wait for the reply "
+    "to start (`SIDECAR_READ_TIMEOUT` never waits longer). Our sidecar's own "
+    "`REPLY_TIME_LIMIT_S` (210) usually ends the reply before, as a normal end "
+    "(`finish_reason` `length`).",
     "HEARTBEAT_INTERVAL": "Seconds of sidecar silence after which the relay writes a "
     '`{"ping": true}` line, so that a browser that went away is noticed quickly.',
     "MAX_REQUEST_BYTES": "The largest accepted `POST /chat` body, else 413. Keep it at most the "
@@ -205,6 +213,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SIDECAR_URL": ("SIDECAR_URL", _url),
     "SIDECAR_CONNECT_TIMEOUT": ("SIDECAR_CONNECT_TIMEOUT", _positive_float),
     "SIDECAR_READ_TIMEOUT": ("SIDECAR_READ_TIMEOUT", _positive_float),
+    "RELAY_TIME_LIMIT": ("RELAY_TIME_LIMIT", _positive_float),
     "HEARTBEAT_INTERVAL": ("HEARTBEAT_INTERVAL", _positive_float),
     "MAX_REQUEST_BYTES": ("MAX_CONTENT_LENGTH", _positive_int),
     "REQUEST_BODY_TIMEOUT": ("REQUEST_BODY_TIMEOUT", _positive_float),

@@ -306,7 +306,8 @@ def make_upstream(config: dict[str, Any]) -> Upstream:
     connection = Connection(
         config["SIDECAR_URL"],
         connect_timeout=config["SIDECAR_CONNECT_TIMEOUT"],
-        read_timeout=config["SIDECAR_READ_TIMEOUT"],
+        # No wait for the model service outlasts the chat's own limit (relay.py).
+        read_timeout=min(config["SIDECAR_READ_TIMEOUT"], config["RELAY_TIME_LIMIT"]),
         api_key=config["UPSTREAM_API_KEY"],
     )
     if config["UPSTREAM_API"] == "openai":

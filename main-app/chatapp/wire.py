@@ -77,8 +77,9 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
     line: the page knows it cancelled it.
   - or `{"error": {"message": "...", "type": "..."}}`: the reply broke off after it started;
     the deltas before it are the part received. Types: `upstream_disconnected` (the model
-    service stopped mid-reply) and `upstream_timeout` (it went silent for longer than
-    `SIDECAR_READ_TIMEOUT`).
+    service stopped mid-reply), `upstream_timeout` (it went silent for longer than
+    `SIDECAR_READ_TIMEOUT`) and `reply_time_limit` (the chat reached `RELAY_TIME_LIMIT`, which
+    ends it before App Service's front end would cut it off at 230 s).
 
 A stream that ends without a `done` line (the connection dropped) is cut off, exactly like one
 that ends with an `error` line.

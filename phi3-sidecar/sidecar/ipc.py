@@ -37,8 +37,10 @@ Role = Literal["system", "user", "assistant"]
 PhaseName = Literal[
     "starting", "downloading", "loading", "warming_up", "ready", "restarting", "failed"
 ]
-# eos: the model ended its reply; stop: a stop sequence did; length: the token budget did.
-Finish = Literal["eos", "stop", "length", "cancelled", "error"]
+# eos: the model ended its reply; stop: a stop sequence did; length: the token budget did;
+# time_limit: the request's deadline did (REPLY_TIME_LIMIT_S: App Service's front end cuts a
+# request at 230 s, so the reply ends cleanly before that).
+Finish = Literal["eos", "stop", "length", "time_limit", "cancelled", "error"]
 # Why the worker refuses a request; the web process decides the status (web/errors.py).
 Refusal = Literal["context_length_exceeded", "unencodable_prompt", "start_failed"]
 
@@ -57,6 +59,13 @@ class Generate:
     # shared unscoped pool.
     cache_scope: str | None = None
     stop: tuple[str, ...] = ()  # stop sequences (model/stops.py)
+    # False: this request neither reads from nor leaves anything in the conversation cache
+    # (llama.cpp's `cache_prompt: false`).
+    use_cache: bool = True
+    repetition_penalty: float | None = None  # onnxruntime-genai's; None or 1.0: off
+    # time.monotonic() (one clock for both processes) after which the worker ends the reply
+    # with finish "time_limit", between two steps; None: no deadline.
+    deadline: float | None = None
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
 

@@ -126,6 +126,16 @@ class Settings(BaseSettings):
         "never sends an unscoped request; false where other clients call the sidecar: unscoped "
         "requests then use no cache.",
     )
+    reply_time_limit_s: float = Field(
+        default=210.0,
+        ge=0.0,
+        le=86400.0,
+        description="Seconds from a generation request's arrival (queue wait included) after "
+        "which its reply ends, within one token, as if it reached its length limit "
+        '(finish_reason "length"; outcome time_limit in the log line and /metrics). App '
+        "Service's front end cuts every request at 230 s; the chat app's relay at "
+        "RELAY_TIME_LIMIT (220 s), so the sidecar's own end comes first. 0: no limit.",
+    )
     queue_size: int = Field(
         default=8, ge=0, le=4096, description="Requests that may wait for a free slot; beyond: 503."
     )

@@ -15,6 +15,7 @@ ENV_NAMES = [
     "SIDECAR_URL",
     "SIDECAR_CONNECT_TIMEOUT",
     "SIDECAR_READ_TIMEOUT",
+    "RELAY_TIME_LIMIT",
     "HEARTBEAT_INTERVAL",
     "MAX_REQUEST_BYTES",
     "MAX_MESSAGES",
@@ -74,6 +75,7 @@ def test_test_config_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> N
         ("SIDECAR_URL", "localhost:8000"),
         ("SIDECAR_CONNECT_TIMEOUT", "soon"),
         ("SIDECAR_READ_TIMEOUT", "0"),
+        ("RELAY_TIME_LIMIT", "0"),
         ("HEARTBEAT_INTERVAL", "-1"),
         ("MAX_REQUEST_BYTES", "1.5"),
         ("MAX_MESSAGES", "0"),
@@ -105,3 +107,18 @@ def test_gunicorn_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GUNICORN_CONNECTIONS", "zero")
     with pytest.raises(SettingsError, match="GUNICORN_CONNECTIONS"):
         runpy.run_module("chatapp.gunicorn_conf")
+
+
+def test_the_relay_time_limit_stays_below_app_services_230_s_and_bounds_every_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RELAY_TIME_LIMIT ends a chat before App Service's front end does (230 s), so no single
+    wait for the model service (SIDECAR_READ_TIMEOUT) may be longer than it."""
+    app = create_app()
+    assert app.config["RELAY_TIME_LIMIT"] == 220.0 < 230
+    assert app.extensions["upstream"]._connection.read_timeout == 220.0
+    monkeypatch.setenv("RELAY_TIME_LIMIT", "45")
+    monkeypatch.setenv("SIDECAR_READ_TIMEOUT", "60")
+    assert create_app().extensions["upstream"]._connection.read_timeout == 45.0
+    monkeypatch.setenv("SIDECAR_READ_TIMEOUT", "10")
+    assert create_app().extensions["upstream"]._connection.read_timeout == 10.0

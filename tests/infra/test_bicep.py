@@ -5,6 +5,7 @@ identity, and the parameters file and azure.yaml that drive it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -107,9 +108,15 @@ def variables() -> dict[str, str]:
     return dict(re.findall(r"^var (\w+) = '([^']*)'$", SOURCE, re.M))
 
 
+def string_params() -> dict[str, str]:
+    """The string parameters' default values."""
+    return dict(re.findall(r"^param (\w+) string = '([^']*)'$", SOURCE, re.M))
+
+
 def resolve(raw: str) -> str:
-    """A string literal or a simple string variable's value; '${var}' is interpolated."""
-    names = variables()
+    """A string literal, or a simple string variable's value or string parameter's default;
+    '${name}' is interpolated."""
+    names = string_params() | variables()
     if raw in names:
         return names[raw]
     assert raw.startswith("'") and raw.endswith("'"), raw
@@ -166,6 +173,26 @@ def test_container_ports_are_the_ones_the_code_listens_on() -> None:
     assert resolve(value(found["phi3"]["body"], "targetPort")) == sidecar_port
     settings = app_settings()
     assert resolve(settings["SIDECAR_URL"]) == APP_DEFAULTS["SIDECAR_URL"]
+
+
+def test_one_parameter_moves_the_sidecar_to_the_extensions_port() -> None:
+    """sidecarPort: the sidecar's PORT and targetPort and the app's SIDECAR_URL follow it, and
+    11434 (App Service's built-in model sidecar extension) is one of its values."""
+    assert params()["sidecarPort"] == "'8000'"
+    allowed = block(
+        SOURCE, SOURCE.index("[", SOURCE.rindex("@allowed([", 0, SOURCE.index("param sidecarPort")))
+    )
+    assert re.findall(r"'(\d+)'", allowed) == ["8000", "11434"]
+    found = containers()
+    assert value(found["phi3"]["body"], "targetPort") == "sidecarPort"
+    settings = app_settings()
+    assert settings["SIDECAR_URL"] == "'http://localhost:${sidecarPort}'"
+    assert settings["SIDECAR_PORT"] == "sidecarPort"
+    body = found["phi3"]["body"]
+    pairs = name_value_pairs(block(body, body.index("environmentVariables: ") + 22))
+    assert ("PORT", "'SIDECAR_PORT'") in pairs
+    given = json.loads((REPO / "infra" / "main.parameters.json").read_text())["parameters"]
+    assert given["sidecarPort"]["value"] == "${SIDECAR_PORT=8000}"
 
 
 def test_container_variables_are_settings_the_code_reads_and_the_app_defines() -> None:
@@ -294,3 +321,16 @@ def test_application_insights_is_optional_and_feeds_both_containers() -> None:
         body = container["body"]
         assert "telemetryVariables" in block(body, body.index("environmentVariables: ") + 22)
     assert "var telemetryVariables = [for setting in telemetrySettings: {" in SOURCE
+
+
+def test_the_start_time_limit_comes_from_the_measured_start() -> None:
+    """WEBSITES_CONTAINER_START_TIME_LIMIT: ten times the measured start-to-ready upper bound
+    (docs/benchmarks.md, "Container start"), in whole minutes, never below App Service's own
+    default (230 s) nor above its maximum (1800 s)."""
+    text = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    found = re.search(r"Container start to ready, upper bound: \*\*(\d+) s\*\*", text)
+    assert found, "docs/benchmarks.md lost its 'Container start' figure"
+    measured = int(found[1])
+    limit = int(resolve(app_settings()["WEBSITES_CONTAINER_START_TIME_LIMIT"]))
+    assert limit == max(230, math.ceil(10 * measured / 60) * 60) <= 1800
+    assert f"**{limit} s**" in text  # the page states the value the Bicep sets

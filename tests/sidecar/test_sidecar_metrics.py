@@ -22,7 +22,7 @@ HISTOGRAMS = (
 )
 LABELS = {
     "api": {"predict", "v1"},
-    "outcome": {"eos", "stop", "length", "cancelled", "error", "rejected"},
+    "outcome": {"eos", "stop", "length", "time_limit", "cancelled", "error", "rejected"},
     "le": None,  # bucket bounds
 }
 

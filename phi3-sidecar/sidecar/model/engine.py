@@ -103,7 +103,7 @@ class Engine:
         # PROMPT_CACHE_UNSCOPED=false: a request without a scope neither reuses nor leaves
         # anything, so the shared pool (an oracle for what others sent) does not exist.
         cached = cached and (request.cache_scope is not None or self.cache_unscoped)
-        return Generation(self, prompt, request, cached=cached)
+        return Generation(self, prompt, request, cached=cached and request.use_cache)
 
     def warm_up(self) -> None:
         """Read a short prompt and generate one token (not cached); size the KV cache's
@@ -357,6 +357,8 @@ def _turn_options(request: Generate, prompt: Prompt, vocab_size: int) -> dict[st
     min_new = min(request.min_new_tokens, prompt.max_new_tokens)
     # EOS is suppressed until min_length; 0 clears a previous turn's minimum.
     options: dict[str, Any] = {"min_length": len(prompt.ids) + min_new if min_new else 0}
+    # Applies to greedy and sampled replies alike; 1.0 clears a previous turn's penalty.
+    options["repetition_penalty"] = request.repetition_penalty or 1.0
     if request.temperature:
         options |= {
             "temperature": request.temperature,

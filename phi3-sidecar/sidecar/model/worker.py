@@ -73,6 +73,7 @@ class Backend(Protocol):
 class _Job:
     request_id: str
     generation: Stepper
+    deadline: float | None = None  # ipc.Generate.deadline
     # When recent tokens were finished (prefill steps are not tokens), to count those made
     # after a disconnect was noticed.
     finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=8))
@@ -193,7 +194,7 @@ class Scheduler:
                 ipc.Rejected(request.key, "start_failed", "the model failed to start")
             )
             return
-        self._jobs[request.key] = _Job(request.request_id, generation)
+        self._jobs[request.key] = _Job(request.request_id, generation, request.deadline)
         prompt = generation.prompt
         self._outbox.send(
             ipc.Started(
@@ -206,6 +207,12 @@ class Scheduler:
         )
 
     def _step(self, key: int, job: _Job) -> None:
+        if job.deadline is not None and time.monotonic() >= job.deadline:
+            # Checked between steps: the reply ends within one token (or one prompt chunk) of
+            # its deadline, as a normal end (the web process sends its final chunk).
+            del self._jobs[key]
+            self._end(key, job, "time_limit")
+            return
         try:
             text = job.generation.step()
         except Exception as exc:

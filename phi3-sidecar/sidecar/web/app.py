@@ -64,7 +64,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.admission = admission
     app.state.model = model
-    app.state.pipeline = Pipeline(model, admission, log_prompts=settings.log_prompts)
+    app.state.pipeline = Pipeline(
+        model,
+        admission,
+        log_prompts=settings.log_prompts,
+        time_limit_s=settings.reply_time_limit_s,
+    )
     errors.install(app)
     openapi.install(app)
     app.add_middleware(AccessMiddleware, settings=settings)

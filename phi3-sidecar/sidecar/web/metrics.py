@@ -2,7 +2,8 @@
 
 Counters of every generation request (the names /metrics had before histograms came), gauges
 read when scraped, and the distributions an operator watches, by API (`predict`, `v1`) and
-outcome (`eos`, `stop`, `length`, `cancelled`, `error`, `rejected`), as vLLM names them:
+outcome (`eos`, `stop`, `length`, `time_limit`, `cancelled`, `error`, `rejected`), as vLLM
+names them:
 
 - `sidecar_time_to_first_token_seconds`: from the request's arrival to its first piece of text
   (body, queue, prefill);
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 # The routes that generate, and their `api` label; their requests are counted however they end.
 GENERATION_PATHS = {"/predict": "predict", "/v1/chat/completions": "v1"}
-OUTCOMES = ("eos", "stop", "length", "cancelled", "error", "rejected")
+OUTCOMES = ("eos", "stop", "length", "time_limit", "cancelled", "error", "rejected")
 _LABELS = ("api", "outcome")
 
 # Seconds: a token of a small model takes milliseconds, a long prefill on a CPU minutes.

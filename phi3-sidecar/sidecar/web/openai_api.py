@@ -28,11 +28,19 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
   any value of their type: store, parallel_tool_calls, metadata (OpenAI's limits),
   safety_identifier. prompt_cache_key (else user), a string: scopes the conversation cache:
   only requests with the same key reuse each other's cached tokens.
+  llama.cpp server fields (what apps written for App Service's built-in model sidecar extension
+  send), with llama.cpp's meaning where there is one: n_predict (the length limit, -1: the
+  default; one that differs from max_tokens is a 400 naming it), cache_prompt (false: this
+  request neither reads from nor leaves anything in the conversation cache), repeat_penalty,
+  top_k 0 and seed -1 (as absent); llama.cpp's other sampling knobs and reply extras (min_p,
+  typical_p, mirostat, n_probs, ...) are accepted with a value of their type and ignored:
+  llamacpp_fields.py lists them and says why.
 
 Reply, stream false: 200 application/json once the reply is complete:
   {"id": "chatcmpl-<request id>", "object": "chat.completion", "created": <unix seconds>,
    "model": ..., "choices": [{"index": 0, "message": {"role": "assistant", "content": ...},
-   "logprobs": null, "finish_reason": "stop" | "length"}],
+   "logprobs": null, "finish_reason": "stop" | "length"}],  ("length" also when the reply
+   reached REPLY_TIME_LIMIT_S, counted from the request's arrival: outcome time_limit)
    "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
              "prompt_tokens_details": {"cached_tokens": ...}}}
   completion_tokens counts every generated token, the end token included (the log line's
@@ -118,6 +126,8 @@ async def chat_completions(
         seed=body.seed,
         cache_scope=body.cache_scope,
         stop=tuple(body.stop or ()),
+        use_cache=body.cache_prompt,
+        repetition_penalty=body.repeat_penalty,
     )
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
@@ -149,7 +159,9 @@ def _usage(end: ipc.End, started: ipc.Started) -> dict[str, Any]:
 
 
 def _finish_reason(end: ipc.End) -> str:
-    return "length" if end.finish == "length" else "stop"
+    # time_limit (REPLY_TIME_LIMIT_S) is "length" too: the reply was cut short by a limit, the
+    # reason OpenAI clients (and llama.cpp's own time limit) know for it.
+    return "length" if end.finish in ("length", "time_limit") else "stop"
 
 
 def _json(data: dict[str, Any]) -> bytes:

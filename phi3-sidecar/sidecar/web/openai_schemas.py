@@ -4,7 +4,9 @@ Validated as strictly as /predict's (schemas.py: the same message rules, the sam
 ranges, no type coercion). Fields that OpenAI clients often send but that this service does not
 implement are accepted only when absent, null or at the value where they change nothing; any
 other value is refused naming the field (400 invalid_value, OpenAI's status), never silently
-ignored.
+ignored. The one exception is documented apart: llama.cpp's server fields, which apps written
+for App Service's built-in model sidecar extension send (llamacpp_fields.py: mapped where this
+sidecar has their meaning, a listed set accepted and ignored).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sidecar.ipc import Role
+from sidecar.web import llamacpp_fields
+from sidecar.web.llamacpp_fields import PredictLimit, RepeatPenalty
 from sidecar.web.messages import (
     MAX_MESSAGES,
     CacheScope,
@@ -123,6 +127,16 @@ class ChatCompletionRequest(BaseModel):
     # (else the same user) reuse each other's cached tokens; neither: the unscoped pool.
     prompt_cache_key: CacheScope | None = None
     user: CacheScope | None = None
+    # llama.cpp server fields, sent by apps written for App Service's built-in model sidecar
+    # extension; what each means here (and the ones accepted and ignored): llamacpp_fields.py.
+    n_predict: PredictLimit | None = None
+    cache_prompt: bool = True
+    repeat_penalty: RepeatPenalty | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llamacpp(cls, data: Any) -> Any:
+        return llamacpp_fields.accept(data) if isinstance(data, dict) else data
 
     @model_validator(mode="before")
     @classmethod
@@ -153,13 +167,16 @@ class ChatCompletionRequest(BaseModel):
             self.max_tokens != self.max_completion_tokens
         ):
             raise ValueError("max_tokens and max_completion_tokens differ; give one of them")
+        llamacpp_fields.reply_limit(self.n_predict, self.max_tokens, self.max_completion_tokens)
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         return self
 
     @property
     def max_new_tokens(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return llamacpp_fields.reply_limit(
+            self.n_predict, self.max_tokens, self.max_completion_tokens
+        )
 
     @property
     def include_usage(self) -> bool:

@@ -8,6 +8,7 @@ route only brings its body's schema and its ReplyFormat (how the reply is writte
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import NoReturn, TypeVar
@@ -73,10 +74,18 @@ async def read_body(request: Request, limit: int, schema: type[Body]) -> Body:
 class Pipeline:
     """Admission (FIFO), then the model worker, then the reply: what both APIs share."""
 
-    def __init__(self, model: ModelClient, admission: Admission, *, log_prompts: bool) -> None:
+    def __init__(
+        self,
+        model: ModelClient,
+        admission: Admission,
+        *,
+        log_prompts: bool,
+        time_limit_s: float = 0.0,
+    ) -> None:
         self._model = model
         self._admission = admission
         self._log_prompts = log_prompts
+        self._time_limit_s = time_limit_s  # REPLY_TIME_LIMIT_S; 0: none
 
     async def run(
         self,
@@ -96,6 +105,10 @@ class Pipeline:
             record.outcome = "cancelled"  # the client left while waiting in the queue
             return Response(status_code=204)
         record.admitted(queued_at)  # telemetry
+        if self._time_limit_s:
+            # Counted from the request's arrival, as App Service's front end counts its 230 s.
+            deadline = record.started_at + self._time_limit_s
+            generate = dataclasses.replace(generate, deadline=deadline)
         reply = model.submit(generate)
         try:
             start = await reply.start

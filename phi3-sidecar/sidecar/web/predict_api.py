@@ -15,7 +15,8 @@ Reply: 200 text/plain; charset=utf-8, streamed: each chunk is the text of one or
 tokens, sent as soon as it is decoded, never ending inside a character; nothing around it.
 With `Accept: application/x-ndjson` instead: one JSON object per line, {"text": "..."} as the
 text comes, then {"done": true, "finish_reason": "stop" | "length", "generated_tokens",
-"prompt_tokens", "cached_tokens", "dropped_messages"}; or, if the generation fails after the
+"prompt_tokens", "cached_tokens", "dropped_messages"} ("length" also when the reply reached
+REPLY_TIME_LIMIT_S: the log line's outcome says time_limit); or, if the generation fails after the
 first byte, {"error": {"message", "type": "generation_failed"}} as the last line.
 Headers: X-Request-Id, X-Prompt-Tokens, X-Cached-Tokens (of those, how many the conversation
 cache already held, so were not read again), X-Dropped-Messages (the oldest turns left out so
@@ -122,7 +123,8 @@ class Events(ReplyFormat):
         return _line(
             {
                 "done": True,
-                "finish_reason": "length" if end.finish == "length" else "stop",
+                # time_limit (REPLY_TIME_LIMIT_S) is cut short by a limit too
+                "finish_reason": "length" if end.finish in ("length", "time_limit") else "stop",
                 "generated_tokens": end.generated_tokens,
                 "prompt_tokens": started.prompt_tokens,
                 "cached_tokens": started.cached_tokens,

@@ -20,7 +20,7 @@ class RequestRecord:
     path: str
     status: int | None = None
     stream: bool | None = None  # /v1/chat/completions only: false = one JSON body at the end
-    outcome: str | None = None  # eos, length, cancelled, error, rejected, ok
+    outcome: str | None = None  # eos, stop, length, time_limit, cancelled, error, ...
     error_type: str | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
