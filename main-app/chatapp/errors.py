@@ -1,7 +1,8 @@
 """Errors: every failure the app answers as JSON `{"error": {"message", "type"}}`.
 
-`ApiError` carries a status, one readable sentence and a short machine type; raise it anywhere
-in a request. `register` installs handlers so that Flask's own errors (404, 405, 413, ...) and
+`ApiError(type, message, status=...)` carries a short machine type, one readable sentence and
+the status, in the order of the sidecar's `ApiError(reason, message)`; raise it anywhere in a
+request. `install` registers handlers so that Flask's own errors (404, 405, 413, ...) and
 unexpected exceptions (500) use the same envelope instead of an HTML page or a stack trace.
 """
 
@@ -24,7 +25,7 @@ class ApiError(Exception):
     """A failure to report to the client as the JSON error envelope."""
 
     def __init__(
-        self, status: int, message: str, type: str, *, retry_after: int | None = None
+        self, type: str, message: str, *, status: int, retry_after: int | None = None
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -77,7 +78,7 @@ def _unexpected(error: Exception) -> Response:
     return error_response(500, "Something went wrong in the chat app.", "internal_error")
 
 
-def register(app: Flask) -> None:
+def install(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)

@@ -72,13 +72,19 @@ class ChatRecord:
     cached_tokens: int | None = None
     finish_reason: str | None = None
     dropped_messages: int | None = None
-    pieces: int = 0
+    pieces: int = 0  # text pieces relayed: a piece may carry several tokens
+    generated_tokens: int | None = None  # the model service's count, when it gives one
     ttft_ms: float | None = None
     tokens_per_s: float | None = None
     started: float = field(default_factory=time.monotonic)
     # Told (status, outcome, seconds) when the chat ends: /metrics and the trace (telemetry.py).
     observer: Callable[[int, str, float], None] | None = field(default=None, repr=False)
     _logged: bool = field(default=False, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        """The reply's length in tokens: the model service's count, else the pieces relayed."""
+        return self.pieces if self.generated_tokens is None else self.generated_tokens
 
     def finish(self, status: int, outcome: str) -> None:
         """Log the line: `status` as sent, `outcome` `done`, an error type or `client_gone`.
@@ -99,6 +105,7 @@ class ChatRecord:
             "finish_reason": self.finish_reason,
             "dropped_messages": self.dropped_messages,
             "pieces": self.pieces,
+            "generated_tokens": self.generated_tokens,
             "ttft_ms": self.ttft_ms,
             "tokens_per_s": self.tokens_per_s,
             "duration_ms": round(seconds * 1000, 1),

@@ -1,8 +1,10 @@
 """The relay: `POST /chat` forwards the conversation to the sidecar and streams the reply back.
 
-The sidecar answers with a plain UTF-8 text stream; the relay turns each chunk into a `delta`
-line of the browser wire format (see `chatapp.wire`) as soon as it arrives. An incremental UTF-8
-decoder keeps characters whole when the sidecar's chunks split them. While the sidecar is silent
+The upstream (`chatapp.upstream`: our sidecar's NDJSON events, or an OpenAI-compatible server's
+server-sent events) yields the reply as events: each `Text` becomes a `delta` line of the
+browser wire format (see `chatapp.wire`) as soon as it arrives, and the `Done` event the last
+`done` line, with the model's own token count when the server gives one (a piece may carry
+several tokens: a fast model's dozen tokens can arrive as one). While the sidecar is silent
 the relay writes a heartbeat line every `HEARTBEAT_INTERVAL` seconds: a WSGI app only learns
 that the browser left when a write fails, and then the server closes the response, which closes
 the upstream connection so the sidecar stops generating.
@@ -97,9 +99,11 @@ class Relay:
                         record.cached_tokens = event.cached_tokens
                     if event.dropped_messages is not None:
                         record.dropped_messages = event.dropped_messages
+                    record.generated_tokens = event.generated_tokens
+                    tokens = record.tokens
                     yield wire.done(
-                        record.pieces,
-                        *_speed(started, first, last, record.pieces),
+                        tokens,
+                        *_speed(started, first, last, record.pieces, tokens),
                         finish_reason=event.finish_reason,
                         prompt_tokens=record.prompt_tokens,
                         cached_tokens=record.cached_tokens,
@@ -125,7 +129,8 @@ class Relay:
                 yield wire.delta(event.text)
         finally:
             self._reply.close()
-            record.ttft_ms, record.tokens_per_s = _speed(started, first, last, record.pieces)
+            speed = _speed(started, first, last, record.pieces, record.tokens)
+            record.ttft_ms, record.tokens_per_s = speed
 
 
 STALLED = "The model service stopped responding in the middle of the reply."
@@ -134,13 +139,15 @@ TOO_LONG = "The reply took longer than this site allows for one message; it is c
 
 
 def _speed(
-    started: float, first: float, last: float, pieces: int
+    started: float, first: float, last: float, pieces: int, tokens: int
 ) -> tuple[float | None, float | None]:
-    """(ttft_ms, tokens_per_s), None where a value cannot be measured."""
+    """(ttft_ms, tokens_per_s), None where a value cannot be measured: the tokens after the
+    first piece over the time from the first piece to the last (the first piece counted as one
+    token, so a first piece that carried several makes the rate a little high)."""
     ttft_ms = round((first - started) * 1000, 1) if pieces else None
     tokens_per_s = None
-    if pieces >= 2 and last > first:
-        tokens_per_s = round((pieces - 1) / (last - first), 1)
+    if pieces >= 2 and last > first and tokens >= 2:
+        tokens_per_s = round((tokens - 1) / (last - first), 1)
     return ttft_ms, tokens_per_s
 
 
@@ -182,19 +189,25 @@ def _json_body() -> Any:
     late = request.environ.get(LATE)
     if late is not None:  # body_deadline.py: the body stalled
         message = f"The request did not arrive within {late:g} seconds."
-        raise ApiError(408, message, "request_timeout")
+        raise ApiError("request_timeout", message, status=408)
     try:
         raw = request.get_data(cache=True)
     except HTTPException:
         raise  # 413 over MAX_REQUEST_BYTES, and the like: Flask's own answer
     except Exception:  # the server could not read it: a garbage chunk size, a cut-off body
-        raise ApiError(400, "The request body could not be read.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request body could not be read.", status=400
+        ) from None
     try:
         return json.loads(raw)
     except RecursionError:
-        raise ApiError(400, "The request's JSON is nested too deeply.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request's JSON is nested too deeply.", status=400
+        ) from None
     except ValueError:  # not JSON, or not UTF-8
-        raise ApiError(400, "The request body is not valid JSON.", "invalid_request") from None
+        raise ApiError(
+            "invalid_request", "The request body is not valid JSON.", status=400
+        ) from None
 
 
 @bp.post("/chat")
@@ -202,9 +215,9 @@ def chat() -> Response:
     record: ChatRecord = g.chat
     if request.mimetype != "application/json":
         raise ApiError(
-            415,
-            "Send the conversation as JSON (Content-Type: application/json).",
             "unsupported_media_type",
+            "Send the conversation as JSON (Content-Type: application/json).",
+            status=415,
         )
     body = _json_body()
     config = current_app.config

@@ -1,6 +1,7 @@
 """The model service as the app sees it: one interface, whichever API it speaks.
 
-`UPSTREAM_API` picks the module that speaks it: `predict` (our sidecar's `POST /predict`, the
+`UPSTREAM_API` picks the module that speaks it (`create_app` builds it: this module knows
+neither, they both build on it): `predict` (our sidecar's `POST /predict`, the
 default: `upstream_predict.py`) or `openai` (`POST /v1/chat/completions` on any
 OpenAI-compatible server: our sidecar's `/v1`, App Service's built-in model sidecars, Ollama,
 llama.cpp's `llama-server`, Foundry Local: `upstream_openai.py`). Each module turns every failure
@@ -46,6 +47,7 @@ class Done:
     """The reply finished: why (`stop` or `length`, when the server says) and its counts."""
 
     finish_reason: str | None = None
+    generated_tokens: int | None = None  # the model's count, not the pieces relayed
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     dropped_messages: int | None = None
@@ -175,19 +177,19 @@ class Connection:
                 headers={"Content-Type": "application/json", **headers, **self.auth},
             )
         except requests.ConnectTimeout:
-            raise ApiError(503, NOT_REACHABLE, "upstream_unavailable") from None
+            raise ApiError("upstream_unavailable", NOT_REACHABLE, status=503) from None
         except requests.Timeout:
             log.warning("the model service did not answer within %s s", self.read_timeout)
             raise ApiError(
-                504, "The model service did not answer in time.", "upstream_timeout"
+                "upstream_timeout", "The model service did not answer in time.", status=504
             ) from None
         except requests.ConnectionError:
             log.warning("the model service is not reachable at %s", self.base_url)
-            raise ApiError(503, NOT_REACHABLE, "upstream_unavailable") from None
+            raise ApiError("upstream_unavailable", NOT_REACHABLE, status=503) from None
         except requests.RequestException as exc:
             log.warning("the request to the model service failed: %s", type(exc).__name__)
             raise ApiError(
-                502, "The model service could not answer this message.", "upstream_error"
+                "upstream_error", "The model service could not answer this message.", status=502
             ) from None
 
     def get_json(self, path: str) -> tuple[int, Any] | None:
@@ -218,10 +220,10 @@ def retry_after(response: requests.Response) -> int:
 
 def unauthorized() -> ApiError:
     return ApiError(
-        502,
+        "upstream_unauthorized",
         "The chat app may not use the model service: its key was refused "
         "(set UPSTREAM_API_KEY, or SIDECAR_API_KEY, to a key the model service accepts).",
-        "upstream_unauthorized",
+        status=502,
     )
 
 
@@ -229,10 +231,10 @@ def host_refused() -> ApiError:
     """The model service's ALLOWED_HOSTS does not name the host in SIDECAR_URL: the operator's
     to fix, not the person's (it reached the page as a 400 that blamed the request)."""
     return ApiError(
-        502,
+        "upstream_error",
         "The model service refused the chat app's requests: the host name in SIDECAR_URL is "
         "not one of the model service's ALLOWED_HOSTS.",
-        "upstream_error",
+        status=502,
     )
 
 
@@ -241,51 +243,53 @@ def not_ready(phase: str, response: requests.Response) -> ApiError:
     on its way (any other phase)."""
     if phase == "failed":
         return ApiError(
-            503, "The model service could not load the model; see its log.", "model_failed"
+            "model_failed", "The model service could not load the model; see its log.", status=503
         )
     seconds = retry_after(response)
     if phase == "restarting":
         sentence, type = f"The model is restarting; trying again in {seconds} s.", "restarting"
     else:
         sentence, type = f"The model is still loading; trying again in {seconds} s.", "loading"
-    return ApiError(503, sentence, type, retry_after=seconds)
+    return ApiError(type, sentence, status=503, retry_after=seconds)
 
 
 def busy(response: requests.Response) -> ApiError:
     seconds = retry_after(response)
     return ApiError(
-        503,
-        f"The model is busy with other replies; trying again in {seconds} s.",
         "busy",
+        f"The model is busy with other replies; trying again in {seconds} s.",
+        status=503,
         retry_after=seconds,
     )
 
 
 def context_overflow() -> ApiError:
     return ApiError(
-        413,
-        "Your message is too long for the model's context; shorten it or start a new chat.",
         "context_overflow",
+        "Your message is too long for the model's context; shorten it or start a new chat.",
+        status=413,
     )
 
 
 def payload_too_large() -> ApiError:
     return ApiError(
-        413, "The conversation is too long to send; start a new chat.", "payload_too_large"
+        "payload_too_large", "The conversation is too long to send; start a new chat.", status=413
     )
 
 
 def refused(message: str) -> ApiError:
     """A 4xx whose message says why (servers' validation messages name the field)."""
     return ApiError(
-        400,
-        f"The model service refused the conversation ({trimmed(message)}).",
         "invalid_request",
+        f"The model service refused the conversation ({trimmed(message)}).",
+        status=400,
     )
 
 
 def upstream_failed() -> ApiError:
-    return ApiError(502, "The model service could not answer this message.", "upstream_error")
+    return ApiError(
+        "upstream_error", "The model service could not answer this message.", status=502
+    )
 
 
 def trimmed(message: str) -> str:
@@ -296,20 +300,3 @@ def trimmed(message: str) -> str:
 def int_or_none(value: object) -> int | None:
     """A count from a server's JSON: an int (not a bool), else unknown."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def make_upstream(config: dict[str, Any]) -> Upstream:
-    """The upstream the app's config asks for (chatapp.settings: UPSTREAM_API, SIDECAR_URL)."""
-    from chatapp.upstream_openai import OpenAIUpstream
-    from chatapp.upstream_predict import PredictUpstream
-
-    connection = Connection(
-        config["SIDECAR_URL"],
-        connect_timeout=config["SIDECAR_CONNECT_TIMEOUT"],
-        # No wait for the model service outlasts the chat's own limit (relay.py).
-        read_timeout=min(config["SIDECAR_READ_TIMEOUT"], config["RELAY_TIME_LIMIT"]),
-        api_key=config["UPSTREAM_API_KEY"],
-    )
-    if config["UPSTREAM_API"] == "openai":
-        return OpenAIUpstream(connection, config["UPSTREAM_MODEL"])
-    return PredictUpstream(connection)

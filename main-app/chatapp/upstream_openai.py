@@ -134,7 +134,7 @@ class OpenAIUpstream:
         if status in (401, 403):
             return unauthorized()
         if status is None:
-            return ApiError(503, NOT_REACHABLE, "upstream_unavailable")
+            return ApiError("upstream_unavailable", NOT_REACHABLE, status=503)
         if status == 400:
             return host_refused()
         if status == 200:
@@ -144,7 +144,7 @@ class OpenAIUpstream:
                 f"The model service's model list answered {status}; set UPSTREAM_MODEL to the "
                 "model to use."
             )
-        return ApiError(502, message, "upstream_error")
+        return ApiError("upstream_error", message, status=502)
 
 
 def _model_ids(body: Any) -> list[str]:
@@ -186,6 +186,7 @@ def events(response: requests.Response) -> Iterator[Event]:
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     yield Done(
         finish_reason=finish,
+        generated_tokens=int_or_none(usage.get("completion_tokens")),
         prompt_tokens=int_or_none(usage.get("prompt_tokens")),
         cached_tokens=int_or_none(cached),
     )
@@ -231,10 +232,10 @@ def _refusal(response: requests.Response) -> ApiError:
         return payload_too_large()
     if status == 404:
         return ApiError(
-            502,
+            "upstream_error",
             f"The model service does not know the model ({trimmed(message) or 'not found'}); "
             "set UPSTREAM_MODEL to one it lists.",
-            "upstream_error",
+            status=502,
         )
     if 400 <= status < 500 and trimmed(message):
         return refused(message)

@@ -96,6 +96,7 @@ def _ndjson(response: requests.Response) -> Iterator[Event]:
         elif event.get("done"):
             yield Done(
                 finish_reason=_str(event.get("finish_reason")),
+                generated_tokens=int_or_none(event.get("generated_tokens")),
                 prompt_tokens=int_or_none(event.get("prompt_tokens")),
                 cached_tokens=int_or_none(event.get("cached_tokens")),
                 dropped_messages=int_or_none(event.get("dropped_messages")),

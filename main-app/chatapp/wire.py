@@ -63,11 +63,13 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
   went away is noticed. Ignore it.
 - Exactly one last line, either
   - `{"done": true, "tokens": n, "ttft_ms": t, "tokens_per_s": r}`: the reply is complete.
-    `tokens` counts the pieces of text the model service sent: one per generated token while
-    the reader keeps up, fewer when it sends several tokens' text at once or a token only
-    completes a character. `ttft_ms` is the time from the request reaching this app to the
-    first piece; `tokens_per_s` is pieces per second after the first one. Either is `null`
-    when it cannot be measured. Present when the model service reports them:
+    `tokens` is the number of tokens the model generated, as the model service counts them
+    (the sidecar's `generated_tokens`, an OpenAI server's `usage.completion_tokens`); from a
+    server that gives no count, the pieces of text relayed (fewer than the tokens when a piece
+    carries several). `ttft_ms` is the time from the request reaching this app to the first
+    piece; `tokens_per_s` is the tokens after the first piece per second from the first piece
+    to the last. Either is `null` when it cannot be measured. Present when the model service
+    reports them:
     `finish_reason`: `"stop"` (the model ended its reply) or `"length"` (the reply reached
     `max_new_tokens` or the end of the model's context: it is cut short, and the page says so);
     `prompt_tokens` (the prompt's size in tokens), `cached_tokens` (how many of those the
@@ -106,7 +108,7 @@ CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _invalid(message: str) -> ApiError:
-    return ApiError(400, message, "invalid_request")
+    return ApiError("invalid_request", message, status=400)
 
 
 def parse_chat_request(
@@ -121,9 +123,9 @@ def parse_chat_request(
         raise _invalid("The request must contain a non-empty list of messages.")
     if len(messages) > max_messages:
         raise ApiError(
-            413,
-            f"The conversation has more than {max_messages} messages; start a new chat.",
             "payload_too_large",
+            f"The conversation has more than {max_messages} messages; start a new chat.",
+            status=413,
         )
     clean = []
     for number, message in enumerate(messages, start=1):

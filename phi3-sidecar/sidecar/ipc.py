@@ -98,6 +98,15 @@ class Phase:
     reason: str | None = None
     context_length: int | None = None
 
+    @property
+    def ready(self) -> bool:
+        return is_ready(self.name)
+
+
+def is_ready(phase: PhaseName) -> bool:
+    """The one test of readiness: the worker loaded the model and generated a warm-up token."""
+    return phase == "ready"
+
 
 @dataclass(frozen=True, slots=True)
 class Rejected:

@@ -1,9 +1,13 @@
 """A scripted stand-in for the sidecar, only for faults the real one cannot produce on demand.
 
 Each test sets `fake.predict` to a function that writes the whole raw HTTP answer to
-`POST /predict` (helpers below: `chunked`, `refuse`). The fake records request bodies and
-headers, and notices when the client (the relay) closes the connection, which is how tests
-check that the relay drops its upstream request.
+`POST /predict` (helpers below: `reply`, `refuse`). It speaks what the real sidecar answers the
+chat app (which asks for `Accept: application/x-ndjson`): NDJSON events, `{"text"}` lines then
+one `{"done": true, ...}` line with the model's counts (phi3-sidecar/sidecar/web/predict_api.py,
+`Events`). `plain` is a sidecar from before events (text/plain), for the fallback's own tests.
+
+The fake records request bodies and headers, and notices when the client (the relay) closes
+the connection, which is how tests check that the relay drops its upstream request.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ class FakeSidecar:
         self.client_gone = threading.Event()
         # The real sidecar's /readyz body (phi3-sidecar/sidecar/web/probes.py).
         self.readyz: tuple[int, dict[str, Any]] = (200, READY)
-        self.predict: Callable[[Handler], object] = lambda h: chunked(h, [b"ok"])
+        self.predict: Callable[[Handler], object] = lambda h: reply(h, ["ok"])
         self._server = Server(("127.0.0.1", 0), Handler)
         self._server.fake = self
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -105,12 +109,17 @@ def refuse(handler: Handler, status: int, body: Any, headers: dict[str, str] | N
     handler.wfile.write(data)
 
 
-def start_chunked(handler: Handler) -> None:
+def _start(handler: Handler, content_type: str) -> None:
     handler.send_response(200)
-    handler.send_header("Content-Type", "text/plain; charset=utf-8")
+    handler.send_header("Content-Type", content_type)
     handler.send_header("Transfer-Encoding", "chunked")
     handler.end_headers()
     handler.wfile.flush()
+
+
+def start_events(handler: Handler) -> None:
+    """The head of the real sidecar's event stream: 200, application/x-ndjson, chunked."""
+    _start(handler, "application/x-ndjson")
 
 
 def write_chunk(handler: Handler, data: bytes) -> None:
@@ -118,16 +127,90 @@ def write_chunk(handler: Handler, data: bytes) -> None:
     handler.wfile.flush()
 
 
-def chunked(handler: Handler, pieces: list[bytes], *, delay: float = 0.0, end: bool = True) -> None:
-    """Send `pieces` as separate HTTP chunks; end=False drops the connection instead of the
-    terminating chunk (a sidecar that dies, or aborts the stream on an error, mid-reply)."""
-    start_chunked(handler)
-    for piece in pieces:
-        write_chunk(handler, piece)
+def end_chunks(handler: Handler) -> None:
+    """The terminating chunk: the answer is complete."""
+    handler.wfile.write(b"0\r\n\r\n")
+    handler.wfile.flush()
+
+
+def event_line(event: dict[str, Any]) -> bytes:
+    """One event as the sidecar writes it: compact JSON, UTF-8, a newline."""
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def write_text(handler: Handler, text: str) -> None:
+    """One `{"text"}` event in its own HTTP chunk."""
+    write_chunk(handler, event_line({"text": text}))
+
+
+def done_event(
+    generated_tokens: int,
+    *,
+    finish_reason: str = "stop",
+    prompt_tokens: int = 12,
+    cached_tokens: int = 0,
+    dropped_messages: int = 0,
+) -> dict[str, Any]:
+    """The last event of a complete reply, every field the real sidecar sends."""
+    return {
+        "done": True,
+        "finish_reason": finish_reason,
+        "generated_tokens": generated_tokens,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "dropped_messages": dropped_messages,
+    }
+
+
+def write_done(handler: Handler, generated_tokens: int, **counts: Any) -> None:
+    """The `done` event, then the end of the answer."""
+    write_chunk(handler, event_line(done_event(generated_tokens, **counts)))
+    end_chunks(handler)
+
+
+def reply(
+    handler: Handler,
+    texts: list[str],
+    *,
+    tokens: int | None = None,
+    delay: float = 0.0,
+    end: bool = True,
+    split: int | None = None,
+    **counts: Any,
+) -> None:
+    """A whole reply as the real sidecar streams it: a `{"text"}` event per piece, each in its
+    own HTTP chunk, then the `done` event that counts `tokens` generated tokens (default: one
+    per piece; a fast model's piece can carry several) and the `counts` given.
+
+    end=False drops the connection before the `done` event (a sidecar that died mid-reply).
+    split=N sends the body in HTTP chunks of N bytes instead, cutting lines and characters."""
+    start_events(handler)
+    done = event_line(done_event(len(texts) if tokens is None else tokens, **counts))
+    if split is not None:
+        body = b"".join(event_line({"text": text}) for text in texts) + done
+        for i in range(0, len(body), split):
+            write_chunk(handler, body[i : i + split])
+        end_chunks(handler)
+        return
+    for text in texts:
+        write_text(handler, text)
         time.sleep(delay)
     if end:
-        handler.wfile.write(b"0\r\n\r\n")
-        handler.wfile.flush()
+        write_chunk(handler, done)
+        end_chunks(handler)
+    else:
+        drop(handler)
+
+
+def plain(handler: Handler, pieces: list[bytes], *, end: bool = True) -> None:
+    """A sidecar from before events: `pieces` as text/plain HTTP chunks, which the app still
+    reads (chatapp/upstream_predict.py, the fallback). end=False drops the connection instead of
+    the terminating chunk."""
+    _start(handler, "text/plain; charset=utf-8")
+    for piece in pieces:
+        write_chunk(handler, piece)
+    if end:
+        end_chunks(handler)
     else:
         drop(handler)
 
@@ -170,8 +253,8 @@ def chunk(content: str | None = None, finish: str | None = None, **extra: Any) -
 
 USAGE = {
     "prompt_tokens": 12,
-    "completion_tokens": 3,
-    "total_tokens": 15,
+    "completion_tokens": 5,  # more than the three pieces of REPLY: the model's count wins
+    "total_tokens": 17,
     "prompt_tokens_details": {"cached_tokens": 8},
 }
 

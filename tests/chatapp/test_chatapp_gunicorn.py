@@ -42,11 +42,11 @@ def test_pieces_are_relayed_as_they_arrive(fake: FakeSidecar, app: services.Serv
     release = threading.Event()
 
     def held(h: Handler) -> None:
-        fs.start_chunked(h)
-        fs.write_chunk(h, "Première ".encode())
+        fs.start_events(h)
+        fs.write_text(h, "Première ")
         release.wait(10)  # the second piece waits until the test saw the first one
-        fs.write_chunk(h, b"partie")
-        h.wfile.write(b"0\r\n\r\n")
+        fs.write_text(h, "partie")
+        fs.write_done(h, 2)
 
     fake.predict = held
     with httpx.stream("POST", app.url + "/chat", json=CHAT, timeout=10) as response:
@@ -64,7 +64,7 @@ def test_leaving_during_a_silent_prefill_releases_the_sidecar(
     fake: FakeSidecar, app: services.Service
 ) -> None:
     def silent_prefill(handler: fs.Handler) -> None:
-        fs.start_chunked(handler)
+        fs.start_events(handler)
         fs.wait_until_client_closes(handler, 15)
 
     fake.predict = silent_prefill
@@ -80,7 +80,7 @@ def test_leaving_during_a_silent_prefill_releases_the_sidecar(
 def test_sidecar_dying_mid_reply_ends_with_an_error_line(
     fake: FakeSidecar, app: services.Service
 ) -> None:
-    fake.predict = lambda h: fs.chunked(h, [b"Half ", b"a reply"], end=False)
+    fake.predict = lambda h: fs.reply(h, ["Half ", "a reply"], end=False)
     response = httpx.post(app.url + "/chat", json=CHAT, timeout=10)
     objs = [json.loads(line) for line in response.text.splitlines()]
     assert "".join(o.get("delta", "") for o in objs) == "Half a reply"
@@ -97,7 +97,7 @@ def test_errors_are_json(app: services.Service) -> None:
 
 
 def test_development_server(fake: FakeSidecar, tmp_path: Path) -> None:
-    fake.predict = lambda h: fs.chunked(h, [b"dev"])
+    fake.predict = lambda h: fs.reply(h, ["dev"])
     with services.chatapp(fake.url, tmp_path / "dev.log", gunicorn=False) as dev:
         assert httpx.get(dev.url + "/", timeout=10).status_code == 200
         response = httpx.post(dev.url + "/chat", json=CHAT, timeout=10)

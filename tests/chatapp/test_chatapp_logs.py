@@ -79,16 +79,12 @@ def root_logger_restored() -> Iterator[None]:
 
 
 def with_counts(h: Handler) -> None:
-    """A reply of three pieces, with the sidecar's prompt counts and text the log must not hold."""
-    h.send_response(200)
-    h.send_header("Transfer-Encoding", "chunked")
-    h.send_header("X-Prompt-Tokens", "42")
-    h.send_header("X-Dropped-Messages", "1")
-    h.end_headers()
-    for piece in (b"Salut ", SECRET.encode(), b" !"):
-        fs.write_chunk(h, piece)
-        time.sleep(0.01)
-    h.wfile.write(b"0\r\n\r\n")
+    """A reply of three pieces and five tokens, with the sidecar's prompt counts and text the
+    log must not hold."""
+    pieces = ["Salut ", SECRET, " !"]
+    fs.reply(
+        h, pieces, tokens=5, delay=0.01, prompt_tokens=42, cached_tokens=30, dropped_messages=1
+    )
 
 
 # The formatter and the configuration
@@ -149,8 +145,11 @@ def test_one_line_for_a_complete_reply(client: FlaskClient, fake: FakeSidecar, l
         "outcome",
         "messages",
         "prompt_tokens",
+        "cached_tokens",
+        "finish_reason",
         "dropped_messages",
         "pieces",
+        "generated_tokens",
         "ttft_ms",
         "tokens_per_s",
         "duration_ms",
@@ -159,7 +158,9 @@ def test_one_line_for_a_complete_reply(client: FlaskClient, fake: FakeSidecar, l
     assert line["status"] == 200 and line["outcome"] == "done"
     assert line["messages"] == 4
     assert line["prompt_tokens"] == 42 and line["dropped_messages"] == 1
-    assert line["pieces"] == done["tokens"] == 3
+    assert line["cached_tokens"] == 30 and line["finish_reason"] == "stop"
+    assert line["pieces"] == 3
+    assert line["generated_tokens"] == done["tokens"] == 5  # the model's count, not the pieces
     assert line["ttft_ms"] == done["ttft_ms"] and line["tokens_per_s"] == done["tokens_per_s"]
     assert line["duration_ms"] >= line["ttft_ms"]
 
@@ -234,7 +235,7 @@ def test_one_line_for_a_refused_chat(
 
 
 def test_one_line_for_a_reply_cut_off(client: FlaskClient, fake: FakeSidecar, logs: Logs) -> None:
-    fake.predict = lambda h: fs.chunked(h, [b"Half ", SECRET.encode()], end=False)
+    fake.predict = lambda h: fs.reply(h, ["Half ", SECRET], end=False)
     with client.post("/chat", json=CONVERSATION) as response:
         assert list(fs.ndjson(response.get_data()))[-1]["error"]["type"] == "upstream_disconnected"
     line = logs.one_chat()
@@ -246,8 +247,8 @@ def test_one_line_for_a_sidecar_that_stalls(
     make_app: Callable[..., Flask], fake: FakeSidecar, logs: Logs
 ) -> None:
     def stall(h: Handler) -> None:
-        fs.start_chunked(h)
-        fs.write_chunk(h, b"The start")
+        fs.start_events(h)
+        fs.write_text(h, "The start")
         fs.wait_until_client_closes(h, 10)
 
     fake.predict = stall
@@ -259,9 +260,9 @@ def test_one_line_for_a_sidecar_that_stalls(
 
 
 def endless(h: Handler) -> None:
-    fs.start_chunked(h)
+    fs.start_events(h)
     while True:
-        fs.write_chunk(h, SECRET.encode())
+        fs.write_text(h, SECRET)
         time.sleep(0.02)
 
 
@@ -346,7 +347,7 @@ def test_under_gunicorn_every_line_is_json_and_each_chat_has_one(
     assert refused.status_code == 415 and refused.headers["X-Request-Id"] == "g-415"
 
     def silent_until_closed(h: Handler) -> None:
-        fs.start_chunked(h)
+        fs.start_events(h)
         fs.wait_until_client_closes(h, 15)
 
     gunicorn_fake.predict = silent_until_closed
@@ -358,6 +359,7 @@ def test_under_gunicorn_every_line_is_json_and_each_chat_has_one(
     assert gone["status"] == 200 and gone["outcome"] == "client_gone" and gone["pieces"] == 0
     line = wait_for_chat_line(gunicorn_app, "g-done")
     assert line["outcome"] == "done" and line["pieces"] == 3 and line["prompt_tokens"] == 42
+    assert line["generated_tokens"] == 5
     line = wait_for_chat_line(gunicorn_app, "g-415")
     assert line["status"] == 415 and line["outcome"] == "unsupported_media_type"
 

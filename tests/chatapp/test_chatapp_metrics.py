@@ -48,12 +48,12 @@ def test_chats_are_counted_by_ending_across_workers(
     module_fake: FakeSidecar, app: services.Service
 ) -> None:
     before = metrics(app.url)
-    module_fake.predict = lambda h: fs.chunked(h, [b"Hello"])
+    module_fake.predict = lambda h: fs.reply(h, ["Hello"])
     for _ in range(4):
         assert chat(app).status_code == 200
     module_fake.predict = lambda h: fs.refuse(h, 503, BUSY, {"Retry-After": "2"})
     assert chat(app).status_code == 503
-    module_fake.predict = lambda h: fs.chunked(h, [b"Half"], end=False)
+    module_fake.predict = lambda h: fs.reply(h, ["Half"], end=False)
     assert '"upstream_disconnected"' in chat(app).text
     # Whichever worker answers the scrape, it reports both workers' chats.
     for _ in range(4):
@@ -74,10 +74,10 @@ def test_a_reply_streaming_now_is_an_open_stream(
     release = threading.Event()
 
     def held(h: Handler) -> None:
-        fs.start_chunked(h)
-        fs.write_chunk(h, b"First")
+        fs.start_events(h)
+        fs.write_text(h, "First")
         release.wait(10)
-        h.wfile.write(b"0\r\n\r\n")
+        fs.write_done(h, 1)
 
     module_fake.predict = held
     with httpx.stream("POST", app.url + "/chat", json=CHAT, timeout=10) as response:

@@ -41,6 +41,7 @@ def test_the_request_and_the_relayed_reply(client: FlaskClient, fake: FakeSideca
     done = lines[-1]
     assert done["done"] is True and done["finish_reason"] == "stop"
     assert (done["prompt_tokens"], done["cached_tokens"]) == (12, 8)
+    assert done["tokens"] == USAGE["completion_tokens"]  # the server's count
     assert fake.paths == ["/v1/chat/completions"]
     assert fake.requests == [
         {
@@ -79,6 +80,7 @@ def test_no_usage_chunk_and_no_done_marker(client: FlaskClient, fake: FakeSideca
     assert text_of(lines) == "Hello there."
     assert lines[-1]["done"] is True and lines[-1]["finish_reason"] == "stop"
     assert "prompt_tokens" not in lines[-1]
+    assert lines[-1]["tokens"] == 3  # no count from the server: the pieces relayed
 
 
 def test_keep_alive_comments_are_skipped(client: FlaskClient, fake: FakeSidecar) -> None:

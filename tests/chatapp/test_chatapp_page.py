@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from flask.testing import FlaskClient
+
+from tests.test_import_cycles import cycles
+
+STATIC = Path(__file__).resolve().parents[2] / "main-app" / "chatapp" / "static"
 
 
 def test_page_and_assets(client: FlaskClient) -> None:
@@ -25,15 +30,46 @@ def test_page_and_assets(client: FlaskClient) -> None:
             assert asset_response.status_code == 200
 
 
-def test_script_never_renders_model_output_as_html(client: FlaskClient) -> None:
-    scripts = {}
-    for name in ("chat.js", "markdown.js", "store.js"):  # the page's own modules
+def page_modules(client: FlaskClient) -> dict[str, str]:
+    """The page's own ES modules, as the browser finds them: chat.js and what it imports,
+    transitively (the vendored libraries aside)."""
+    found: dict[str, str] = {}
+    pending = ["chat.js"]
+    while pending:
+        name = pending.pop()
         with client.get(f"/static/{name}") as response:
-            scripts[name] = response.get_data(as_text=True)
+            assert response.status_code == 200, name
+            assert response.mimetype == "text/javascript", name  # a module needs a JS type
+            found[name] = response.get_data(as_text=True)
+        for imported in re.findall(
+            r'^\s*(?:import|export)\b[^;]*?from "\./([^"]+)"', found[name], re.M
+        ):
+            if imported not in found and not imported.startswith("vendor/"):
+                pending.append(imported)
+    return found
+
+
+def test_the_page_is_es_modules_served_as_they_are(client: FlaskClient) -> None:
+    modules = page_modules(client)
+    assert {"chat.js", "exchange.js", "markdown.js", "store.js"} <= set(modules)
+    own = {p.name for p in STATIC.glob("*.js")}
+    assert set(modules) == own, "every module in static/ is loaded by the page, and only those"
+
+
+def test_the_page_modules_import_no_cycle(client: FlaskClient) -> None:
+    graph = {
+        name: set(re.findall(r'from "\./([^"/]+\.js)"', text))
+        for name, text in page_modules(client).items()
+    }
+    assert graph["chat.js"] and not cycles(graph), cycles(graph)
+
+
+def test_script_never_renders_model_output_as_html(client: FlaskClient) -> None:
+    scripts = page_modules(client)
     for script in scripts.values():
         for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
             assert sink not in script
-    script = scripts["chat.js"]
+    script = scripts["exchange.js"]  # reads the reply stream
     assert "TextDecoder" in script and "stream: true" in script
     assert "AbortController" in script
     # Markdown becomes DOM only through the sanitiser, as a fragment.

@@ -37,7 +37,7 @@ def text_of(objs: list[dict[str, Any]]) -> str:
 
 
 def test_streams_deltas_then_done(client: FlaskClient, fake: FakeSidecar) -> None:
-    fake.predict = lambda h: fs.chunked(h, [b"Hello", b", ", b"world", b"!"])
+    fake.predict = lambda h: fs.reply(h, ["Hello", ", ", "world", "!"])
     objs = lines(client.post("/chat", json=CONVERSATION))
     assert [o["delta"] for o in objs if "delta" in o] == ["Hello", ", ", "world", "!"]
     done = objs[-1]
@@ -58,21 +58,41 @@ def test_sends_generation_options(make_app: Callable[..., Flask], fake: FakeSide
     assert fake.requests[2]["max_new_tokens"] == 40  # the default of 32 would undercut it
 
 
+def test_tokens_is_the_models_count_not_the_pieces(client: FlaskClient, fake: FakeSidecar) -> None:
+    # A fast model's twelve tokens can reach the relay as one piece of text.
+    fake.predict = lambda h: fs.reply(h, ["twelve tokens of text, at once"], tokens=12)
+    done = lines(client.post("/chat", json=CONVERSATION))[-1]
+    assert done["done"] is True and done["tokens"] == 12
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
-def test_multibyte_characters_split_across_chunks(
+def test_events_split_across_chunks_mid_character(
     client: FlaskClient, fake: FakeSidecar, size: int
 ) -> None:
-    data = MIXED.encode()
-    fake.predict = lambda h: fs.chunked(h, [data[i : i + size] for i in range(0, len(data), size)])
+    fake.predict = lambda h: fs.reply(h, [MIXED[:7], MIXED[7:]], split=size)
     objs = lines(client.post("/chat", json=CONVERSATION))
     assert text_of(objs) == MIXED
     assert all("\ufffd" not in o["delta"] for o in objs if "delta" in o)
-    assert objs[-1]["done"] is True
+    assert objs[-1]["done"] is True and objs[-1]["tokens"] == 2
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_a_plain_text_sidecar_still_works(
+    client: FlaskClient, fake: FakeSidecar, size: int
+) -> None:
+    """A sidecar from before events answers text/plain: the text, with characters split
+    across chunks, and no counts."""
+    data = MIXED.encode()
+    fake.predict = lambda h: fs.plain(h, [data[i : i + size] for i in range(0, len(data), size)])
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    assert text_of(objs) == MIXED
+    assert all("\ufffd" not in o["delta"] for o in objs if "delta" in o)
+    assert objs[-1]["done"] is True and "finish_reason" not in objs[-1]
 
 
 def test_newlines_and_quotes_stay_inside_one_line(client: FlaskClient, fake: FakeSidecar) -> None:
     reply = 'line one\nline "two"\r\n\ttab \\ backslash \u2028 \u2029 \x85 \x0b end'
-    fake.predict = lambda h: fs.chunked(h, [reply.encode()])
+    fake.predict = lambda h: fs.reply(h, [reply])
     response = client.post("/chat", json=CONVERSATION)
     body = response.get_data(as_text=True)
     assert len(body.splitlines()) == 2  # one delta line, one done line, however one splits
@@ -178,6 +198,17 @@ def test_body_is_sent_as_utf8(client: FlaskClient, fake: FakeSidecar) -> None:
 def test_done_line_reports_the_sidecars_prompt_counts(
     client: FlaskClient, fake: FakeSidecar
 ) -> None:
+    fake.predict = lambda h: fs.reply(
+        h, ["ok"], finish_reason="length", prompt_tokens=42, cached_tokens=40, dropped_messages=2
+    )
+    done = lines(client.post("/chat", json=CONVERSATION))[-1]
+    assert done["prompt_tokens"] == 42 and done["dropped_messages"] == 2
+    assert done["cached_tokens"] == 40 and done["finish_reason"] == "length"
+
+
+def test_a_plain_text_sidecar_reports_its_counts_in_headers(
+    client: FlaskClient, fake: FakeSidecar
+) -> None:
     def reply(h: Handler) -> None:
         h.send_response(200)
         h.send_header("Transfer-Encoding", "chunked")
@@ -185,7 +216,7 @@ def test_done_line_reports_the_sidecars_prompt_counts(
         h.send_header("X-Dropped-Messages", "2")
         h.end_headers()
         fs.write_chunk(h, b"ok")
-        h.wfile.write(b"0\r\n\r\n")
+        fs.end_chunks(h)
 
     fake.predict = reply
     done = lines(client.post("/chat", json=CONVERSATION))[-1]
@@ -216,10 +247,17 @@ def test_a_silent_start_gets_heartbeats_then_its_refusal(
 
 
 def test_sidecar_dies_mid_reply(client: FlaskClient, fake: FakeSidecar) -> None:
-    # The last piece ends inside "é": the half character must not be shown.
-    fake.predict = lambda h: fs.chunked(h, [b"Part ", b"of it ", b"caf" + b"\xc3"], end=False)
+    def dies(h: Handler) -> None:
+        fs.start_events(h)
+        fs.write_text(h, "Part ")
+        fs.write_text(h, "of it ")
+        # The connection drops inside an event, inside "é": none of it may be shown.
+        fs.write_chunk(h, fs.event_line({"text": "café"})[:-3])
+        fs.drop(h)
+
+    fake.predict = dies
     objs = lines(client.post("/chat", json=CONVERSATION))
-    assert text_of(objs) == "Part of it caf"
+    assert text_of(objs) == "Part of it "
     assert objs[-1] == {
         "error": {
             "message": "The model service stopped in the middle of the reply.",
@@ -229,10 +267,18 @@ def test_sidecar_dies_mid_reply(client: FlaskClient, fake: FakeSidecar) -> None:
     assert not any("done" in o for o in objs)
 
 
+def test_a_plain_text_sidecar_dying_mid_character(client: FlaskClient, fake: FakeSidecar) -> None:
+    # The last piece ends inside "é": the half character must not be shown.
+    fake.predict = lambda h: fs.plain(h, [b"Part ", b"of it ", b"caf" + b"\xc3"], end=False)
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    assert text_of(objs) == "Part of it caf"
+    assert objs[-1]["error"]["type"] == "upstream_disconnected"
+
+
 def test_sidecar_stalls_mid_reply(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
     def stall(h: Handler) -> None:
-        fs.start_chunked(h)
-        fs.write_chunk(h, b"The start")
+        fs.start_events(h)
+        fs.write_text(h, "The start")
         fs.wait_until_client_closes(h, 10)
 
     fake.predict = stall
@@ -248,10 +294,10 @@ def test_sidecar_stalls_mid_reply(make_app: Callable[..., Flask], fake: FakeSide
 
 def test_heartbeat_while_the_sidecar_is_silent(client: FlaskClient, fake: FakeSidecar) -> None:
     def slow_prefill(h: Handler) -> None:
-        fs.start_chunked(h)
+        fs.start_events(h)
         time.sleep(1.0)
-        fs.write_chunk(h, b"Finally")
-        h.wfile.write(b"0\r\n\r\n")
+        fs.write_text(h, "Finally")
+        fs.write_done(h, 1)
 
     fake.predict = slow_prefill
     objs = lines(client.post("/chat", json=CONVERSATION))
@@ -262,9 +308,9 @@ def test_heartbeat_while_the_sidecar_is_silent(client: FlaskClient, fake: FakeSi
 
 
 def endless(h: Handler) -> None:
-    fs.start_chunked(h)
+    fs.start_events(h)
     while True:
-        fs.write_chunk(h, b"more ")
+        fs.write_text(h, "more ")
         time.sleep(0.02)
 
 

@@ -40,7 +40,7 @@ def images(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> po
         },
         base_size=podman.image_size(podman.BASE_IMAGE),
     )
-    # For the README's table and for anyone comparing runs.
+    # For docs/deploy.md's image sizes and for anyone comparing runs.
     podman.BUILD.mkdir(parents=True, exist_ok=True)
     (podman.BUILD / "images.json").write_text(json.dumps(asdict(images), indent=2) + "\n")
     return images

@@ -140,5 +140,5 @@ def test_the_real_model_without_network_says_what_to_do(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert result.returncode == 1
-    assert "make run MODEL=tiny" in result.stdout
+    assert "make run MODEL=smollm2" in result.stdout and "MODEL=tiny" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr

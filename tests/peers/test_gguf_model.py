@@ -1,29 +1,23 @@
 """scripts/peers/gguf_model.py on the tiny and small presets: the GGUF llama.cpp is compared on
 holds the ONNX model's own weights, shapes, vocabulary and template.
 
-Needs only the `gguf` package (requirements-peers.txt); loading the file in llama.cpp itself is
+Needs only the `gguf` package (requirements-dev.txt); loading the file in llama.cpp itself is
 tested in test_llamacpp.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 
 from scripts.modelgen.config import FILENAME
+from scripts.peers import gguf_model
 from tests.conftest import build_model
-
-if os.environ.get("CI", "").lower() == "true":
-    import gguf  # .ci/run installs requirements-peers.txt (`make peers`): never skipped there
-else:
-    gguf = pytest.importorskip("gguf", reason="requirements-peers.txt is not installed")
-
-from scripts.peers import gguf_model  # after gguf is known to be there
 
 Q = gguf.GGMLQuantizationType
 

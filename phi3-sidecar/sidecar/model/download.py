@@ -15,6 +15,7 @@ resumes from the partial files it keeps under `<out_dir>/.cache/huggingface`.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -23,11 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import catalog
-from sidecar.model.folder import is_complete
+from sidecar.model.folder import ModelFolderError, first_line, is_complete
+from sidecar.settings import Settings
 
 DEFAULT_REPO_ID = catalog.DEFAULT.repo_id
 DEFAULT_SUBFOLDER = catalog.DEFAULT.subfolder
 DEFAULT_OUT_DIR = Path("models") / catalog.DEFAULT.folder  # relative to where the command runs
+
+
+log = logging.getLogger("sidecar.model.folder")  # the name its log lines always had
 
 
 class DownloadError(Exception):
@@ -75,6 +80,40 @@ def download_model(
     if not is_complete(folder):
         raise DownloadError(f"The download of {where} into {folder} is incomplete; run it again.")
     return folder
+
+
+def download_if_needed(settings: Settings) -> Path:
+    """The folder to load. With MODEL_DOWNLOAD=1 and no complete model in MODEL_PATH, the
+    model is downloaded into MODEL_PATH/<MODEL_SUBFOLDER> (this module's layout: on the next
+    start it is found there and not fetched again) and that folder is returned.
+
+    Runs in the model worker, so the web process neither imports huggingface_hub nor spends
+    its GIL on the transfer. Every failure is a ModelFolderError (one line for /readyz).
+    """
+    if not settings.model_download or is_complete(settings.model_path):
+        return settings.model_path
+    log.info(
+        "downloading the model",
+        extra={
+            "fields": {
+                "repo_id": settings.model_repo_id,
+                "subfolder": settings.model_subfolder,
+                "into": str(settings.model_path),
+            }
+        },
+    )
+    try:
+        return download_model(
+            repo_id=settings.model_repo_id,
+            subfolder=settings.model_subfolder,
+            out_dir=settings.model_path,
+            progress=False,
+        )
+    except Exception as exc:
+        raise ModelFolderError(
+            f"MODEL_DOWNLOAD=1 but the download failed: {first_line(exc)} "
+            "Alternatively, mount the model folder at MODEL_PATH and set MODEL_DOWNLOAD=0."
+        ) from exc
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from sidecar.model.cpus import cpu_budget
 from sidecar.model.family import read_facts
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
 from sidecar.model.prompt import Prompt, PromptBuilder
-from sidecar.model.prompt_cache import Entry, PromptCache
+from sidecar.model.prompt_cache import ROUND_TOKENS, Entry, PromptCache
 from sidecar.model.stops import StopFilter
 from sidecar.settings import Settings
 
@@ -54,6 +54,7 @@ class Engine:
         prompt_cache_unscoped: bool = True,
         device: str = "cpu",
         provider_options: Mapping[str, str] | None = None,
+        default_new_tokens: int = 1024,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -67,6 +68,8 @@ class Engine:
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self._cache_budget = prompt_cache_mb * 2**20
         self.cache_unscoped = prompt_cache_unscoped
+        # The spare generator made while loading holds a short prompt and a default reply.
+        self._spare_needed = default_new_tokens + ROUND_TOKENS
         config = og.Config(str(path))
         self.session_options = session_options(num_threads, thread_spinning)
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
@@ -115,6 +118,24 @@ class Engine:
         self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
         generation.release(reusable=False)
         self.cache.budget_bytes = self._cache_budget
+        self._make_spare()
+
+    def _make_spare(self) -> None:
+        """One idle greedy generator, made now: the first cached request takes it instead of
+        allocating and zero-filling a KV cache of its own (prompt_cache.py, "A spare"), so
+        loading pays for it, not the first reply."""
+        capacity = self.cache.capacity_for(min(self._spare_needed, self.max_length))
+        capacity = max(capacity, self.facts.min_cache_length)
+        nbytes = capacity * self.cache.bytes_per_token
+        if not self.cache.enabled or nbytes > self.cache.budget_bytes:
+            return
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(max_length=capacity, do_sample=False)
+        spare = Entry(og.Generator(self.model, params), params, capacity, None, False, nbytes)
+        spare.spare = True
+        self.cache.adopt(spare)
+        self.cache.give_back(spare, reusable=True)
+        log.info("spare generator", extra={"fields": {"capacity": capacity, "bytes": nbytes}})
 
     def cache_stats(self) -> CacheStats:
         return CacheStats(**asdict(self.cache.stats()))
@@ -395,4 +416,5 @@ def load_engine(settings: Settings) -> Engine:
         prompt_cache_unscoped=settings.prompt_cache_unscoped,
         device=settings.model_device,
         provider_options=settings.provider_options,
+        default_new_tokens=settings.max_new_tokens,
     )

@@ -1,4 +1,4 @@
-"""The model folder: is it there, is it usable, and (MODEL_DOWNLOAD=1) fetch it if not.
+"""The model folder: is it there, and is it usable (download.py fetches one that is not there).
 
 Every failure is a ModelFolderError whose message is one line that says what to do; /readyz
 shows it and the log prints it once.
@@ -7,13 +7,8 @@ shows it and the log prints it once.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
-
-from sidecar.settings import Settings
-
-log = logging.getLogger("sidecar.model.folder")
 
 
 class ModelFolderError(Exception):
@@ -89,39 +84,3 @@ def read_json(path: Path) -> object:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def download_if_needed(settings: Settings) -> Path:
-    """The folder to load. With MODEL_DOWNLOAD=1 and no complete model in MODEL_PATH, the
-    model is downloaded into MODEL_PATH/<MODEL_SUBFOLDER> (download.py's layout: on the next
-    start it is found there and not fetched again) and that folder is returned.
-
-    Runs in the model worker, so the web process neither imports huggingface_hub nor spends
-    its GIL on the transfer.
-    """
-    from sidecar.model.download import download_model
-
-    if not settings.model_download or is_complete(settings.model_path):
-        return settings.model_path
-    log.info(
-        "downloading the model",
-        extra={
-            "fields": {
-                "repo_id": settings.model_repo_id,
-                "subfolder": settings.model_subfolder,
-                "into": str(settings.model_path),
-            }
-        },
-    )
-    try:
-        return download_model(
-            repo_id=settings.model_repo_id,
-            subfolder=settings.model_subfolder,
-            out_dir=settings.model_path,
-            progress=False,
-        )
-    except Exception as exc:
-        raise ModelFolderError(
-            f"MODEL_DOWNLOAD=1 but the download failed: {first_line(exc)} "
-            "Alternatively, mount the model folder at MODEL_PATH and set MODEL_DOWNLOAD=0."
-        ) from exc

@@ -34,6 +34,10 @@ Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
 - A miss that has to evict reuses one of the generators it would evict (same sampling mode,
   enough room), rewound to nothing, instead of freeing it and allocating another: the same
   memory, without the allocation and zero-fill of a whole KV cache.
+- A spare: the engine makes one idle generator while loading (sized for a short prompt and the
+  default reply), so that the first cached request does not pay for allocating and zero-filling
+  a KV cache larger than an uncached request's. An idle generator that holds nothing is lent
+  to the next miss that fits it, before anything new is allocated.
 - Room: a cached generator is made for its request plus max(half again, GROWTH_TOKENS), capped
   by the context and the budget. A conversation that outgrows it gets a bigger one (one full
   prefill; each step grows by at least half, so the re-reads stay a fraction of the
@@ -75,6 +79,7 @@ class Entry:
     exact_end: int = 0  # leading tokens whose K/V a fresh chunked prefill would give bit for bit
     lent: bool = True
     last_used: int = 0
+    spare: bool = False  # made while loading, never used yet: holds nothing
 
     def prefilled(self, start: int, end: int, chunk: int) -> None:
         """The prompt was appended from `start` to `end` in chunks of `chunk` tokens."""
@@ -181,7 +186,13 @@ class PromptCache:
         (the caller rewinds it to 0) and moved to `scope`. Reusing it skips allocating and
         zero-filling a whole KV cache (0.75 MiB a token for Phi-3-mini: about 0.3 s a GiB,
         several times that where the kernel must first fault the pages in). None when nothing
-        has to be evicted or no such generator is among those that would be."""
+        has to be evicted or no such generator is among those that would be. Before all that,
+        an idle generator holding nothing (the spare) with the same sampling mode and room is
+        lent as it is."""
+        for entry in self._idle_by_age():
+            if entry.spare and entry.sampling == sampling and entry.capacity >= needed:
+                entry.lent, entry.spare, entry.scope = True, False, scope
+                return entry  # no conversation lost: not an eviction
         wanted = capacity * self.bytes_per_token
         held = self.stats().bytes
         idle = self._idle_by_age()

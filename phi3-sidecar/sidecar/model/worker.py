@@ -30,7 +30,8 @@ from typing import Protocol
 
 from sidecar import ipc
 from sidecar.jsonlog import configure_logging
-from sidecar.model.folder import ModelFolderError, download_if_needed, first_line
+from sidecar.model.download import download_if_needed
+from sidecar.model.folder import ModelFolderError, first_line
 from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
 from sidecar.settings import Settings
 

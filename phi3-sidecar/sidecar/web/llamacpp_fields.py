@@ -5,7 +5,7 @@ the apps written for it (Microsoft's "tutorial-ai-slm" samples) send llama.cpp's
 with their OpenAI-style requests, e.g. {"stream": true, "cache_prompt": false, "n_predict":
 150}. They are accepted here so that such an app works against this sidecar unchanged.
 OpenAI's own fields keep their meaning (an absent temperature is greedy here, where llama.cpp
-samples at 0.8; the support matrix in the README lists every difference).
+samples at 0.8; docs/api.md, "llama.cpp server fields", lists every difference).
 
 With llama.cpp's meaning (the fields are declared in openai_schemas.py, in one block):
   n_predict       the reply's length limit, as max_tokens. -1 (llama.cpp's default, "no

@@ -60,6 +60,10 @@ class PhaseState:
             return RETRY_NOT_READY_S
         return max(1, math.ceil(self.retry_at - time.monotonic()))
 
+    @property
+    def ready(self) -> bool:
+        return ipc.is_ready(self.name)
+
 
 class Reply:
     """One request's view of its generation: how it started, its pieces, how it ended."""
@@ -131,7 +135,7 @@ class ModelClient:
         self._outbox.put(None)
         process = self._process
         if process is not None:
-            if self.phase.name == "ready":  # let it finish the step it is in, then read Stop
+            if self.phase.ready:  # let it finish the step it is in, then read Stop
                 await asyncio.to_thread(process.join, STOP_GRACE_S)
             if process.is_alive():
                 process.kill()
@@ -232,7 +236,7 @@ class ModelClient:
 
     def _set_phase(self, message: ipc.Phase, retry_at: float | None = None) -> None:
         now = time.monotonic()
-        if message.name == "ready":
+        if message.ready:
             self._recovering = None
             self._load_s = now - self._spawned_at
         elif self._recovering is not None and message.name not in ("failed", "restarting"):
@@ -243,12 +247,12 @@ class ModelClient:
             if self._load_s is not None:
                 retry_at = self._spawned_at + self._load_s
         self.phase = PhaseState(message.name, message.reason, now, message.context_length, retry_at)
-        if message.name == "ready":
+        if message.ready:
             self._crashes = 0
         fields: dict[str, object] = {"phase": message.name}
         if message.reason:
             fields["reason"] = message.reason
-        if message.name == "ready":
+        if message.ready:
             fields["load_s"] = round(now - self._spawned_at, 2)
         level = {"failed": logging.ERROR, "restarting": logging.WARNING}.get(
             message.name, logging.INFO
@@ -282,7 +286,7 @@ class ModelClient:
             if self._stalled is not None:
                 continue
             now = time.monotonic()
-            if self.phase.name != "ready":
+            if not self.phase.ready:
                 if self._loading_replacement() and self._load_s is not None:
                     silent = now - self._last_heard
                     if silent > stall + 2 * self._load_s:

@@ -3,7 +3,7 @@
 The generation routes read their bodies themselves (pipeline.read_body: 415, 413, 400 before
 any schema), so FastAPI cannot infer them; their request bodies are the same pydantic models
 the routes validate with, and every error answer is the one envelope with the statuses of
-errors.REFUSALS. tests/sidecar/test_sidecar_fuzz.py drives schemathesis from this document.
+errors.REFUSALS. tests/sidecar/web/test_sidecar_fuzz.py drives schemathesis from this document.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ class Pipeline:
         model = self._model
         if self._log_prompts:
             record.prompt = generate.messages
-        if model.phase.name != "ready":
+        if not model.phase.ready:
             raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
         queued_at = time.monotonic()  # telemetry: the queue wait (web/metrics.py, telemetry.py)
         if not await self._admit(request):
@@ -143,7 +143,7 @@ class Pipeline:
                 raise overloaded()
             acquire.result()
             phase = self._model.phase
-            if phase.name != "ready":  # the worker failed while we waited
+            if not phase.ready:  # the worker failed while we waited
                 admission.release()
                 raise not_ready(phase.name, phase.reason, phase.retry_after_s())
             return True

@@ -25,7 +25,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
     """Readiness: 200 once the model is loaded and a warm-up token was generated."""
     phase = model.phase
-    ready = phase.name == "ready"
+    ready = phase.ready
     body: dict[str, object] = {
         "ready": ready,
         "phase": phase.name,
@@ -46,7 +46,7 @@ async def metrics_text(
     model: ModelDep, admission: AdmissionDep, metrics: MetricsDep
 ) -> PlainTextResponse:
     gauges = Gauges(
-        ready=model.phase.name == "ready",
+        ready=model.phase.ready,
         active=admission.active,
         waiting=admission.waiting,
         worker_restarts=model.restarts,

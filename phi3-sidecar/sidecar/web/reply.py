@@ -131,7 +131,7 @@ class ReplyResponse(Response):
             return  # nobody is listening
         if end.finish == "error":  # logged by the worker (or the worker died): nothing was sent
             phase = self._model.phase
-            if phase.name != "ready":
+            if not phase.ready:
                 error = not_ready(phase.name, phase.reason, phase.retry_after_s())
             else:
                 error = ApiError("generation_failed", "the generation failed; see the log")

@@ -13,6 +13,7 @@ edited turns shows on short test prompts.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import threading
 import time
@@ -366,3 +367,27 @@ def test_a_worker_restart_empties_the_cache(
         history += [{"role": "assistant", "content": first.text}]
         history += [{"role": "user", "content": USER_TURNS[1]}]
         assert ask(on, history, scope="restart").cached == 0
+
+
+def test_the_first_cached_reply_continues_the_generator_made_while_loading(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Loading makes one idle generator (the spare, sized for the default reply), so the first
+    request does not allocate and zero-fill a KV cache of its own: after it the cache holds that
+    one generator (its size, not the smaller one a 24-token reply would get), nothing was
+    evicted, and its reply is the uncached one."""
+    messages = [{"role": "user", "content": USER_TURNS[0]}]
+    with (
+        sidecar(tiny_model_dir, tmp_path_factory) as on,
+        sidecar(tiny_model_dir, tmp_path_factory, PROMPT_CACHE_MB="0") as off,
+    ):
+        made = [json.loads(line) for line in on.log_lines() if '"spare generator"' in line]
+        assert len(made) == 1 and made[0]["capacity"] >= 1024 + 256
+        first = ask(on, messages, scope="first")
+        assert first.cached == 0
+        assert metric(on, "prompt_cache_entries") == 1
+        assert metric(on, "prompt_cache_bytes") == made[0]["bytes"]
+        assert metric(on, "prompt_cache_evictions_total") == 0
+        assert first.text == ask(off, messages).text
+        second = ask(on, messages, scope="other")  # another scope: a generator of its own
+        assert second.text == first.text and metric(on, "prompt_cache_entries") == 2

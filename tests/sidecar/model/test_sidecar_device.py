@@ -15,7 +15,7 @@ from scripts import services
 from sidecar.model.engine import device_error
 from sidecar.settings import Settings
 from tests.sidecar.support import assert_error, predict
-from tests.sidecar.test_sidecar_health import wait_for_phase
+from tests.sidecar.web.test_sidecar_health import wait_for_phase
 
 
 def test_the_device_is_cpu_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:

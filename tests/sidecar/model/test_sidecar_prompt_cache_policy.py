@@ -196,3 +196,22 @@ def test_an_earlier_state_of_the_same_conversation_is_dropped(retokenized: bool)
     assert pool.entries == [bigger] and first not in pool.entries
     other = kept(pool, [1, 2, 3, 4, 5, 6], [7])  # another conversation stays
     assert set(pool.entries) == {bigger, other}
+
+
+def spare(pool: PromptCache, capacity: int, *, sampling: bool = False) -> Entry:
+    """An idle generator that holds nothing, as the engine makes one while loading."""
+    entry = Entry(Tokens([]), None, capacity, None, sampling, capacity * KB, spare=True)
+    pool.adopt(entry)
+    pool.give_back(entry, reusable=True)
+    return entry
+
+
+def test_the_spare_is_lent_to_the_first_miss_that_fits_it() -> None:
+    pool = cache(budget_tokens=10_000)
+    made = spare(pool, 2304)
+    assert pool.lend("a", False, [1, 2, 3], 300) is None  # holds nothing to continue from
+    assert pool.recycle("a", True, 2304, 300) is None  # another sampling mode
+    assert pool.recycle("a", False, 3000, 2500) is None  # too small for that request
+    assert pool.recycle("a", False, 2304, 300) is made
+    assert made.lent and made.scope == "a" and pool.evictions == 0 and pool.entries == [made]
+    assert not made.spare  # lent once: an entry like any other from now on

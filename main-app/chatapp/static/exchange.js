@@ -1,0 +1,279 @@
+// One exchange: POST /chat, the NDJSON reply stream (chatapp/wire.py), retries after
+// Retry-After, and how the reply ended.
+import { persist } from "./chats.js";
+import {
+  announce,
+  autosize,
+  clean,
+  count,
+  input,
+  MAX_BYTES,
+  MAX_MESSAGES,
+  scrollToEnd,
+  sendButton,
+  stopButton,
+  UNREACHABLE,
+} from "./page.js";
+import { assistantName, state } from "./state.js";
+import { showModelStatus } from "./status.js";
+import { addView, clearTransient, messageView, refreshActions } from "./views.js";
+
+function requestBody(messages) {
+  const body = { messages, conversation_id: state.chat.id };
+  if (state.settings.temperature !== null) body.temperature = state.settings.temperature;
+  if (state.settings.maxNewTokens !== null) body.max_new_tokens = state.settings.maxNewTokens;
+  return body;
+}
+
+/** The request for `history`: the system prompt first, then the conversation; its oldest turns
+ * go first when it is too big for one request (the model service would leave them out of the
+ * model's context anyway). */
+function fittedBody(history) {
+  const system = state.settings.system.trim() ? [{ role: "system", content: clean(state.settings.system) }] : [];
+  const encoder = new TextEncoder();
+  const fits = (list) =>
+    list.length <= MAX_MESSAGES && encoder.encode(JSON.stringify(requestBody(list))).length <= MAX_BYTES * 0.95;
+  const kept = [...system, ...history];
+  const first = system.length;
+  while (kept.length > first + 1 && !fits(kept)) kept.splice(first, 1);
+  while (kept.length > first + 1 && kept[first].role !== "user") kept.splice(first, 1);
+  return requestBody(kept);
+}
+
+export function setBusy(busy) {
+  sendButton.disabled = busy;
+  stopButton.disabled = !busy;
+  if (!busy && (document.activeElement === stopButton || document.activeElement === document.body)) {
+    input.focus();
+  }
+}
+
+/** Send `turn` (the user's message) after the open chat's history; `question` shows it. */
+export function start(turn, question) {
+  clearTransient();
+  const exchange = {
+    chat: state.chat,
+    turn,
+    body: fittedBody([...state.chat.messages.map(({ role, content }) => ({ role, content })), turn]),
+    question,
+    reply: addView(messageView("assistant")),
+    controller: null,
+    timer: null,
+    stopped: false,
+    finished: false,
+  };
+  state.active = exchange;
+  setBusy(true);
+  refreshActions();
+  scrollToEnd(true);
+  run(exchange);
+}
+
+async function run(exchange) {
+  exchange.controller = new AbortController();
+  exchange.reply.setState("streaming", "");
+  let response;
+  try {
+    response = await fetch("/chat", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "application/x-ndjson" },
+      body: JSON.stringify(exchange.body),
+      signal: exchange.controller.signal,
+    });
+  } catch {
+    finish(exchange, exchange.stopped ? { kind: "stopped" } : { kind: "error", message: UNREACHABLE });
+    return;
+  }
+  if (!response.ok) {
+    const error = await readError(response);
+    if (exchange.stopped) {
+      finish(exchange, { kind: "stopped" });
+    } else if (response.status === 503 && RETRIED.has(error.type)) {
+      const seconds = parseInt(response.headers.get("Retry-After") || "", 10);
+      waitAndRetry(exchange, error.type, Number.isFinite(seconds) && seconds > 0 ? seconds : 5);
+    } else {
+      finish(exchange, { kind: "error", message: error.message });
+    }
+    return;
+  }
+  finish(exchange, await readReply(response, exchange));
+}
+
+async function readError(response) {
+  try {
+    const body = await response.json();
+    if (body?.error && typeof body.error.message === "string") return body.error;
+  } catch {
+    // Not our JSON envelope (a proxy's page, say): fall through to a generic sentence.
+  }
+  return { message: `The chat service answered with an error (HTTP ${response.status}).`, type: "http" };
+}
+
+/** Errors that heal by waiting: the page counts down Retry-After and sends again. */
+const RETRIED = new Map([
+  ["loading", "Model loading"],
+  ["restarting", "Model restarting"],
+  ["busy", "Model busy"],
+]);
+
+function waitAndRetry(exchange, type, seconds) {
+  const label = RETRIED.get(type) || "Model busy";
+  if (type !== "busy") showModelStatus("loading", `${label}…`);
+  let left = seconds;
+  const tick = () => {
+    if (exchange.finished) return;
+    if (left <= 0) {
+      exchange.timer = null;
+      run(exchange);
+      return;
+    }
+    exchange.reply.setState("waiting", `${label}, retrying in ${left} s`);
+    left -= 1;
+    exchange.timer = setTimeout(tick, 1000);
+  };
+  tick();
+}
+
+/** Reads the NDJSON stream; returns how it ended: done, cut-off or stopped. */
+async function readReply(response, exchange) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder("utf-8");
+  let buffer = "";
+  let ending = null;
+  const handle = (line) => {
+    if (!line.trim()) return;
+    let message;
+    try {
+      message = JSON.parse(line);
+    } catch {
+      return; // Not a whole line of ours; the missing done line will mark the reply cut off.
+    }
+    if (typeof message.delta === "string") {
+      exchange.reply.append(message.delta);
+    } else if (message.done === true) {
+      ending = { kind: "done", stats: message };
+    } else if (message.error) {
+      ending = { kind: "cut-off", message: String(message.error.message || "The reply broke off.") };
+    }
+    // {"ping": true} and anything unknown: nothing to show.
+  };
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let newline = buffer.indexOf("\n");
+      while (newline >= 0) {
+        handle(buffer.slice(0, newline));
+        buffer = buffer.slice(newline + 1);
+        newline = buffer.indexOf("\n");
+      }
+    }
+    buffer += decoder.decode();
+    handle(buffer);
+  } catch {
+    if (exchange.stopped) return { kind: "stopped" };
+    return ending || { kind: "cut-off", message: "The connection dropped before the reply was complete." };
+  }
+  return ending || { kind: "cut-off", message: "The reply ended before it was complete." };
+}
+
+
+/** How a complete reply ended, for its note: the length limit, speed, context. */
+function doneEnding(stats) {
+  const parts = [];
+  if (typeof stats.ttft_ms === "number") {
+    parts.push(
+      stats.ttft_ms < 1000
+        ? `first token ${Math.round(stats.ttft_ms)} ms`
+        : `first token ${(stats.ttft_ms / 1000).toFixed(1)} s`,
+    );
+  }
+  if (typeof stats.tokens_per_s === "number") parts.push(`${stats.tokens_per_s.toFixed(1)} tokens/s`);
+  if (typeof stats.tokens === "number") parts.push(count(stats.tokens, "token"));
+  if (typeof stats.cached_tokens === "number" && stats.cached_tokens > 0 && typeof stats.prompt_tokens === "number") {
+    parts.push(`${stats.cached_tokens} of ${count(stats.prompt_tokens, "prompt token")} cached`);
+  }
+  if (typeof stats.dropped_messages === "number" && stats.dropped_messages > 0) {
+    parts.push(`${count(stats.dropped_messages, "earlier message")} left out to fit the model's context`);
+  }
+  const ending = { state: "done", note: parts.join(" · "), badge: "" };
+  if (stats.finish_reason === "stop" || stats.finish_reason === "length") ending.finish_reason = stats.finish_reason;
+  if (stats.finish_reason === "length") ending.badge = "Stopped at the length limit";
+  return ending;
+}
+
+function finish(exchange, outcome) {
+  if (exchange.finished) return;
+  exchange.finished = true;
+  clearTimeout(exchange.timer);
+  const { reply, question, turn, chat: owner } = exchange;
+  const shown = owner === state.chat && !exchange.abandoned;
+  const answered = reply.text.length > 0;
+  let ending = null;
+  if (outcome.kind === "done") {
+    ending = doneEnding(outcome.stats);
+  } else if (outcome.kind === "stopped") {
+    const note = answered ? "" : "Stopped before the reply started.";
+    ending = { state: "stopped", note, badge: "Stopped", finish_reason: "cancelled" };
+  } else if (outcome.kind === "cut-off" && answered) {
+    ending = { state: "cut-off", note: outcome.message, badge: "Cut off" };
+  }
+  if (outcome.kind === "done" || answered) {
+    reply.complete();
+    reply.setEnding(ending);
+    owner.messages.push(turn, { role: "assistant", content: reply.text, ending });
+    if (shown) state.views.push(question, reply);
+    persist(owner);
+    const said = ending.badge ? ` ${ending.badge}.` : "";
+    announce(`${assistantName()} replied: ${reply.readable() || "(nothing)"}${said}`);
+  } else {
+    if (ending) {
+      reply.setEnding(ending);
+      announce("Stopped before the reply started.");
+    } else {
+      reply.showError(outcome.message);
+      reply.setState("error", "", "Error");
+      announce(outcome.message);
+    }
+    if (shown) {
+      // Nothing came back: the message is not part of the conversation. Offer it again.
+      state.transient.push(question, reply);
+      question.setState("unsent", "Not sent; your message is back in the box.");
+      if (!input.value) {
+        input.value = turn.content;
+        autosize();
+      }
+    }
+  }
+  if (state.active === exchange) {
+    state.active = null;
+    setBusy(false);
+  }
+  if (shown) refreshActions();
+  scrollToEnd(false);
+}
+
+export function stop() {
+  const exchange = state.active;
+  if (!exchange) return;
+  exchange.stopped = true;
+  if (exchange.timer !== null) {
+    finish(exchange, { kind: "stopped" }); // waiting to retry: nothing in flight
+  } else {
+    exchange.controller.abort();
+  }
+}
+
+/** Send the last message again for a new reply (the old reply goes). */
+export function regenerate() {
+  if (state.active || state.chat.messages.length < 2) return;
+  const reply = state.views.pop();
+  const question = state.views.pop();
+  state.chat.messages.pop();
+  const turn = state.chat.messages.pop();
+  reply.node.remove();
+  question.setState("", "");
+  persist(state.chat);
+  start({ role: "user", content: turn.content }, question);
+}

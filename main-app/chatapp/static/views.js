@@ -1,0 +1,119 @@
+// One message on the page: its element, how a streamed reply is rendered into it, its buttons.
+import { MarkdownStream, readableText, renderMarkdown } from "./markdown.js";
+import { empty, log, nearBottom, scrollToEnd, template } from "./page.js";
+import { assistantName, state, viewOf } from "./state.js";
+
+export function messageView(role, text = "") {
+  const node = template.content.firstElementChild.cloneNode(true);
+  node.classList.add(role);
+  const roleLabel = node.querySelector(".role");
+  roleLabel.textContent = role === "user" ? "You" : assistantName();
+  const body = node.querySelector(".text");
+  const meta = node.querySelector(".meta");
+  const actions = node.querySelector(".message-actions");
+  const view = {
+    node,
+    role,
+    text,
+    actions,
+    /** The streamed reply: its text so far, rendered as Markdown a block at a time. */
+    append(delta) {
+      this.text += delta;
+      this.stream.update(this.text);
+    },
+    /** The reply is complete (or will not grow): render its end. */
+    complete() {
+      this.stream.finish(this.text);
+    },
+    showMarkdown(value) {
+      this.text = value;
+      body.classList.add("markdown");
+      renderMarkdown(body, value);
+    },
+    showError(message) {
+      body.classList.remove("markdown");
+      body.replaceChildren(document.createTextNode(message));
+    },
+    setState(kind, note, badge) {
+      node.dataset.state = kind;
+      node.setAttribute("aria-busy", String(kind === "streaming" || kind === "waiting"));
+      const parts = [];
+      if (badge) {
+        const span = document.createElement("span");
+        span.className = "badge";
+        span.textContent = badge;
+        parts.push(span);
+      }
+      if (note) parts.push(document.createTextNode(note));
+      meta.replaceChildren(...parts);
+    },
+    setEnding(ending) {
+      if (ending.finish_reason) node.dataset.finishReason = ending.finish_reason;
+      this.setState(ending.state, ending.note, ending.badge);
+    },
+    readable() {
+      return role === "assistant" ? readableText(body) : this.text;
+    },
+  };
+  if (role === "user") {
+    body.append(document.createTextNode(text));
+  } else {
+    body.classList.add("markdown");
+    view.stream = new MarkdownStream(body, (render) => {
+      const follow = nearBottom();
+      render();
+      if (follow) scrollToEnd(true);
+    });
+  }
+  viewOf.set(node, view);
+  return view;
+}
+
+export function addView(view) {
+  empty.hidden = true;
+  log.append(view.node);
+  return view;
+}
+
+export function restoredView(message) {
+  const view = messageView(message.role, message.content);
+  if (message.role === "assistant") {
+    view.showMarkdown(message.content);
+    if (message.ending) view.setEnding(message.ending);
+    else view.setState("done", "");
+  }
+  return addView(view);
+}
+
+function actionButton(className, label, name) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = `action ${className}`;
+  button.textContent = label;
+  button.setAttribute("aria-label", name);
+  return button;
+}
+
+/** Copy on every reply; regenerate the last reply and edit your last message when idle. */
+export function refreshActions() {
+  const last = state.chat.messages.length - 1;
+  state.views.forEach((view, index) => {
+    if (view.editing) return;
+    const buttons = [];
+    if (view.role === "assistant") {
+      buttons.push(actionButton("copy-reply", "Copy", "Copy this reply"));
+      if (index === last && !state.active) {
+        buttons.push(actionButton("regenerate", "Regenerate", "Regenerate this reply"));
+      }
+    } else if (index === last - 1 && !state.active) {
+      buttons.push(actionButton("edit", "Edit", "Edit and resend your message"));
+    }
+    view.actions.replaceChildren(...buttons);
+  });
+  for (const view of state.transient) view.actions.replaceChildren();
+}
+
+export function clearTransient() {
+  for (const view of state.transient) view.node.remove();
+  state.transient = [];
+}
