@@ -1,8 +1,9 @@
 """A reply the model service has not started yet: the sidecar holds a chat in its queue (its
 answer's headers come only when a slot is free) while other replies run.
 
-The relay waits `HEARTBEAT_INTERVAL` for the answer to start. Most do (then nothing changes:
-a refusal is still the HTTP status the page knows). Past that, the relay starts its own stream
+The relay waits `QUEUED_STREAM_AFTER` (3 s) for the answer to start. Most do (then nothing
+changes: a refusal is still the HTTP status the page knows, with its retry countdown). Past
+that, the relay starts its own stream
 and reads this `PendingReply` like a reply: `next()` gives nothing while the request waits, so
 the relay writes its `{"ping": true}` lines (a browser that left is noticed, and dropping the
 request takes it out of the sidecar's queue); a refusal that comes later (busy, not ready, too

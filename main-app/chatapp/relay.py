@@ -231,7 +231,7 @@ def chat() -> Response:
     # with heartbeats while it waits (pending.py).
     pending = PendingReply(_upstream(), payload, record.request_id)
     reply: ReplyStream | PendingReply = pending
-    if pending.wait(config["HEARTBEAT_INTERVAL"]):
+    if pending.wait(config["QUEUED_STREAM_AFTER"]):
         try:
             reply = pending.result()
         except ApiError as error:  # telemetry: the hop to the model service failed first

@@ -20,6 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "SIDECAR_READ_TIMEOUT": 300.0,
     "RELAY_TIME_LIMIT": 220.0,
     "HEARTBEAT_INTERVAL": 1.0,
+    "QUEUED_STREAM_AFTER": 3.0,
     # Flask's own name; the environment says MAX_REQUEST_BYTES. The sidecar's default limit.
     "MAX_CONTENT_LENGTH": 64 * 1024,
     "REQUEST_BODY_TIMEOUT": 10.0,
@@ -71,6 +72,11 @@ DESCRIPTIONS: dict[str, str] = {
     "to start (`SIDECAR_READ_TIMEOUT` never waits longer). Our sidecar's own "
     "`REPLY_TIME_LIMIT_S` (210) usually ends the reply before, as a normal end "
     "(`finish_reason` `length`).",
+    "QUEUED_STREAM_AFTER": "Seconds the relay waits for the model service to start its answer "
+    "before it starts the stream itself, with heartbeats (a chat the sidecar keeps queued behind "
+    "others), so that a browser that leaves is noticed and its request leaves the queue. A "
+    "refusal before then is the page's HTTP status (a retry countdown for `loading`, `busy`); "
+    "one after it is the stream's last line (`chatapp.pending`).",
     "HEARTBEAT_INTERVAL": "Seconds of sidecar silence after which the relay writes a "
     '`{"ping": true}` line, so that a browser that went away is noticed quickly.',
     "MAX_REQUEST_BYTES": "The largest accepted `POST /chat` body, else 413. Keep it at most the "
@@ -215,6 +221,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SIDECAR_READ_TIMEOUT": ("SIDECAR_READ_TIMEOUT", _positive_float),
     "RELAY_TIME_LIMIT": ("RELAY_TIME_LIMIT", _positive_float),
     "HEARTBEAT_INTERVAL": ("HEARTBEAT_INTERVAL", _positive_float),
+    "QUEUED_STREAM_AFTER": ("QUEUED_STREAM_AFTER", _positive_float),
     "MAX_REQUEST_BYTES": ("MAX_CONTENT_LENGTH", _positive_int),
     "REQUEST_BODY_TIMEOUT": ("REQUEST_BODY_TIMEOUT", _positive_float),
     "MAX_MESSAGES": ("MAX_MESSAGES", _positive_int),

@@ -28,7 +28,7 @@ Errors before the reply starts
 ------------------------------
 A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`, where
 `message` is one sentence for the person using the page. (A chat the model service keeps in its
-queue for longer than `HEARTBEAT_INTERVAL` gets its `200` stream at once, with pings while it
+queue for longer than `QUEUED_STREAM_AFTER` (3 s) gets its `200` stream at once, with pings while it
 waits; a refusal that comes after that is the stream's last line, an `error` with the same
 type: chatapp/pending.py.) The types:
 

@@ -225,7 +225,7 @@ def test_a_plain_text_sidecar_reports_its_counts_in_headers(
 
 def test_read_timeout_before_the_reply(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
     fake.predict = lambda h: fs.wait_until_client_closes(h, 5)
-    client = make_app(SIDECAR_READ_TIMEOUT=0.5, HEARTBEAT_INTERVAL=1.0).test_client()
+    client = make_app(SIDECAR_READ_TIMEOUT=0.5).test_client()
     response = client.post("/chat", json=CONVERSATION)
     assert response.status_code == 504
     assert response.get_json()["error"]["type"] == "upstream_timeout"
@@ -235,10 +235,12 @@ def test_read_timeout_before_the_reply(make_app: Callable[..., Flask], fake: Fak
 def test_a_silent_start_gets_heartbeats_then_its_refusal(
     make_app: Callable[..., Flask], fake: FakeSidecar
 ) -> None:
-    # The sidecar answers only when a queued chat gets its slot: past HEARTBEAT_INTERVAL the
+    # The sidecar answers only when a queued chat gets its slot: past QUEUED_STREAM_AFTER the
     # stream starts with pings (issue 25), and a refusal that comes later is its last line.
     fake.predict = lambda h: fs.wait_until_client_closes(h, 5)
-    client = make_app(SIDECAR_READ_TIMEOUT=0.7, HEARTBEAT_INTERVAL=0.1).test_client()
+    client = make_app(
+        SIDECAR_READ_TIMEOUT=0.7, HEARTBEAT_INTERVAL=0.1, QUEUED_STREAM_AFTER=0.1
+    ).test_client()
     objs = lines(client.post("/chat", json=CONVERSATION))
     assert objs[0] == {"ping": True}
     assert objs[-1]["error"]["type"] == "upstream_timeout"

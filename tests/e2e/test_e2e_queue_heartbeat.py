@@ -34,7 +34,7 @@ def queueing_sidecar(
 def queueing_app(
     queueing_sidecar: services.Service, start_app: AppFactory
 ) -> Iterator[services.Service]:
-    with start_app(queueing_sidecar.url) as app:  # HEARTBEAT_INTERVAL=0.2
+    with start_app(queueing_sidecar.url, QUEUED_STREAM_AFTER="0.5") as app:  # pings: 0.2 s
         yield app
 
 
@@ -46,7 +46,7 @@ def test_a_queued_chat_gets_pings_while_it_waits(queueing_app: services.Service)
     first_done = threading.Event()
 
     def first() -> None:
-        body = {**LONG, "max_new_tokens": 80, "min_new_tokens": 80}  # 4 s of tokens
+        body = {**LONG, "max_new_tokens": 200, "min_new_tokens": 200}  # 10 s of tokens
         with httpx.stream("POST", queueing_app.url + "/chat", json=body, timeout=60) as r:
             for line in r.iter_lines():
                 if '"delta"' in line:
@@ -73,7 +73,7 @@ def test_a_browser_that_leaves_while_queued_leaves_the_queue(
     first_running = threading.Event()
 
     def first() -> None:
-        body = {**LONG, "max_new_tokens": 80, "min_new_tokens": 80}
+        body = {**LONG, "max_new_tokens": 200, "min_new_tokens": 200}
         with httpx.stream("POST", queueing_app.url + "/chat", json=body, timeout=60) as r:
             for line in r.iter_lines():
                 if '"delta"' in line:
