@@ -144,3 +144,14 @@ def load_faulty_slow_engine(settings: Settings) -> FaultyEngine:
     """The faulty engine, two seconds to load: a replacement worker's coming back can be seen."""
     time.sleep(2.0)
     return load_faulty_engine(settings)
+
+
+def load_faulty_hanging_replacement(settings: Settings) -> FaultyEngine:
+    """The faulty engine the first time; every later worker (a replacement) hangs while it
+    loads, as a stuck driver or file system would. Counts loads in $LOAD_COUNT_FILE."""
+    counter = Path(os.environ["LOAD_COUNT_FILE"])
+    loads = int(counter.read_text() or "0") if counter.exists() else 0
+    counter.write_text(str(loads + 1))
+    if loads >= 1:
+        time.sleep(3600)  # the watchdog kills this process
+    return load_faulty_engine(settings)

@@ -54,6 +54,7 @@ class Engine:
         prefill_chunk: int = 64,
         prompt_cache_mb: int = 0,
         prompt_cache_exact: bool = False,
+        prompt_cache_unscoped: bool = True,
         device: str = "cpu",
         provider_options: Mapping[str, str] | None = None,
         default_new_tokens: int = 1024,
@@ -71,6 +72,7 @@ class Engine:
         # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self._cache_budget = prompt_cache_mb * 2**20
+        self.cache_unscoped = prompt_cache_unscoped
         # The spare generator made while loading holds a short prompt and a default reply.
         self._spare_needed = default_new_tokens + ROUND_TOKENS
         config = og.Config(str(path))
@@ -135,7 +137,10 @@ class Engine:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
         generator (or KV slot) that holds the prompt's beginning, or make a new one."""
         prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
+        # PROMPT_CACHE_UNSCOPED=false: a request without a scope neither reuses nor leaves
+        # anything, so the shared pool (an oracle for what others sent) does not exist.
         cached = cached and request.use_cache
+        cached = cached and (request.cache_scope is not None or self.cache_unscoped)
         if self.batch is not None and serves(request):
             return self.batch.start(prompt, request, cached=cached)
         return Generation(self, prompt, request, cached=cached and self.batch is None)
@@ -523,6 +528,7 @@ def load_engine(settings: Settings) -> Engine:
         prefill_chunk=settings.prefill_chunk,
         prompt_cache_mb=settings.prompt_cache_mb,
         prompt_cache_exact=settings.prompt_cache_exact,
+        prompt_cache_unscoped=settings.prompt_cache_unscoped,
         device=settings.model_device,
         provider_options=settings.provider_options,
         default_new_tokens=settings.max_new_tokens,

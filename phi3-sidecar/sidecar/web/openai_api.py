@@ -12,9 +12,9 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
                 message `name` (accepted, not shown to the model); content is a string or a
                 list of text parts [{"type": "text", "text": "..."}], joined with newlines;
                 other parts (image_url, input_audio, ...) are refused
-  model         any string, echoed (absent: the served model's name). Not checked against the
-                one model served: clients often send a fixed name. GET /v1/models/{id} is the
-                place where an unknown id is a 404 model_not_found.
+  model         any string of up to 256 characters, echoed (absent: the served model's name).
+                Not checked against the one model served: clients often send a fixed name.
+                GET /v1/models/{id} is the place where an unknown id is a 404 model_not_found.
   max_completion_tokens or max_tokens   /predict's max_new_tokens (both: only if equal)
   temperature, top_p, seed, top_k       as /predict: absent temperature means greedy (OpenAI's
                 default is 1); top_k is not OpenAI's (vLLM has it)

@@ -133,10 +133,16 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool = False  # OpenAI's padding against length side channels: none here
 
 
+# The model asked for: echoed in every reply object and stream chunk, so bounded (a 60 KB name
+# made a 2.2 MB stream) and valid Unicode (a lone surrogate cannot be encoded: 500, or an empty
+# streamed 200); pydantic checks both once the string has constraints.
+ModelName = Annotated[str, Field(max_length=256)]
+
+
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    model: str | None = None
+    model: ModelName | None = None
     messages: list[OpenAIMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: NewTokens | None = None
     max_completion_tokens: NewTokens | None = None
