@@ -62,6 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions per variant")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
     parser.add_argument("--concurrency", default="1,2,4,8", help="simultaneous streams to try")
+    parser.add_argument(
+        "--decode-batch-rows",
+        type=int,
+        default=1,
+        help="the sidecar's DECODE_BATCH_ROWS; above 1 it also runs the largest --concurrency at "
+        "once (MAX_CONCURRENCY) instead of queueing (scripts/bench_batch.py compares both)",
+    )
     parser.add_argument("--pause", type=float, default=None, help="idle seconds between runs")
     parser.add_argument(
         "--thread-spinning",
@@ -458,9 +465,16 @@ def main(argv: list[str] | None = None) -> int:
         prompt_tokens = int(statistics.median(len(engine.prompt_ids(prompt(r))) for r in range(3)))
         # Room in the queue for the largest burst, so the concurrency rows measure queueing.
         queue = str(max(args.concurrency))
+        batched: dict[str, str] = {}
+        if args.decode_batch_rows > 1:
+            batched = {"DECODE_BATCH_ROWS": str(args.decode_batch_rows), "MAX_CONCURRENCY": queue}
         with (
             services.sidecar(
-                model_dir, scratch / "sidecar.log", QUEUE_SIZE=queue, THREAD_SPINNING=str(spinning)
+                model_dir,
+                scratch / "sidecar.log",
+                QUEUE_SIZE=queue,
+                THREAD_SPINNING=str(spinning),
+                env=batched,
             ) as sidecar,
             services.chatapp(sidecar.url, scratch / "app.log") as app,
             httpx.Client(timeout=600) as client,

@@ -24,6 +24,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from flask import Flask
 
     from chatapp import errors, health, metrics, pages, relay, settings
+    from chatapp.body_deadline import BodyDeadline
+    from chatapp.host import LowerCaseHost
     from chatapp.telemetry import Telemetry
 
     app = Flask(__name__)
@@ -36,6 +38,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config.from_mapping(test_config)
 
     app.extensions["upstream"] = _make_upstream(app.config)
+    # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py).
+    app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
+        app.wsgi_app, app.config["REQUEST_BODY_TIMEOUT"], app.config["MAX_CONTENT_LENGTH"]
+    )
+    app.wsgi_app = LowerCaseHost(app.wsgi_app)  # type: ignore[method-assign]
     # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
     telemetry.install(app)

@@ -4,9 +4,12 @@ gevent workers: every connection is a greenlet, so a long streamed reply, and an
 or slow clients (up to worker_connections each), cost a little memory and no thread. With the
 threaded worker, a client that sent half a request's headers held a thread until it finished:
 45 of them took the app offline. The gevent worker reads each request's headers under a
-deadline of `keepalive` seconds, so a client that stalls, or sends a byte a second, is closed
-after that (scripts/measure_slow_clients.py; docs/benchmarks.md, "Slow clients"). HOST, PORT,
-LOG_LEVEL, WEB_CONCURRENCY and GUNICORN_CONNECTIONS are parsed by `chatapp.settings`.
+deadline of `keepalive` seconds (REQUEST_HEADERS_TIMEOUT), so a client that stalls, or sends a
+byte a second, is closed after that; its body is read under REQUEST_BODY_TIMEOUT
+(chatapp/body_deadline.py), so a stalled or endless body is answered 408 and closed
+(scripts/measure_slow_clients.py; docs/benchmarks.md, "Slow clients"). HOST, PORT, LOG_LEVEL,
+WEB_CONCURRENCY, GUNICORN_CONNECTIONS and REQUEST_HEADERS_TIMEOUT are parsed by
+`chatapp.settings`.
 """
 
 import logging
@@ -22,13 +25,23 @@ workers, worker_connections = settings.server_size(os.environ)
 worker_class = "gevent"
 timeout = 60  # worker heartbeat, not a limit on how long a reply may stream
 graceful_timeout = 20  # on SIGTERM, let replies in flight finish for this long
-# Seconds a client has to send a request's headers (and an idle kept-alive connection lives).
-keepalive = 5
+# Seconds a client has to send a request's headers (and an idle kept-alive connection lives),
+# and to finish sending a body nobody reads (gunicorn drains it before closing).
+keepalive = settings.headers_timeout(os.environ)
 # No control socket: it would be one shared path ($HOME/.gunicorn/gunicorn.ctl) for every
 # gunicorn on the machine, and nothing here uses gunicornc.
 control_socket_disable = True
 # /metrics adds up every worker's numbers: each writes them into one folder (gunicorn_metrics.py).
-on_starting = gunicorn_metrics.on_starting
+
+
+def on_starting(server: object) -> None:
+    gunicorn_metrics.on_starting(server)
+    # One line at start: whether the app sends a key to the model service, whom it answers.
+    logging.getLogger("chatapp.start").info(
+        "access", extra={"fields": settings.access_summary(os.environ)}
+    )
+
+
 child_exit = gunicorn_metrics.child_exit
 on_exit = gunicorn_metrics.on_exit
 # No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.

@@ -1,7 +1,9 @@
 """`GET /healthz`: this app is alive (always 200 while it runs) and how the sidecar is doing.
 
 Body: `{"status": "ok", "model": str | null, "sidecar": {"reachable": bool, "ready": bool,
-"detail"?: {"ready", "phase", "phase_seconds", "model"}}}`: `detail` is the part of the
+"error"?: "upstream_unauthorized", "detail"?: {"ready", "phase", "phase_seconds", "model"}}}`
+(`error`: the model service refuses this app's key, so no chat can work: not ready, phase
+`failed`, though its own open /readyz says ready); `detail` is the part of the
 sidecar's own `/readyz` JSON that a browser may see (its load phase and the model's name; not
 the reason text, which can name folders and library errors: that stays in the sidecar's log
 and its own /readyz). The page polls it to show "model loading" before the first message and

@@ -25,8 +25,10 @@ from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from chatapp import errors, wire
+from chatapp.body_deadline import LATE
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
+from chatapp.pending import PendingReply, Refused
 from chatapp.telemetry import Telemetry
 from chatapp.upstream import Broken, Done, ReplyStream, Upstream
 
@@ -40,7 +42,7 @@ class Relay:
 
     def __init__(
         self,
-        reply: ReplyStream,
+        reply: ReplyStream | PendingReply,
         record: ChatRecord,
         heartbeat: float,
         stall: float,
@@ -108,6 +110,11 @@ class Relay:
                         dropped_messages=record.dropped_messages,
                     )
                     return
+                if isinstance(event, Refused):  # refused after waiting in its queue (pending.py)
+                    log.warning("the model service refused a queued chat: %s", event.error.type)
+                    self._outcome = event.error.type
+                    yield wire.error(event.error.message, event.error.type)
+                    return
                 if isinstance(event, Broken):
                     type = "upstream_timeout" if event.timed_out else "upstream_disconnected"
                     message = STALLED if event.timed_out else (event.message or STOPPED)
@@ -156,6 +163,10 @@ def _telemetry() -> Telemetry:
 
 @bp.before_request
 def _open_record() -> None:
+    # Only a POST is a chat: Flask answers OPTIONS /chat itself, through these hooks too, and
+    # must leave no chat line and no metric (it once counted -1 open stream each).
+    if request.method != "POST":
+        return
     rid = request_id(request.headers.get("X-Request-Id"))
     g.chat = ChatRecord(rid, observer=_telemetry().chat_observer(rid))  # telemetry: the end
 
@@ -164,7 +175,9 @@ def _open_record() -> None:
 def _tag_and_log_refusal(response: Response) -> Response:
     """Every answer to /chat carries the request id. An error answer (ApiError, Flask's own
     413 and the like) ends the chat: its line is logged here; a stream logs it when it ends."""
-    record: ChatRecord = g.chat
+    record: ChatRecord | None = g.get("chat")
+    if record is None:  # not a chat (OPTIONS)
+        return response
     response.headers["X-Request-Id"] = record.request_id
     if not response.is_streamed:
         record.finish(response.status_code, errors.type_of(response))
@@ -173,6 +186,10 @@ def _tag_and_log_refusal(response: Response) -> Response:
 
 def _json_body() -> Any:
     """The request's JSON; every way it can be wrong is a 400 in the envelope, never a 500."""
+    late = request.environ.get(LATE)
+    if late is not None:  # body_deadline.py: the body stalled
+        message = f"The request did not arrive within {late:g} seconds."
+        raise ApiError("request_timeout", message, status=408)
     try:
         raw = request.get_data(cache=True)
     except HTTPException:
@@ -210,11 +227,16 @@ def chat() -> Response:
     if "max_new_tokens" not in payload and default:
         # The app's default never undercuts a minimum the request asked for.
         payload["max_new_tokens"] = max(default, payload.get("min_new_tokens", 0))
-    try:
-        reply = _upstream().start(payload, record.request_id)
-    except ApiError as error:  # telemetry: the hop to the model service failed before the reply
-        _telemetry().upstream_error(error.type)
-        raise
+    # The sidecar answers at once, unless it queues the chat: then the stream starts anyway,
+    # with heartbeats while it waits (pending.py).
+    pending = PendingReply(_upstream(), payload, record.request_id)
+    reply: ReplyStream | PendingReply = pending
+    if pending.wait(config["QUEUED_STREAM_AFTER"]):
+        try:
+            reply = pending.result()
+        except ApiError as error:  # telemetry: the hop to the model service failed first
+            _telemetry().upstream_error(error.type)
+            raise
     body_iter = Relay(
         reply,
         record,

@@ -20,8 +20,10 @@ DEFAULTS: dict[str, Any] = {
     "SIDECAR_READ_TIMEOUT": 300.0,
     "RELAY_TIME_LIMIT": 220.0,
     "HEARTBEAT_INTERVAL": 1.0,
+    "QUEUED_STREAM_AFTER": 3.0,
     # Flask's own name; the environment says MAX_REQUEST_BYTES. The sidecar's default limit.
     "MAX_CONTENT_LENGTH": 64 * 1024,
+    "REQUEST_BODY_TIMEOUT": 10.0,
     "MAX_MESSAGES": 200,
     "MAX_NEW_TOKENS": None,
     "MAX_NEW_TOKENS_LIMIT": 4096,
@@ -46,6 +48,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "PORT": 8080,
     "WEB_CONCURRENCY": 2,
     "GUNICORN_CONNECTIONS": 1000,
+    "REQUEST_HEADERS_TIMEOUT": 5,
 }
 
 # What each environment variable means (docs/configuration.md is generated from it; a test
@@ -69,11 +72,23 @@ DESCRIPTIONS: dict[str, str] = {
     "to start (`SIDECAR_READ_TIMEOUT` never waits longer). Our sidecar's own "
     "`REPLY_TIME_LIMIT_S` (210) usually ends the reply before, as a normal end "
     "(`finish_reason` `length`).",
+    "QUEUED_STREAM_AFTER": "Seconds the relay waits for the model service to start its answer "
+    "before it starts the stream itself, with heartbeats (a chat the sidecar keeps queued behind "
+    "others), so that a browser that leaves is noticed and its request leaves the queue. A "
+    "refusal before then is the page's HTTP status (a retry countdown for `loading`, `busy`); "
+    "one after it is the stream's last line (`chatapp.pending`).",
     "HEARTBEAT_INTERVAL": "Seconds of sidecar silence after which the relay writes a "
     '`{"ping": true}` line, so that a browser that went away is noticed quickly.',
     "MAX_REQUEST_BYTES": "The largest accepted `POST /chat` body, else 413. Keep it at most the "
     "sidecar's `MAX_BODY_BYTES` (same default). The page drops the oldest turns of a long "
     "conversation to stay under it (the sidecar would leave them out of the context anyway).",
+    "REQUEST_BODY_TIMEOUT": "Seconds a client has to send a request's whole body, from the end "
+    "of its headers; then `POST /chat` answers 408 `request_timeout` and the connection is "
+    "closed, so a stalled or endless body cannot hold a socket (`chatapp.body_deadline`; under "
+    "gunicorn's gevent worker, as deployed).",
+    "REQUEST_HEADERS_TIMEOUT": "Seconds a client has to send a request's headers, and that an "
+    "idle kept-alive connection lives; then the connection is closed (gunicorn's `keepalive`), "
+    "so slow and idle clients cannot hold sockets.",
     "MAX_MESSAGES": "The most messages in one conversation, else 413.",
     "MAX_NEW_TOKENS": "Sent to the sidecar as `max_new_tokens` when the browser does not send "
     "one; unset, the sidecar decides.",
@@ -206,7 +221,9 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SIDECAR_READ_TIMEOUT": ("SIDECAR_READ_TIMEOUT", _positive_float),
     "RELAY_TIME_LIMIT": ("RELAY_TIME_LIMIT", _positive_float),
     "HEARTBEAT_INTERVAL": ("HEARTBEAT_INTERVAL", _positive_float),
+    "QUEUED_STREAM_AFTER": ("QUEUED_STREAM_AFTER", _positive_float),
     "MAX_REQUEST_BYTES": ("MAX_CONTENT_LENGTH", _positive_int),
+    "REQUEST_BODY_TIMEOUT": ("REQUEST_BODY_TIMEOUT", _positive_float),
     "MAX_MESSAGES": ("MAX_MESSAGES", _positive_int),
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
     "MAX_NEW_TOKENS_LIMIT": ("MAX_NEW_TOKENS_LIMIT", _positive_int),
@@ -259,6 +276,14 @@ def log_level(environ: Mapping[str, str]) -> str:
     return _log_level("LOG_LEVEL", raw) if raw.strip() else DEFAULTS["LOG_LEVEL"]
 
 
+def headers_timeout(environ: Mapping[str, str]) -> int:
+    """REQUEST_HEADERS_TIMEOUT, for gunicorn's `keepalive` (the gevent worker's deadline on a
+    request's headers and on an idle kept-alive connection)."""
+    default = str(SERVER_DEFAULTS["REQUEST_HEADERS_TIMEOUT"])
+    raw = environ.get("REQUEST_HEADERS_TIMEOUT", "").strip() or default
+    return _positive_int("REQUEST_HEADERS_TIMEOUT", raw)  # gunicorn takes whole seconds
+
+
 def server_size(environ: Mapping[str, str]) -> tuple[int, int]:
     """(WEB_CONCURRENCY, GUNICORN_CONNECTIONS): gunicorn processes, and the connections each
     serves at once (gevent: one greenlet each, open streams and idle clients alike)."""
@@ -268,6 +293,19 @@ def server_size(environ: Mapping[str, str]) -> tuple[int, int]:
         SERVER_DEFAULTS["GUNICORN_CONNECTIONS"]
     )
     return workers, _positive_int("GUNICORN_CONNECTIONS", raw)
+
+
+def access_summary(environ: Mapping[str, str]) -> dict[str, Any]:
+    """For the start log line: whether a key goes to the model service (never the key), which
+    hosts are answered, whether /metrics is served. The app itself asks nobody for a key."""
+    config = {**DEFAULTS, **from_environ(environ)}
+    hosts = config["TRUSTED_HOSTS"]
+    return {
+        "upstream_api": config["UPSTREAM_API"],
+        "upstream_key": "set" if config["UPSTREAM_API_KEY"] else "unset",
+        "allowed_hosts": "*" if not hosts else ",".join(hosts),
+        "metrics": config["METRICS"],
+    }
 
 
 def reference() -> list[tuple[str, str, Any, str]]:

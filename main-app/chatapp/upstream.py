@@ -227,6 +227,17 @@ def unauthorized() -> ApiError:
     )
 
 
+def host_refused() -> ApiError:
+    """The model service's ALLOWED_HOSTS does not name the host in SIDECAR_URL: the operator's
+    to fix, not the person's (it reached the page as a 400 that blamed the request)."""
+    return ApiError(
+        "upstream_error",
+        "The model service refused the chat app's requests: the host name in SIDECAR_URL is "
+        "not one of the model service's ALLOWED_HOSTS.",
+        status=502,
+    )
+
+
 def not_ready(phase: str, response: requests.Response) -> ApiError:
     """The model is not loaded: it failed to (no point in retrying), it is restarting, or it is
     on its way (any other phase)."""

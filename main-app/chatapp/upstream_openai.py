@@ -30,6 +30,7 @@ import requests
 
 from chatapp.errors import ApiError
 from chatapp.upstream import (
+    NOT_REACHABLE,
     Broken,
     Connection,
     Done,
@@ -38,6 +39,7 @@ from chatapp.upstream import (
     Text,
     busy,
     context_overflow,
+    host_refused,
     int_or_none,
     lines,
     not_ready,
@@ -60,6 +62,7 @@ class OpenAIUpstream:
         self.base_url = connection.base_url
         self._configured = model
         self._discovered: str | None = None
+        self._models_status: int | None = None  # the model list's last answer (None: none)
         # The API's root: SIDECAR_URL may name the server (http://host:11434) or its /v1.
         self._root = "" if connection.base_url.endswith("/v1") else "/v1"
 
@@ -74,11 +77,7 @@ class OpenAIUpstream:
     def start(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
         model = self.model
         if model is None:
-            raise ApiError(
-                "upstream_error",
-                "The model service lists no model; set UPSTREAM_MODEL to the one to use.",
-                status=502,
-            )
+            raise self._no_model()
         body: dict[str, Any] = {
             "model": model,
             "messages": payload["messages"],
@@ -124,8 +123,28 @@ class OpenAIUpstream:
 
     def _first_model(self) -> str | None:
         answer = self._connection.get_json(self._root + MODELS_PATH)
+        self._models_status = None if answer is None else answer[0]
         ids = _model_ids(answer[1]) if answer is not None and answer[0] == 200 else []
         return ids[0] if ids else None
+
+    def _no_model(self) -> ApiError:
+        """Why no model could be named: the real cause of the model list's answer (a refused
+        key once read as "lists no model")."""
+        status = self._models_status
+        if status in (401, 403):
+            return unauthorized()
+        if status is None:
+            return ApiError("upstream_unavailable", NOT_REACHABLE, status=503)
+        if status == 400:
+            return host_refused()
+        if status == 200:
+            message = "The model service lists no model; set UPSTREAM_MODEL to the one to use."
+        else:
+            message = (
+                f"The model service's model list answered {status}; set UPSTREAM_MODEL to the "
+                "model to use."
+            )
+        return ApiError("upstream_error", message, status=502)
 
 
 def _model_ids(body: Any) -> list[str]:
@@ -201,6 +220,8 @@ def _refusal(response: requests.Response) -> ApiError:
     message, kind, code = _error_of(response)
     if status in (401, 403):
         return unauthorized()
+    if status == 400 and code == "invalid_host":  # our sidecar's ALLOWED_HOSTS
+        return host_refused()
     if status == 429 or (status == 503 and code in ("overloaded", "")):
         return busy(response)
     if status == 503:  # our sidecar: model_not_ready, with its phase

@@ -28,6 +28,7 @@ from chatapp.upstream import (
     Text,
     busy,
     context_overflow,
+    host_refused,
     int_or_none,
     lines,
     not_ready,
@@ -63,7 +64,19 @@ class PredictUpstream:
         result: dict[str, Any] = {"reachable": True, "ready": status == 200}
         if isinstance(body, dict):
             result["detail"] = body
+        if status == 200 and self._key_refused():
+            # /readyz is open to probes, so it said ready while every chat was refused 401.
+            result["ready"] = False
+            result["error"] = "upstream_unauthorized"
+            if isinstance(body, dict):
+                result["detail"] = {**body, "ready": False, "phase": "failed"}
         return result
+
+    def _key_refused(self) -> bool:
+        """Whether the sidecar refuses this app's key (or its lack of one): /v1/models takes
+        the key whenever the sidecar has API_KEY, and costs it nothing."""
+        answer = self._connection.get_json("/v1/models")
+        return answer is not None and answer[0] == 401
 
 
 def events(response: requests.Response) -> Iterator[Event]:
@@ -142,6 +155,8 @@ def _refusal(response: requests.Response) -> ApiError:
         return not_ready(phase, response) if type == "not_ready" else busy(response)
     if status == 401:  # the sidecar has an API_KEY, and ours is missing or wrong
         return unauthorized()
+    if status == 400 and type == "invalid_host":  # its ALLOWED_HOSTS, not the conversation
+        return host_refused()
     if status == 413:
         return payload_too_large() if type == "body_too_large" else context_overflow()
     if 400 <= status < 500 and message:

@@ -17,13 +17,20 @@ keeps nothing between requests.
 
 Optional `"conversation_id"`: 1 to 64 characters of `A-Z a-z 0-9 _ -`, the same for every
 request of one chat and new for a new chat (the page makes a random one per chat). It names the
-conversation for the model service's prompt cache; it is not part of the prompt, and a request
-without one works the same, only without the cache.
+conversation's scope in the model service's conversation cache; it is not part of the prompt.
+Only requests with the same id reuse each other's cached tokens, and the `done` line's
+`cached_tokens` is an exact oracle for whoever shares a scope: it tells whether a prompt begins
+with what another request of that scope sent. So keep an id secret to its conversation (the
+page's are random). A request without one gets a fresh random scope of its own, never the
+model service's shared unscoped pool: it works the same, with nothing to reuse.
 
 Errors before the reply starts
 ------------------------------
 A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`, where
-`message` is one sentence for the person using the page. The types:
+`message` is one sentence for the person using the page. (A chat the model service keeps in its
+queue for longer than `QUEUED_STREAM_AFTER` (3 s) gets its `200` stream at once, with pings while it
+waits; a refusal that comes after that is the stream's last line, an `error` with the same
+type: chatapp/pending.py.) The types:
 
 - `loading` (503 + `Retry-After`): the model is still loading; try again after that many seconds.
 - `busy` (503 + `Retry-After`): the model service has as many replies queued as it takes (or,
@@ -38,7 +45,10 @@ A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`
   stopped answering; try again after that many seconds.
 - `upstream_unauthorized` (502): the model service refused the app's key (`UPSTREAM_API_KEY`).
 - `invalid_host` (400): the request's Host is not one of `ALLOWED_HOSTS`.
-- `upstream_error` (502), `internal_error` (500), `not_found` (404), `method_not_allowed` (405).
+- `upstream_error` (502): the model service failed, or is misconfigured for the app (its
+  `ALLOWED_HOSTS` does not name the host in `SIDECAR_URL`; the message says which).
+- `request_timeout` (408): the request's body did not arrive within `REQUEST_BODY_TIMEOUT`.
+- `internal_error` (500), `not_found` (404), `method_not_allowed` (405).
 
 The reply stream
 ----------------
@@ -49,7 +59,8 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
   concatenation of the deltas. A delta never ends inside a character. Show it as text, never
   as HTML.
 - `{"ping": true}`: a heartbeat, written about once a second while the model service is silent
-  (during a long prompt's prefill, say), so that a browser that went away is noticed. Ignore it.
+  (while the chat waits in its queue, or during a long prompt's prefill), so that a browser that
+  went away is noticed. Ignore it.
 - Exactly one last line, either
   - `{"done": true, "tokens": n, "ttft_ms": t, "tokens_per_s": r}`: the reply is complete.
     `tokens` is the number of tokens the model generated, as the model service counts them
@@ -80,6 +91,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from typing import Any
 
 from chatapp.errors import ApiError
@@ -154,6 +166,8 @@ def parse_chat_request(
         if not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id):
             raise _invalid("conversation_id must be 1 to 64 letters, digits, '-' or '_'.")
         payload["cache_scope"] = conversation_id
+    else:  # never the unscoped pool, where cached_tokens would tell what others sent
+        payload["cache_scope"] = "once-" + secrets.token_hex(16)
     return payload
 
 

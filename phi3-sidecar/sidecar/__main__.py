@@ -11,6 +11,7 @@ from pydantic_settings import SettingsError
 
 from sidecar.jsonlog import configure_logging
 from sidecar.settings import Settings
+from sidecar.web import deadlines
 from sidecar.web.app import create_app
 from sidecar.web.request_log import DropDeliberateAbort
 
@@ -45,6 +46,7 @@ def main() -> None:
         log_config=None,
         access_log=False,
         server_header=False,
+        http=deadlines.protocol(settings),  # headers and bodies under deadlines
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
 

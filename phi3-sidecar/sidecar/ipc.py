@@ -42,7 +42,22 @@ PhaseName = Literal[
 # request at 230 s, so the reply ends cleanly before that).
 Finish = Literal["eos", "stop", "length", "time_limit", "cancelled", "error"]
 # Why the worker refuses a request; the web process decides the status (web/errors.py).
-Refusal = Literal["context_length_exceeded", "unencodable_prompt", "start_failed"]
+Refusal = Literal[
+    "context_length_exceeded", "unencodable_prompt", "start_failed", "invalid_guidance"
+]
+GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
+
+
+@dataclass(frozen=True, slots=True)
+class Guidance:
+    """A grammar every token of the reply must follow (onnxruntime-genai's llguidance), built
+    by the web process from the request (web/guidance.py). All three fields are part of what a
+    conversation cache entry matches: a generator keeps its grammar for life."""
+
+    kind: GuidanceKind
+    data: str  # the JSON Schema or Lark grammar, as text
+    # Tokens the grammar forces (keys, punctuation) are appended without a decode step each.
+    ff_tokens: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +74,7 @@ class Generate:
     # shared unscoped pool.
     cache_scope: str | None = None
     stop: tuple[str, ...] = ()  # stop sequences (model/stops.py)
+    guidance: Guidance | None = None  # structured output (JSON Schema, tool calls)
     # False: this request neither reads from nor leaves anything in the conversation cache
     # (llama.cpp's `cache_prompt: false`).
     use_cache: bool = True

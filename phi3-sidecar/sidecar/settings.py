@@ -89,6 +89,22 @@ class Settings(BaseSettings):
         "long prompt is read. 64 costs no measurable prefill speed (docs/benchmarks.md, 'Prefill "
         "chunk'). 0 is refused; a value over the prompt's length appends it in one call.",
     )
+    decode_batch_rows: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Replies decoded together in one model call per step. 1: each reply has its "
+        "own onnxruntime-genai Generator and they take turns (N replies each get 1/N of the "
+        "speed). More than 1 (CPU only): the decoder runs in onnxruntime directly over KV "
+        "buffers the worker owns, every active reply advances one token per call, and a "
+        "joining prompt is read in PREFILL_CHUNK chunks between the others' steps. Decode "
+        "reads all weights once per call, so rows are cheap until compute catches up "
+        "(ARCHITECTURE.md, 'Batched decode'): a step of 4 rows gave 2.0 to 2.8 times the "
+        "tokens of one on a 2-vCPU AMD EPYC. Greedy replies are the same either way; a seeded "
+        "sampling reply is the sidecar's sampler's for that seed, not onnxruntime-genai's. "
+        "Requests the direct path cannot serve (constrained output, a decoder it does not know) "
+        "keep a Generator. Set it to MAX_CONCURRENCY to batch every active reply.",
+    )
     worker_stall_s: float = Field(
         default=60.0,
         ge=1.0,
@@ -96,7 +112,8 @@ class Settings(BaseSettings):
         description="Seconds the model worker may go without finishing a step (a token, or a "
         "chunk of PREFILL_CHUNK prompt tokens) while it is ready, before the watchdog fails its "
         "replies, kills it and starts another. Keep it above the longest step: one prompt chunk "
-        "on the slowest CPU the sidecar runs on.",
+        "on the slowest CPU the sidecar runs on. A replacement worker still loading is replaced "
+        "too when it reports no progress for this plus twice the first worker's load time.",
     )
     prompt_cache_mb: int = Field(
         default=2048,
@@ -123,9 +140,20 @@ class Settings(BaseSettings):
         description="Prompt-lookup drafts: the most tokens one decode step proposes, copied "
         "from where the reply's last tokens occurred before (the prompt or the reply); one "
         "model call checks them all, so replies that repeat their prompt (edits, summaries, "
-        "code) decode several tokens a call. 0 turns it off. Greedy requests only; the draft "
-        "length adapts down and drafting pauses after misses. docs/benchmarks.md, "
+        "code) decode several tokens a call. 0 turns it off. Greedy requests without "
+        "response_format or tools only, on the Generator path (not DECODE_BATCH_ROWS' batched "
+        "one); the draft length adapts down and drafting pauses after misses. "
+        "docs/benchmarks.md, "
         "'Prompt-lookup drafts'.",
+    )
+    prompt_cache_unscoped: bool = Field(
+        default=True,
+        description="Let requests without a scope (no `cache_scope`, `prompt_cache_key` or "
+        "`user`) share one cache pool. Whoever shares a pool can tell from `cached_tokens` (and "
+        "the timing) whether a prompt begins with what another request sent: an exact oracle. "
+        "On by default because only the chat app reaches the sidecar on App Service, and the app "
+        "never sends an unscoped request; false where other clients call the sidecar: unscoped "
+        "requests then use no cache.",
     )
     reply_time_limit_s: float = Field(
         default=210.0,
@@ -145,6 +173,22 @@ class Settings(BaseSettings):
         ge=1024,
         le=16 * 1024 * 1024,
         description="Largest request body (/predict, /v1/chat/completions); beyond: 413.",
+    )
+    request_headers_timeout_s: float = Field(
+        default=5.0,
+        ge=0.5,
+        le=300.0,
+        description="Seconds a client has to send a request's headers, from the connection "
+        "opening or the previous response ending; then the connection is closed (web/"
+        "deadlines.py). Slow and idle clients cannot hold sockets past it.",
+    )
+    request_body_timeout_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds a client has to send a request's whole body, from the end of its "
+        "headers; then 408 request_timeout and the connection is closed (a body nobody reads "
+        "is closed 2 s later). A stalled or endless body cannot hold a socket past it.",
     )
     log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
     log_prompts: bool = Field(
@@ -172,7 +216,9 @@ class Settings(BaseSettings):
         default=None,
         description="Require `Authorization: Bearer <key>`; several keys comma-separated. Off by "
         "default (on App Service only the main container is reachable from outside); turn it on "
-        "when the sidecar's port is published (web/access.py).",
+        "when the sidecar's port is published (web/access.py). Set but empty, blank or only "
+        "commas: refused at start (unset it to turn authentication off). The start log line "
+        "`access` says whether authentication is on.",
     )
     api_key_probes: bool = Field(
         default=False,
@@ -286,6 +332,17 @@ class Settings(BaseSettings):
             "model_path": Path("/home/models") / entry.folder,
         }
         return {**{k: v for k, v in defaults.items() if k not in given}, **data}
+
+    @field_validator("api_key")
+    @classmethod
+    def _some_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """API_KEY="" or " , " once turned authentication off without a word: refused."""
+        if value is not None and not any(k.strip() for k in value.get_secret_value().split(",")):
+            raise ValueError(
+                "API_KEY is set but holds no key (it is empty, blank or only commas); unset it "
+                "to run without authentication, or give one or more keys, comma-separated"
+            )
+        return value
 
     @field_validator("model_device", mode="before")
     @classmethod

@@ -3,6 +3,7 @@ reply lengths bounded by `MAX_NEW_TOKENS_LIMIT`, which the page reads from its m
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,18 @@ def test_conversation_id_scopes_the_sidecars_cache(client: FlaskClient, fake: Fa
     assert list(fs.ndjson(response.get_data()))[-1]["done"] is True
     # Only this conversation's requests may reuse each other's cached tokens.
     assert fake.requests == [{"messages": [USER], "cache_scope": "3f2a_B-9" * 8}]
+
+
+def test_a_chat_without_conversation_id_gets_a_fresh_scope_of_its_own(
+    client: FlaskClient, fake: FakeSidecar
+) -> None:
+    # Never the model service's shared unscoped pool, where cached_tokens is an oracle for
+    # what others sent: each such request gets its own random scope (issue 25).
+    for _ in range(2):
+        assert client.post("/chat", json={"messages": [USER]}).status_code == 200
+    scopes = [request["cache_scope"] for request in fake.requests]
+    assert all(re.fullmatch(r"once-[0-9a-f]{32}", scope) for scope in scopes)
+    assert scopes[0] != scopes[1]
 
 
 @pytest.mark.parametrize(

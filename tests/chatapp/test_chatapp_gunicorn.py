@@ -102,3 +102,23 @@ def test_development_server(fake: FakeSidecar, tmp_path: Path) -> None:
         assert httpx.get(dev.url + "/", timeout=10).status_code == 200
         response = httpx.post(dev.url + "/chat", json=CHAT, timeout=10)
         assert json.loads(response.text.splitlines()[0]) == {"delta": "dev"}
+
+
+def test_the_start_says_whether_a_key_goes_to_the_model_service(
+    fake: FakeSidecar, app: services.Service, tmp_path: Path
+) -> None:
+    # One line from gunicorn's master at start (issue 25), never the key itself.
+    def access_lines(service: services.Service) -> list[dict[str, object]]:
+        lines = [json.loads(line) for line in service.log_lines() if line.startswith("{")]
+        return [line for line in lines if line.get("msg") == "access"]
+
+    (line,) = access_lines(app)
+    assert (line["upstream_key"], line["allowed_hosts"], line["metrics"]) == ("unset", "*", True)
+    env = {"UPSTREAM_API_KEY": "s3cret-key", "ALLOWED_HOSTS": "chat.example.com,127.0.0.1"}
+    with services.chatapp(fake.url, tmp_path / "keyed.log", env=env) as keyed:
+        (line,) = access_lines(keyed)
+        assert (line["upstream_key"], line["allowed_hosts"]) == (
+            "set",
+            "chat.example.com,127.0.0.1",
+        )
+        assert "s3cret-key" not in keyed.log()

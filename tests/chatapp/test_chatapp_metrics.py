@@ -93,6 +93,27 @@ def test_a_reply_streaming_now_is_an_open_stream(
         time.sleep(0.05)
 
 
+def test_options_and_other_methods_are_no_chats(app: services.Service) -> None:
+    # OPTIONS /chat ran the relay's hooks: a fake chat line each, and -1 open stream (issue 25).
+    lines_before = len(app.log_lines())
+    for method in ("OPTIONS", "OPTIONS", "OPTIONS", "GET", "PUT"):
+        assert httpx.request(method, app.url + "/chat", timeout=10).status_code in (200, 405)
+    after = metrics(app.url)
+    assert after["chatapp_open_streams"] == 0
+    new_lines = [json.loads(line) for line in app.log_lines()[lines_before:]]
+    assert [line for line in new_lines if line.get("msg") == "chat"] == []
+    assert chat(app).status_code == 200  # while a real chat is one line, once its stream ends
+
+    def chat_lines() -> int:
+        new_lines = [json.loads(line) for line in app.log_lines()[lines_before:]]
+        return len([line for line in new_lines if line.get("msg") == "chat"])
+
+    deadline = time.monotonic() + 10
+    while chat_lines() != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_metrics_can_be_switched_off(make_app: Callable[..., Flask]) -> None:
     assert make_app().test_client().get("/metrics").status_code == 200
     response = make_app(METRICS=False).test_client().get("/metrics")

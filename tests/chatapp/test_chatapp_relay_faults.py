@@ -43,7 +43,7 @@ def test_streams_deltas_then_done(client: FlaskClient, fake: FakeSidecar) -> Non
     done = objs[-1]
     assert done["done"] is True and done["tokens"] == 4
     assert done["ttft_ms"] >= 0 and done["tokens_per_s"] > 0
-    assert fake.requests == [CONVERSATION]
+    assert fake.requests == [{**CONVERSATION, "cache_scope": fake.requests[0]["cache_scope"]}]
 
 
 def test_sends_generation_options(make_app: Callable[..., Flask], fake: FakeSidecar) -> None:
@@ -190,7 +190,8 @@ def test_sidecar_error_is_a_sentence_not_internals(client: FlaskClient, fake: Fa
 
 def test_body_is_sent_as_utf8(client: FlaskClient, fake: FakeSidecar) -> None:
     lines(client.post("/chat", json=CONVERSATION))
-    expected = json.dumps(CONVERSATION, ensure_ascii=False, separators=(",", ":"))
+    sent = {**CONVERSATION, "cache_scope": fake.requests[0]["cache_scope"]}
+    expected = json.dumps(sent, ensure_ascii=False, separators=(",", ":"))
     assert fake.raw_bodies[0].decode("utf-8") == expected
 
 
@@ -228,6 +229,22 @@ def test_read_timeout_before_the_reply(make_app: Callable[..., Flask], fake: Fak
     response = client.post("/chat", json=CONVERSATION)
     assert response.status_code == 504
     assert response.get_json()["error"]["type"] == "upstream_timeout"
+    assert fake.client_gone.wait(2)
+
+
+def test_a_silent_start_gets_heartbeats_then_its_refusal(
+    make_app: Callable[..., Flask], fake: FakeSidecar
+) -> None:
+    # The sidecar answers only when a queued chat gets its slot: past QUEUED_STREAM_AFTER the
+    # stream starts with pings (issue 25), and a refusal that comes later is its last line.
+    fake.predict = lambda h: fs.wait_until_client_closes(h, 5)
+    client = make_app(
+        SIDECAR_READ_TIMEOUT=0.7, HEARTBEAT_INTERVAL=0.1, QUEUED_STREAM_AFTER=0.1
+    ).test_client()
+    objs = lines(client.post("/chat", json=CONVERSATION))
+    assert objs[0] == {"ping": True}
+    assert objs[-1]["error"]["type"] == "upstream_timeout"
+    assert all(obj == {"ping": True} for obj in objs[:-1])
     assert fake.client_gone.wait(2)
 
 

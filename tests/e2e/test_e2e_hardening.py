@@ -76,9 +76,14 @@ def test_8_allowed_hosts(start_app: AppFactory, sidecar_service: services.Servic
         assert httpx.get(app.url + "/healthz", timeout=10).status_code == 200
         ok = httpx.get(app.url + "/healthz", headers={"host": "chat.example.com"}, timeout=10)
         assert ok.status_code == 200
-        refused = httpx.get(app.url + "/healthz", headers={"host": "evil.test"}, timeout=10)
-        assert refused.status_code == 400
-        assert refused.json()["error"]["type"] == "invalid_host"
+        # Host names are case-insensitive (issue 25: an upper-case Host was refused).
+        for host in ("CHAT.EXAMPLE.COM", "Chat.Example.com:8080"):
+            ok = httpx.get(app.url + "/healthz", headers={"host": host}, timeout=10)
+            assert ok.status_code == 200, host
+        for host in ("evil.test", "evil.com#.example.com", "evil.com/.example.com"):
+            refused = httpx.get(app.url + "/healthz", headers={"host": host}, timeout=10)
+            assert refused.status_code == 400
+            assert refused.json()["error"]["type"] == "invalid_host"
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +108,58 @@ def test_10_the_app_sends_the_sidecars_key(
         assert refused.status_code == 502
         assert refused.json()["error"]["type"] == "upstream_unauthorized"
         assert "SIDECAR_API_KEY" in refused.json()["error"]["message"]
+
+
+# -- issue 25: misconfigurations name the real cause ---------------------------------------------
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_new_tokens": 4}
+
+
+def test_a_wrong_key_makes_the_apps_healthz_not_ready(
+    start_app: AppFactory, keyed_sidecar: services.Service
+) -> None:
+    # The sidecar's /readyz is open to probes: the app's /healthz said ready while every chat
+    # was refused.
+    with start_app(keyed_sidecar.url, SIDECAR_API_KEY="wrong") as app:
+        health = httpx.get(app.url + "/healthz", timeout=10).json()
+        assert health["sidecar"]["ready"] is False
+        assert health["sidecar"]["error"] == "upstream_unauthorized"
+        assert health["sidecar"]["detail"]["phase"] == "failed"
+    with start_app(keyed_sidecar.url, SIDECAR_API_KEY="k-1") as app:
+        assert httpx.get(app.url + "/healthz", timeout=10).json()["sidecar"]["ready"] is True
+
+
+def test_an_openai_mode_app_without_its_key_says_so(
+    start_app: AppFactory, keyed_sidecar: services.Service
+) -> None:
+    # It said the server "lists no model".
+    with start_app(keyed_sidecar.url, UPSTREAM_API="openai") as app:
+        refused = httpx.post(app.url + "/chat", json=CHAT, timeout=60)
+        assert refused.status_code == 502
+        assert refused.json()["error"]["type"] == "upstream_unauthorized"
+        assert "UPSTREAM_API_KEY" in refused.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def host_bound_sidecar(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[services.Service]:
+    log = tmp_path_factory.mktemp("logs") / "sidecar-hosts.log"
+    with services.sidecar(
+        tiny_model_dir, log, ALLOWED_HOSTS="sidecar.internal,127.0.0.1"
+    ) as service:
+        yield service
+
+
+@pytest.mark.parametrize("api", ["predict", "openai"])
+def test_a_sidecar_allowed_hosts_mismatch_is_not_blamed_on_the_user(
+    start_app: AppFactory, host_bound_sidecar: services.Service, api: str
+) -> None:
+    # The app reaches the sidecar as "localhost", which its ALLOWED_HOSTS does not name: a 400
+    # that blamed the conversation reached the page.
+    url = host_bound_sidecar.url.replace("127.0.0.1", "localhost")
+    with start_app(url, UPSTREAM_API=api, UPSTREAM_MODEL="tiny") as app:
+        refused = httpx.post(app.url + "/chat", json=CHAT, timeout=60)
+        assert refused.status_code == 502
+        error = refused.json()["error"]
+        assert error["type"] == "upstream_error" and "ALLOWED_HOSTS" in error["message"]

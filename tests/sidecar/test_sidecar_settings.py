@@ -133,6 +133,34 @@ def test_a_bad_setting_stops_the_service_with_a_clear_line() -> None:
     assert (line["msg"], line["setting"]) == ("invalid setting", "PORT")
 
 
+@pytest.mark.parametrize("value", ["", "  ", " , ", ",,"])
+def test_an_api_key_that_holds_no_key_stops_the_service(value: str) -> None:
+    # It once turned authentication off without a word (issue 25).
+    result = run_python("from sidecar.__main__ import main; main()", API_KEY=value)
+    assert result.returncode == 2
+    (line,) = [json.loads(x) for x in result.stderr.splitlines()]
+    assert (line["msg"], line["setting"]) == ("invalid setting", "API_KEY")
+    assert "holds no key" in line["error"] and "unset it" in line["error"]
+
+
+def test_the_start_says_whether_authentication_is_on(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    caplog.set_level(logging.INFO, logger="sidecar.web.access")
+    for env, expected in (({}, "off"), ({"API_KEY": "k1, k2"}, "on")):
+        for name, value in env.items():
+            clean_env.setenv(name, value)
+        app = create_app(Settings(model_path=tmp_path))
+        with TestClient(app):  # the lifespan runs (the worker fails to load: no model here)
+            pass
+        (record,) = [r for r in caplog.records if r.getMessage() == "access"]
+        caplog.clear()
+        fields = record.fields  # type: ignore[attr-defined]
+        assert fields["authentication"] == expected
+        assert fields["api_keys"] == (2 if expected == "on" else 0)
+        assert "k1" not in json.dumps(fields)
+
+
 def test_telemetry_is_off_before_onnxruntime_genai_is_imported() -> None:
     result = run_python(
         """

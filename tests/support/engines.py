@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import ipc
+from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine, Generation
 from sidecar.model.engine import load_engine as load_real_engine
 from sidecar.model.prompt import Prompt
@@ -46,7 +47,7 @@ SECRET = "secret-internal-detail-1234"  # in the exception text; must never reac
 
 
 class FaultyGeneration:
-    def __init__(self, real: Generation, fault: str | None) -> None:
+    def __init__(self, real: Generation | BatchGeneration, fault: str | None) -> None:
         self._real = real
         self._fault = fault
 
@@ -108,7 +109,7 @@ def load_faulty_engine(settings: Settings) -> FaultyEngine:
 
 
 class PacedGeneration:
-    def __init__(self, real: Generation, pace: float) -> None:
+    def __init__(self, real: Generation | BatchGeneration, pace: float) -> None:
         self._real = real
         self._pace = pace
 
@@ -145,4 +146,15 @@ def load_paced_engine(settings: Settings) -> PacedEngine:
 def load_faulty_slow_engine(settings: Settings) -> FaultyEngine:
     """The faulty engine, two seconds to load: a replacement worker's coming back can be seen."""
     time.sleep(2.0)
+    return load_faulty_engine(settings)
+
+
+def load_faulty_hanging_replacement(settings: Settings) -> FaultyEngine:
+    """The faulty engine the first time; every later worker (a replacement) hangs while it
+    loads, as a stuck driver or file system would. Counts loads in $LOAD_COUNT_FILE."""
+    counter = Path(os.environ["LOAD_COUNT_FILE"])
+    loads = int(counter.read_text() or "0") if counter.exists() else 0
+    counter.write_text(str(loads + 1))
+    if loads >= 1:
+        time.sleep(3600)  # the watchdog kills this process
     return load_faulty_engine(settings)

@@ -27,10 +27,13 @@ from typing import Any
 import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Drafts, Finish, Generate
+from sidecar.model.batch_decoder import BatchDecoder, Unsupported, read_spec
+from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchGeneration, BatchScheduler, serves
 from sidecar.model.cpus import cpu_budget
 from sidecar.model.drafts import draft_counts, use_prompt_lookup
 from sidecar.model.family import read_facts
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
+from sidecar.model.guidance import fitted, refusal, room
 from sidecar.model.prompt import Prompt, PromptBuilder
 from sidecar.model.prompt_cache import ROUND_TOKENS, Entry, PromptCache
 from sidecar.model.stops import StopFilter
@@ -52,10 +55,13 @@ class Engine:
         prefill_chunk: int = 64,
         prompt_cache_mb: int = 0,
         prompt_cache_exact: bool = False,
+        prompt_cache_unscoped: bool = True,
         device: str = "cpu",
         provider_options: Mapping[str, str] | None = None,
         prompt_lookup_tokens: int = 0,
         default_new_tokens: int = 1024,
+        decode_batch_rows: int = 1,
+        max_concurrency: int = 1,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -75,6 +81,7 @@ class Engine:
         # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self._cache_budget = prompt_cache_mb * 2**20
+        self.cache_unscoped = prompt_cache_unscoped
         # The spare generator made while loading holds a short prompt and a default reply.
         self._spare_needed = default_new_tokens + ROUND_TOKENS
         config = og.Config(str(path))
@@ -82,17 +89,12 @@ class Engine:
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
         config.overlay(json.dumps(overlay))
         use_device(config, device, provider_options or {})
-        try:
-            self.model = og.Model(config)
-            self.tokenizer = og.Tokenizer(self.model)
-        except Exception as exc:
-            if device != "cpu":
-                raise DeviceUnavailable(device_error(device, exc)) from exc
-            raise ModelFolderError(
-                f"onnxruntime-genai could not load the model in {str(path)!r}: "
-                f"{first_line(exc)}; "
-                "check that the folder is complete (download it again)"
-            ) from exc
+        self._config, self._path, self._device = config, path, device
+        # With batched decode the decoder's weights live in batch_decoder.py's session; the
+        # Generator's model (the same weights again) is loaded only if a request needs it.
+        batching = decode_batch_rows > 1 and device == "cpu"
+        self._model = None if batching else self._load_model()
+        self.tokenizer = og.Tokenizer(self._model if self._model is not None else config)
         template = _TemplateTokenizer(self.tokenizer)
         self.facts = read_facts(
             path, genai_config, template, self.tokenizer.eos_token_ids, self.tokenizer.bos_token_id
@@ -105,24 +107,112 @@ class Engine:
             self.facts.bos_id,
             system_role=self.facts.system_role,
         )
+        # DECODE_BATCH_ROWS > 1: replies the direct path serves are batched (batch_scheduler.py)
+        # and own the conversation cache's budget; the Generator path keeps no cache then.
+        self.batch: BatchScheduler | None = None
+        if decode_batch_rows > 1:
+            self.batch = self._batch_path(
+                path, genai_config, device, decode_batch_rows, max_concurrency, num_threads
+            )
+        if self.batch is None and self._model is None:
+            self._model = self._load_model()
 
-    def start(self, request: Generate, *, cached: bool = True) -> Generation:
+    @property
+    def model(self) -> og.Model:
+        """onnxruntime-genai's model, loaded on first use when batched decode is on."""
+        if self._model is None:
+            log.info("loading the Generator's model for a request batched decode does not serve")
+            self._model = self._load_model()
+        return self._model
+
+    def _load_model(self) -> og.Model:
+        try:
+            return og.Model(self._config)
+        except Exception as exc:
+            if self._device != "cpu":
+                raise DeviceUnavailable(device_error(self._device, exc)) from exc
+            raise self._folder_error(exc) from exc
+
+    def _folder_error(self, exc: Exception) -> ModelFolderError:
+        """The model's files cannot be loaded (by onnxruntime-genai, or by the batched
+        path's session, which reads the same decoder): one sentence for /readyz."""
+        return ModelFolderError(
+            f"onnxruntime-genai could not load the model in {str(self._path)!r}: "
+            f"{first_line(exc)}; "
+            "check that the folder is complete (download it again)"
+        )
+
+    def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
-        generator that holds the prompt's beginning, or make a new one."""
+        generator (or KV slot) that holds the prompt's beginning, or make a new one."""
         prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
-        return Generation(self, prompt, request, cached=cached and request.use_cache)
+        # PROMPT_CACHE_UNSCOPED=false: a request without a scope neither reuses nor leaves
+        # anything, so the shared pool (an oracle for what others sent) does not exist.
+        cached = cached and request.use_cache
+        cached = cached and (request.cache_scope is not None or self.cache_unscoped)
+        if self.batch is not None and serves(request):
+            return self.batch.start(prompt, request, cached=cached)
+        return Generation(self, prompt, request, cached=cached and self.batch is None)
+
+    def _batch_path(
+        self,
+        path: Path,
+        genai_config: Mapping[str, Any],
+        device: str,
+        rows: int,
+        concurrency: int,
+        threads: int,
+    ) -> BatchScheduler | None:
+        """The batched path, or None (logged) where it cannot serve this model exactly."""
+        try:
+            if device != "cpu":
+                raise Unsupported(f"MODEL_DEVICE={device}: the batched path is CPU only")
+            spec = read_spec(genai_config)
+            slots = concurrency + (CACHE_SLOTS if self._cache_budget else 0)
+            options = self.session_options.items()
+            config = {k: str(v) for k, v in options if k.startswith("session.")}
+            decoder = BatchDecoder(
+                path, spec, config, threads or cpu_budget().count, slots, self.max_length
+            )
+        except Unsupported as exc:
+            log.warning(
+                "batched decode is off: every reply gets a Generator",
+                extra={"fields": {"reason": str(exc)}},
+            )
+            return None
+        except Exception as exc:
+            raise self._folder_error(exc) from exc
+        cache = PromptCache(0, decoder.pool.bytes_per_token, self.max_length, self.prefill_chunk)
+        cache.exact = self.cache.exact
+        return BatchScheduler(
+            decoder,
+            cache,
+            rows=rows,
+            chunk=self.prefill_chunk,
+            eos_ids=self.eos_ids,
+            new_stream=self.tokenizer.create_stream,
+            vocab_size=self.vocab_size,
+        )
 
     def warm_up(self) -> None:
         """Read a short prompt and generate one token (not cached); size the KV cache's
         tokens from what the model really allocated."""
         request = Generate("warm-up", (("user", "Hi"),), max_new_tokens=1)
-        generation = self.start(request, cached=False)
-        while generation.step() is None:
-            pass
-        self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
-        generation.release(reusable=False)
-        self.cache.budget_bytes = self._cache_budget
-        self._make_spare()
+        prompt = self.prompts.fit(request.messages, 1, self.max_length)
+        if self.batch is None:
+            generation = Generation(self, prompt, request, cached=False)
+            while generation.step() is None:
+                pass
+            self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
+            generation.release(reusable=False)
+            self.cache.budget_bytes = self._cache_budget
+            self._make_spare()
+            return
+        batched = self.batch.start(prompt, request, cached=False)
+        while batched.finish is None:
+            self.batch.step()
+        batched.release(reusable=False)
+        self.batch.cache.budget_bytes = self._cache_budget
 
     def _make_spare(self) -> None:
         """One idle greedy generator, made now: the first cached request takes it instead of
@@ -143,7 +233,8 @@ class Engine:
         log.info("spare generator", extra={"fields": {"capacity": capacity, "bytes": nbytes}})
 
     def cache_stats(self) -> CacheStats:
-        return CacheStats(**asdict(self.cache.stats()))
+        cache = self.batch.cache if self.batch is not None else self.cache
+        return CacheStats(**asdict(cache.stats()))
 
     def _kv_bytes_per_token(self, generation: Generation) -> int:
         """K and V of every layer for one token, from the first layer's present key (shape
@@ -257,6 +348,9 @@ class Generation:
         self._cache = engine.cache
         sampling = bool(request.temperature)
         needed = len(prompt.ids) + prompt.max_new_tokens
+        guidance = fitted(request.guidance, needed, engine.max_length)
+        needed += room(guidance)  # forced tokens may run past the reply's budget (guidance.py)
+        self.guided = guidance is not None
         # A seeded sampling request is never continued from a cache entry: its random state
         # would differ from a fresh generator's, and "same seed, same reply" would not hold.
         cached = cached and self._cache.enabled and not (sampling and request.seed is not None)
@@ -265,16 +359,17 @@ class Generation:
         # refuses less.
         capacity = self._cache.capacity_for(needed) if cached else needed
         capacity = max(capacity, engine.facts.min_cache_length)
-        lent = (
-            self._cache.lend(request.cache_scope, sampling, prompt.ids, needed) if cached else None
-        )
+        scope = request.cache_scope
+        lent = self._cache.lend(scope, sampling, prompt.ids, needed, guidance) if cached else None
         if lent is None and cached:
-            recycled = self._cache.recycle(request.cache_scope, sampling, capacity, needed)
+            recycled = self._cache.recycle(scope, sampling, capacity, needed, guidance)
             lent = (recycled, 0) if recycled is not None else None
         if lent is not None:
             self._entry, self.cached_tokens = lent
             try:
                 generator = self._entry.generator
+                if self.guided and generator.token_count() == self.cached_tokens > 0:
+                    self.cached_tokens -= 1  # only a rewind re-arms the grammar (guidance.py)
                 if generator.token_count() > self.cached_tokens:
                     generator.rewind_to(self.cached_tokens)
                 turn = _turn_options(request, prompt, engine.vocab_size)
@@ -293,19 +388,31 @@ class Generation:
             if request.seed is not None:
                 options["random_seed"] = request.seed
             params.set_search_options(**options)
-            use_prompt_lookup(params, 0 if sampling else engine.prompt_lookup_tokens)
+            # Drafts for greedy, unguided replies only (drafts.py)
+            drafted = not sampling and guidance is None
+            use_prompt_lookup(params, engine.prompt_lookup_tokens if drafted else 0)
+            try:
+                if guidance is not None:
+                    params.set_guidance(guidance.kind, guidance.data, guidance.ff_tokens)
+                generator = og.Generator(engine.model, params)
+            except RuntimeError as exc:
+                # the grammar, or llguidance's reading of this model's tokenizer ("llg_")
+                if guidance is not None and ("grammar" in str(exc) or "llg_" in str(exc)):
+                    raise refusal(exc) from exc
+                raise
             self._entry = Entry(
-                og.Generator(engine.model, params),
+                generator,
                 params,
                 capacity,
                 request.cache_scope,
                 sampling,
                 nbytes=capacity * self._cache.bytes_per_token,
+                guidance=guidance,
             )
             if keep:
                 self._cache.adopt(self._entry)
         self._generator = self._entry.generator
-        drafting = engine.prompt_lookup_tokens and not sampling
+        drafting = engine.prompt_lookup_tokens and not sampling and not self.guided
         self._drafts_before = draft_counts(self._generator) if drafting else None
         self._stream = engine.tokenizer.create_stream()
         self._stops = StopFilter(request.stop)
@@ -334,27 +441,42 @@ class Generation:
             entry.kv_len = self._generator.token_count()
             entry.prefilled(self.cached_tokens, self._appended, self._chunk)
             return None
+        before = self._generator.token_count()
         self._generator.generate_next_token()
         token = int(self._generator.get_next_tokens()[0])
-        self.generated += 1
+        count = self._generator.token_count()
         self.last_token_at = time.monotonic()
         if self.first_token_at is None:
             self.first_token_at = self.last_token_at
+        # A guided step may also have added the tokens its grammar forced, in front of the
+        # sampled one (guidance.py); an unguided step adds exactly the sampled token.
+        if count - before == 1 and token not in self._eos:
+            tokens = [token]
+        else:
+            tokens = [int(t) for t in self._generator.get_sequence(0)[before:count]]
+        budget = self.prompt.max_new_tokens - self.generated
+        shown = tokens[:budget]  # forced tokens never take a reply past its max_new_tokens
+        self.generated += len(shown)
+        text = "".join(str(self._stream.decode(t)) for t in shown)
+        ended = token in self._eos and len(shown) == len(tokens)
         if token in self._eos:
-            # EOS is not added to the sequence, and the step fed the token before it: the
-            # KV cache now holds the whole sequence.
-            entry.kv_len = self._generator.token_count() - self._slack
-            self.finish = "eos"
-            return self._stops.flush()
-        # The new token is in the sequence but not yet in the KV cache (the next step feeds
-        # it): a later request re-appends it.
-        entry.kv_len = self._generator.token_count() - 1 - self._slack
-        text = str(self._stream.decode(token))
+            # EOS is not added to the sequence, and the step fed the token before it (and any
+            # forced ones): the KV cache now holds the whole sequence.
+            entry.kv_len = count - self._slack
+            if ended:
+                self.generated += 1  # the end token counts, as it always did
+        else:
+            # The sampled token is in the sequence but not yet in the KV cache (the next step
+            # feeds it): a later request re-appends it.
+            entry.kv_len = count - 1 - self._slack
         if self._stops:
             text, stopped = self._stops.feed(text)
             if stopped:
                 self.finish = "stop"
                 return text
+        if ended:
+            self.finish = "eos"
+            return text + self._stops.flush()
         if self.generated >= self.prompt.max_new_tokens or self._generator.is_done():
             self.finish = "length"
             text += self._stops.flush()
@@ -429,8 +551,11 @@ def load_engine(settings: Settings) -> Engine:
         prefill_chunk=settings.prefill_chunk,
         prompt_cache_mb=settings.prompt_cache_mb,
         prompt_cache_exact=settings.prompt_cache_exact,
+        prompt_cache_unscoped=settings.prompt_cache_unscoped,
         device=settings.model_device,
         provider_options=settings.provider_options,
         prompt_lookup_tokens=settings.prompt_lookup_tokens,
         default_new_tokens=settings.max_new_tokens,
+        decode_batch_rows=settings.decode_batch_rows,
+        max_concurrency=settings.max_concurrency,
     )

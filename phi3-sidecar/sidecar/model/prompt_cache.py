@@ -10,8 +10,10 @@ message reuses everything before the edit, and no session id is needed.
 Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
 - An entry is matched only by requests of the same scope (the chat app's conversation, an
   OpenAI client's `prompt_cache_key` or `user`; None is the shared unscoped pool), so nobody
-  can time another scope's cached prefix, and of the same sampling mode (greedy or sampling is
-  fixed when a generator is made).
+  can time another scope's cached prefix, and of the same sampling mode and the same guidance
+  (greedy or sampling, and the grammar a structured reply follows, are fixed when a generator
+  is made: a guided generator is never lent to an unguided request or to another grammar, nor
+  the reverse).
 - In the unscoped pool an entry is lent only to what is likely its own conversation: a request
   that starts with the entry's whole last prompt (the next turn, a regenerated reply), or one
   it lies wholly inside (nothing of it is lost), or one it covers at least half of; so a short
@@ -44,7 +46,8 @@ Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
   conversation), and the old entry, a prefix of the new one, is dropped.
 
 Pure Python: the generators are onnxruntime-genai objects that engine.py makes and drives; this
-module only keeps the books.
+module only keeps the books. With batched decode (DECODE_BATCH_ROWS > 1) the entries are KV
+slots instead (batch_scheduler.py): same rules, an entry's bytes are the tokens its slot holds.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from sidecar.ipc import Guidance
 
 GROWTH_TOKENS = 1024  # at least this much room to grow beyond the request, when it fits
 ROUND_TOKENS = 256  # generator lengths are multiples of this (fewer distinct sizes to allocate)
@@ -79,6 +84,7 @@ class Entry:
     exact_end: int = 0  # leading tokens whose K/V a fresh chunked prefill would give bit for bit
     lent: bool = True
     last_used: int = 0
+    guidance: Guidance | None = None  # the grammar the generator was made with, for life
     spare: bool = False  # made while loading, never used yet: holds nothing
 
     def prefilled(self, start: int, end: int, chunk: int) -> None:
@@ -127,7 +133,12 @@ class PromptCache:
     # -- lending ---------------------------------------------------------------------------
 
     def lend(
-        self, scope: str | None, sampling: bool, prompt: Sequence[int], needed: int
+        self,
+        scope: str | None,
+        sampling: bool,
+        prompt: Sequence[int],
+        needed: int,
+        guidance: Guidance | None = None,
     ) -> tuple[Entry, int] | None:
         """The idle entry to continue from, and how many leading prompt tokens it already
         holds (at most len(prompt) - 1: at least one token is always appended); None if no
@@ -135,6 +146,8 @@ class PromptCache:
         best: tuple[Entry, int] | None = None
         for entry in self.entries:
             if entry.lent or entry.scope != scope or entry.sampling != sampling:
+                continue
+            if entry.guidance != guidance:
                 continue
             if entry.capacity < needed:
                 continue
@@ -180,19 +193,25 @@ class PromptCache:
             self._evict(idle.pop(0))
 
     def recycle(
-        self, scope: str | None, sampling: bool, capacity: int, needed: int
+        self,
+        scope: str | None,
+        sampling: bool,
+        capacity: int,
+        needed: int,
+        guidance: Guidance | None = None,
     ) -> Entry | None:
         """When a new generator of `capacity` tokens would not fit without evicting, one of the
         idle generators make_room would evict (least recently used first) that has the same
-        sampling mode and room for `needed` tokens: lent to the caller, emptied of its tokens
-        (the caller rewinds it to 0) and moved to `scope`. Reusing it skips allocating and
-        zero-filling a whole KV cache (0.75 MiB a token for Phi-3-mini: about 0.3 s a GiB,
-        several times that where the kernel must first fault the pages in). None when nothing
-        has to be evicted or no such generator is among those that would be. Before all that,
-        an idle generator holding nothing (the spare) with the same sampling mode and room is
-        lent as it is."""
+        sampling mode and guidance, and room for `needed` tokens: lent to the caller, emptied
+        of its tokens (the caller rewinds it to 0) and moved to `scope`. Reusing it skips
+        allocating and zero-filling a whole KV cache (0.75 MiB a token for Phi-3-mini: about
+        0.3 s a GiB, several times that where the kernel must first fault the pages in). None
+        when nothing has to be evicted or no such generator is among those that would be.
+        Before all that, an idle generator holding nothing (the spare, unguided) with the same
+        sampling mode and guidance and room is lent as it is."""
         for entry in self._idle_by_age():
-            if entry.spare and entry.sampling == sampling and entry.capacity >= needed:
+            same_mode = entry.sampling == sampling and entry.guidance == guidance
+            if entry.spare and same_mode and entry.capacity >= needed:
                 entry.lent, entry.spare, entry.scope = True, False, scope
                 return entry  # no conversation lost: not an eviction
         wanted = capacity * self.bytes_per_token
@@ -201,7 +220,8 @@ class PromptCache:
         for entry in idle:
             if held + wanted <= self.budget_bytes:
                 return None  # what is left to evict is not needed: allocate
-            if entry.sampling == sampling and entry.capacity >= needed:
+            same_mode = entry.sampling == sampling and entry.guidance == guidance
+            if same_mode and entry.capacity >= needed:
                 entry.lent = True
                 entry.scope = scope
                 entry.kv_len = entry.prompt_end = entry.exact_end = 0
@@ -232,13 +252,21 @@ class PromptCache:
             return
         tokens = entry.cached_tokens()
         for other in [e for e in self.entries if e is not entry and not e.lent]:
-            if other.scope == entry.scope and other.sampling == entry.sampling:
+            same_mode = other.sampling == entry.sampling and other.guidance == entry.guidance
+            if other.scope == entry.scope and same_mode:
                 held = other.cached_tokens()[: other.prompt_end]
                 if other.capacity <= entry.capacity and tokens[: len(held)] == held:
                     self._evict(other, counted=False)
         idle = self._idle_by_age()
         while idle and self.stats().bytes > self.budget_bytes:
             self._evict(idle.pop(0))
+
+    def evict_oldest_idle(self) -> bool:
+        """Evict the least recently used idle entry (to free what it holds); False if none."""
+        idle = self._idle_by_age()
+        if idle:
+            self._evict(idle[0])
+        return bool(idle)
 
     def _idle_by_age(self) -> list[Entry]:
         """The idle entries in eviction order: least recently used first."""

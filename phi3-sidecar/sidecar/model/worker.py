@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Protocol
@@ -32,6 +33,7 @@ from sidecar import ipc
 from sidecar.jsonlog import configure_logging
 from sidecar.model.download import download_if_needed
 from sidecar.model.folder import ModelFolderError, first_line
+from sidecar.model.guidance import GuidanceRefused
 from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
 from sidecar.settings import Settings
 
@@ -57,6 +59,18 @@ class Stepper(Protocol):
 
     def release(self, reusable: bool) -> None:
         """The request is over: keep its generator in the conversation cache, or drop it."""
+        ...
+
+
+class Batch(Protocol):
+    """What the scheduler needs of the batched path (batch_scheduler.BatchScheduler)."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    def step(self) -> Sequence[tuple[Stepper, str | None]]:
+        """One prompt chunk and one decode call for all batched generations: each one
+        touched, with its text (None: a chunk was read, no token yet)."""
         ...
 
 
@@ -129,12 +143,27 @@ class Scheduler:
 
     def run(self) -> None:
         """Until Stop; EOFError/OSError when the web process is gone."""
+        batch: Batch | None = getattr(self._engine, "batch", None)
         while not self._stopping:
             self._read(block=not self._jobs)
-            for key in list(self._jobs):
-                if key in self._jobs:  # a cancellation may have removed it meanwhile
-                    self._step(key, self._jobs[key])
+            if batch is not None and batch.busy:
+                self._end_expired()
+                # One model call for every batched reply (batch_scheduler.py).
+                keys = {id(job.generation): key for key, job in self._jobs.items()}
+                for generation, text in batch.step():
+                    key = keys.get(id(generation))
+                    if key is not None and key in self._jobs:
+                        self._after(key, self._jobs[key], text)
                 self._read(block=False)
+            for key in list(self._jobs):
+                job = self._jobs.get(key)  # a cancellation may have removed it meanwhile
+                if job is None:
+                    continue
+                # An engine wrapper that hides the batch (tests/support/engines.py) steps
+                # its batched generations one by one.
+                if not (batch is not None and getattr(job.generation, "batched", False)):
+                    self._step(key, job)
+                    self._read(block=False)
 
     def _read(self, *, block: bool) -> None:
         if block:
@@ -183,6 +212,13 @@ class Scheduler:
                 )
             )
             return
+        except GuidanceRefused as exc:
+            self._outbox.send(
+                ipc.Rejected(
+                    request.key, "invalid_guidance", f"the model cannot follow this schema: {exc}"
+                )
+            )
+            return
         except Exception as exc:
             log.error(
                 "starting a generation failed",
@@ -209,6 +245,15 @@ class Scheduler:
             )
         )
 
+    def _end_expired(self) -> None:
+        """End the batched replies past their deadline (_step checks the others)."""
+        now = time.monotonic()
+        for key, job in list(self._jobs.items()):
+            expired = job.deadline is not None and now >= job.deadline
+            if expired and getattr(job.generation, "batched", False):
+                del self._jobs[key]
+                self._end(key, job, "time_limit")
+
     def _step(self, key: int, job: _Job) -> None:
         if job.deadline is not None and time.monotonic() >= job.deadline:
             # Checked between steps: the reply ends within one token (or one prompt chunk) of
@@ -231,6 +276,10 @@ class Scheduler:
             del self._jobs[key]
             self._end(key, job, "error")
             return
+        self._after(key, job, text)
+
+    def _after(self, key: int, job: _Job, text: str | None) -> None:
+        """Send what a step made, and end the job if its reply is over."""
         if text is not None:  # None: a chunk of the prompt was appended, no token yet
             now = time.monotonic()
             job.finished_at.append(now)

@@ -18,6 +18,8 @@ Refusals use errors.REFUSALS: 401 `unauthorized` (with `WWW-Authenticate: Bearer
 from __future__ import annotations
 
 import hmac
+import logging
+import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -25,6 +27,21 @@ from sidecar.settings import Settings
 from sidecar.web.errors import ApiError
 
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+log = logging.getLogger("sidecar.web.access")
+
+
+def log_state(settings: Settings) -> None:
+    """One line at start: whether authentication is on (how many keys, never the keys) and
+    which hosts are served, so that an operator sees an open sidecar at once."""
+    keys = len(settings.api_keys)
+    fields = {
+        "authentication": "on" if keys else "off",
+        "api_keys": keys,
+        "probes_need_key": bool(keys) and settings.api_key_probes,
+        "allowed_hosts": ",".join(settings.allowed_host_patterns) or "*",
+    }
+    log.info("access", extra={"fields": fields})
 
 
 class AccessMiddleware:
@@ -63,12 +80,18 @@ class AccessMiddleware:
         return None
 
 
+# A Host value this service can be named by: a DNS name or IPv4 address, or an IPv6 literal;
+# with an optional port. Anything else (`evil.com#.example.com` ends with `.example.com`) is
+# refused before a pattern is tried.
+_NAME = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.?"
+HOST = re.compile(rf"(?P<name>{_NAME}|\[[0-9a-f:.]+\])(?::[0-9]{{1,5}})?")
+
+
 def _host_allowed(raw: bytes, patterns: tuple[str, ...]) -> bool:
-    host = raw.decode("latin-1").strip().lower()
-    if host.startswith("["):  # [::1]:8000
-        host = host[: host.find("]") + 1]
-    else:
-        host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    match = HOST.fullmatch(raw.decode("latin-1").strip().lower())
+    if match is None:
+        return False
+    host = match.group("name").rstrip(".")
     for pattern in patterns:
         if pattern == "*" or pattern == host:
             return True

@@ -14,8 +14,9 @@ from fastapi import FastAPI
 
 from sidecar.settings import Settings
 from sidecar.web import errors, openapi
-from sidecar.web.access import AccessMiddleware
+from sidecar.web.access import AccessMiddleware, log_state
 from sidecar.web.admission import Admission
+from sidecar.web.deadlines import BodyDeadline
 from sidecar.web.metrics import Metrics
 from sidecar.web.model_client import ModelClient
 from sidecar.web.openai_api import router as openai_router
@@ -36,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log_state(settings)  # whether authentication is on, once at start
         await model.start()  # returns at once: the port opens while the model loads
         try:
             yield
@@ -71,6 +73,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     openapi.install(app)
     app.add_middleware(AccessMiddleware, settings=settings)
+    # A body that stalls is refused with 408 (the headers' deadline is uvicorn's: deadlines.py).
+    app.add_middleware(BodyDeadline, seconds=settings.request_body_timeout_s)
     if tracing is not None:  # inside RequestLogMiddleware: it reads the request's record
         app.add_middleware(TraceRequest, tracing=tracing)
     # Added last, runs first: every request gets its log line, refused ones included.

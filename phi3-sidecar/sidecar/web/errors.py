@@ -45,6 +45,7 @@ REFUSALS: dict[str, Answer] = {
     "invalid_encoding": Answer(400, "invalid_encoding", 400, "invalid_encoding"),
     "invalid_json": Answer(400, "invalid_json", 400, "invalid_json"),
     "invalid_field": Answer(422, "invalid_request", 400, "invalid_value"),
+    "request_timeout": Answer(408, "request_timeout", 408, "request_timeout"),
     # who is asking (access.py)
     "unauthorized": Answer(401, "unauthorized", 401, "invalid_api_key"),
     "invalid_host": Answer(400, "invalid_host", 400, "invalid_host"),
@@ -60,6 +61,8 @@ REFUSALS: dict[str, Answer] = {
         413, "context_length_exceeded", 400, "context_length_exceeded"
     ),
     "unencodable_prompt": Answer(400, "invalid_request", 400, "invalid_prompt"),
+    # a response_format schema or tool parameters llguidance cannot compile (model/guidance.py)
+    "invalid_guidance": Answer(422, "invalid_request", 400, "invalid_schema"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
     # anything unexpected
@@ -72,6 +75,8 @@ WHEN: dict[str, str] = {
     "unsupported_media_type": "the body is not `application/json`",
     "body_too_large": "the body is over `MAX_BODY_BYTES` (`/predict` and `/v1/chat/completions`)",
     "body_cut_off": "the body ended before its `Content-Length`",
+    "request_timeout": "the body did not arrive within `REQUEST_BODY_TIMEOUT_S` of the headers "
+    "(a stalled or endless body; the connection is closed)",
     "invalid_encoding": "the body is not UTF-8",
     "invalid_json": "the body is not JSON, or is nested too deeply",
     "invalid_field": 'a field is wrong (`"field.path: reason"`; the input is never echoed)',
@@ -81,13 +86,17 @@ WHEN: dict[str, str] = {
     "not_found": "no such path",
     "model_not_found": "`GET /v1/models/{id}` names a model this sidecar does not serve",
     "method_not_allowed": "the path exists, not with this method (`Allow` says which)",
-    "not_ready": "the model is not ready; `phase` says why (`Retry-After: 5`): loading "
-    "(`starting`, `downloading`, `loading`, `warming_up`), `restarting` (the worker died or "
-    "stopped answering and is being replaced: retry), or `failed` (waiting will not help)",
+    "not_ready": "the model is not ready; `phase` says why: loading (`starting`, `downloading`, "
+    "`loading`, `warming_up`; `Retry-After: 5`), `restarting` (the worker died, stopped "
+    "answering or hung while loading, and is being replaced; `Retry-After`: the back-off of "
+    "1, 2, 5, 10 or 30 s left plus the last load time), or `failed` (waiting will not help)",
     "overloaded": "the queue is full (`QUEUE_SIZE`; `Retry-After: 2`)",
     "context_length_exceeded": "the newest turn alone does not fit the context; `limit_tokens` "
     "says the limit (older turns are dropped first)",
     "unencodable_prompt": "the messages cannot be encoded by the model's tokenizer",
+    "invalid_guidance": "a `response_format` schema or a tool's `parameters` that the grammar "
+    "engine cannot compile (an unknown type, a bad `pattern`, a `$ref` it cannot resolve); "
+    "`param` names the field",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
     "cut off instead)",
@@ -138,12 +147,13 @@ class ApiError(Exception):
         return JSONResponse({"error": body}, status_code=answer.openai_status, headers=self.headers)
 
 
-def not_ready(phase: str, reason: str | None) -> ApiError:
+def not_ready(phase: str, reason: str | None, retry_after: int = RETRY_NOT_READY_S) -> ApiError:
+    """503: `retry_after` from the real back-off while a worker is replaced (model_client)."""
     detail = f"{phase}: {reason}" if reason else phase
     return ApiError(
         "not_ready",
         f"the model is not ready ({detail})",
-        headers={"Retry-After": str(RETRY_NOT_READY_S)},
+        headers={"Retry-After": str(retry_after)},
         extra={"phase": phase},  # for clients: "failed" will not heal by waiting, "loading" will
     )
 

@@ -9,7 +9,13 @@ backoff).
 A watchdog notices a worker that is alive but stuck (a hung call, a SIGSTOP): while the model
 is ready it pings the worker every few seconds, and the worker answers between two steps (a
 token, or a prompt chunk). A ping unanswered for WORKER_STALL_S means no step has finished for
-that long: the replies in flight are failed visibly, the worker is killed and replaced.
+that long: the replies in flight are failed visibly, the worker is killed and replaced. A
+replacement worker that is still loading cannot answer pings; it is replaced in the same way
+when it reports no progress (a phase) for WORKER_STALL_S plus twice the first worker's load
+time. (The first worker has no such limit: a download may take long.)
+
+While a worker is being replaced, `PhaseState.retry_after_s` says when a retry may succeed:
+the back-off before the replacement starts plus the time the last load took.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 import multiprocessing
 import queue
 import threading
@@ -30,6 +37,7 @@ from multiprocessing.process import BaseProcess
 
 from sidecar import ipc
 from sidecar.settings import Settings
+from sidecar.web.errors import RETRY_NOT_READY_S
 
 log = logging.getLogger("sidecar.web.model_client")
 
@@ -44,6 +52,13 @@ class PhaseState:
     reason: str | None
     since: float
     max_length: int | None = None
+    retry_at: float | None = None  # when a replacement should be ready (time.monotonic())
+
+    def retry_after_s(self) -> int:
+        """Seconds a client should wait before retrying (Retry-After)."""
+        if self.retry_at is None:
+            return RETRY_NOT_READY_S
+        return max(1, math.ceil(self.retry_at - time.monotonic()))
 
     @property
     def ready(self) -> bool:
@@ -99,6 +114,7 @@ class ModelClient:
         self._ping_sent: float | None = None  # an unanswered ping, if any
         self._stalled: str | None = None  # why the watchdog killed the current worker
         self._recovering: str | None = None  # why the worker is being replaced, until ready
+        self._load_s: float | None = None  # how long the last worker took to become ready
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -145,6 +161,7 @@ class ModelClient:
         self._outbox = queue.SimpleQueue()
         self._ping_sent = None
         self._stalled = None
+        self._last_heard = self._spawned_at  # the load watchdog counts from here
         self._set_phase(ipc.Phase("starting"))
         threading.Thread(
             target=self._write, args=(to_worker_w, self._outbox), name="worker-writer", daemon=True
@@ -217,16 +234,19 @@ class ModelClient:
             self._on_generation_over()
         reply.deliver(message)
 
-    def _set_phase(self, message: ipc.Phase) -> None:
+    def _set_phase(self, message: ipc.Phase, retry_at: float | None = None) -> None:
         now = time.monotonic()
         if message.ready:
             self._recovering = None
+            self._load_s = now - self._spawned_at
         elif self._recovering is not None and message.name not in ("failed", "restarting"):
             # A replacement coming up is still "restarting" to clients (retry soon), with
             # where it is in the reason.
             reason = f"{self._recovering}; {message.name.replace('_', ' ')}"
             message = ipc.Phase("restarting", reason, message.context_length)
-        self.phase = PhaseState(message.name, message.reason, now, message.context_length)
+            if self._load_s is not None:
+                retry_at = self._spawned_at + self._load_s
+        self.phase = PhaseState(message.name, message.reason, now, message.context_length, retry_at)
         if message.ready:
             self._crashes = 0
         fields: dict[str, object] = {"phase": message.name}
@@ -252,18 +272,26 @@ class ModelClient:
         self.restarts += 1
         why = self._stalled or f"the model worker exited unexpectedly (exit code {exitcode})"
         self._recovering = why
-        self._set_phase(ipc.Phase("restarting", f"{why}; restarting in {delay:g} s"))
+        retry_at = time.monotonic() + delay + (self._load_s or 0.0)
+        self._set_phase(ipc.Phase("restarting", f"{why}; restarting in {delay:g} s"), retry_at)
         assert self._loop is not None
         self._restart = self._loop.call_later(delay, self._spawn)
 
     async def _watch(self) -> None:
-        """Ping a ready worker; kill one that leaves a ping unanswered for WORKER_STALL_S."""
+        """Ping a ready worker; kill one that leaves a ping unanswered for WORKER_STALL_S, or a
+        replacement that makes no progress loading for WORKER_STALL_S + twice the last load."""
         stall = self._settings.worker_stall_s
         while True:
             await asyncio.sleep(min(1.0, stall / 4))
-            if not self.phase.ready or self._stalled is not None:
+            if self._stalled is not None:
                 continue
             now = time.monotonic()
+            if not self.phase.ready:
+                if self._loading_replacement() and self._load_s is not None:
+                    silent = now - self._last_heard
+                    if silent > stall + 2 * self._load_s:
+                        self._kill_stalled(silent, loading=True)
+                continue
             if self._ping_sent is None:
                 if now - self._last_heard >= PING_INTERVAL_S:
                     self._ping_sent = now
@@ -271,8 +299,24 @@ class ModelClient:
             elif now - max(self._ping_sent, self._last_heard) > stall:
                 self._kill_stalled(now - self._last_heard)
 
-    def _kill_stalled(self, silent_s: float) -> None:
-        self._stalled = f"the model worker stopped answering ({silent_s:.0f} s without a step)"
+    def _loading_replacement(self) -> bool:
+        """A replacement worker is running and has not become ready yet."""
+        return (
+            self._recovering is not None
+            and self._restart is None
+            and self.phase.name != "failed"
+            and self._process is not None
+            and self._process.is_alive()
+        )
+
+    def _kill_stalled(self, silent_s: float, *, loading: bool = False) -> None:
+        if loading:
+            self._stalled = (
+                f"the replacement model worker hung while loading ({silent_s:.0f} s without "
+                "progress)"
+            )
+        else:
+            self._stalled = f"the model worker stopped answering ({silent_s:.0f} s without a step)"
         log.error("model worker stalled", extra={"fields": {"silent_s": round(silent_s, 1)}})
         self._abort_all()  # fail the replies in flight now, not after the kill is noticed
         if self._process is not None and self._process.is_alive():

@@ -12,9 +12,9 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
                 message `name` (accepted, not shown to the model); content is a string or a
                 list of text parts [{"type": "text", "text": "..."}], joined with newlines;
                 other parts (image_url, input_audio, ...) are refused
-  model         any string, echoed (absent: the served model's name). Not checked against the
-                one model served: clients often send a fixed name. GET /v1/models/{id} is the
-                place where an unknown id is a 404 model_not_found.
+  model         any string of up to 256 characters, echoed (absent: the served model's name).
+                Not checked against the one model served: clients often send a fixed name.
+                GET /v1/models/{id} is the place where an unknown id is a 404 model_not_found.
   max_completion_tokens or max_tokens   /predict's max_new_tokens (both: only if equal)
   temperature, top_p, seed, top_k       as /predict: absent temperature means greedy (OpenAI's
                 default is 1); top_k is not OpenAI's (vLLM has it)
@@ -22,10 +22,18 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
                 part of it ever shown, finish_reason "stop"
   stream        bool, default false; stream_options {"include_usage", "include_obfuscation"}
                 only with it (no obfuscation padding is sent)
+  response_format  {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+                {"name", "description", "schema", "strict"}}: the reply is held to the schema
+                by a grammar (guidance.py), so it parses and validates unless finish_reason is
+                "length"
+  tools, tool_choice ("none" | "auto" | "required" | {"type": "function", "function":
+                {"name"}}), parallel_tool_calls   function tools through tool_protocol.py's
+                text protocol, held to by a grammar; messages may then hold an assistant's
+                tool_calls (content null) and role "tool" messages with tool_call_id. stop
+                cannot be combined with response_format or tools (it could cut the structure)
   Accepted only where they change nothing (absent, null or this value), else 400 naming the
   field: n 1, presence_penalty 0, frequency_penalty 0, logprobs false, top_logprobs 0,
-  logit_bias {}, tools [], tool_choice "none", response_format {"type": "text"}. Accepted with
-  any value of their type: store, parallel_tool_calls, metadata (OpenAI's limits),
+  logit_bias {}. Accepted with any value of their type: store, metadata (OpenAI's limits),
   safety_identifier. prompt_cache_key (else user), a string: scopes the conversation cache:
   only requests with the same key reuse each other's cached tokens.
   llama.cpp server fields (what apps written for App Service's built-in model sidecar extension
@@ -39,8 +47,9 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
 Reply, stream false: 200 application/json once the reply is complete:
   {"id": "chatcmpl-<request id>", "object": "chat.completion", "created": <unix seconds>,
    "model": ..., "choices": [{"index": 0, "message": {"role": "assistant", "content": ...},
-   "logprobs": null, "finish_reason": "stop" | "length"}],  ("length" also when the reply
-   reached REPLY_TIME_LIMIT_S, counted from the request's arrival: outcome time_limit)
+   "logprobs": null, "finish_reason": "stop" | "length" | "tool_calls"}],  ("length"
+   also when the reply reached REPLY_TIME_LIMIT_S, counted from the request's arrival:
+   outcome time_limit)
    "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
              "prompt_tokens_details": {"cached_tokens": ...}}}
   With PROMPT_LOOKUP_TOKENS on, a greedy reply's usage also has "completion_tokens_details":
@@ -53,7 +62,10 @@ Reply, stream false: 200 application/json once the reply is complete:
 Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the text comes:
   chat.completion.chunk objects (id, created and model as above, "choices": [{"index": 0,
   "delta": ..., "logprobs": null, "finish_reason": null}]): first delta {"role": "assistant"},
-  then deltas {"content": "..."} (whole characters), then delta {} with the finish_reason; with
+  then deltas {"content": "..."} (whole characters), then delta {} with the finish_reason (a
+  reply that calls tools: content null in the message; streamed, the call is held until it
+  is complete and sent as one delta {"tool_calls": [{"index", "id", "type", "function":
+  {"name", "arguments"}}]} per call); with
   include_usage every chunk has "usage": null and one more chunk follows with "choices": []
   and the usage; the last event is `data: [DONE]`. An error after the first byte ends the
   response without [DONE] and without its final chunk (as /predict), logged with the id.
@@ -83,6 +95,7 @@ from sidecar.web.errors import ApiError
 from sidecar.web.openai_schemas import ChatCompletionRequest
 from sidecar.web.pipeline import read_body
 from sidecar.web.reply import ReplyFormat
+from sidecar.web.tool_protocol import Call, ReplySplitter, read_calls
 
 router = APIRouter()
 
@@ -119,6 +132,10 @@ async def chat_completions(
 ) -> Response:
     body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
     record.stream = body.stream
+    guidance = body.guidance
+    if guidance is not None:  # for the log line
+        held_to = body.response_format.type if body.response_format is not None else None
+        record.structured = "tools" if body.tools else held_to
     generate = ipc.Generate(
         record.request_id,
         body.conversation(),
@@ -129,13 +146,24 @@ async def chat_completions(
         seed=body.seed,
         cache_scope=body.cache_scope,
         stop=tuple(body.stop or ()),
+        guidance=guidance,
         use_cache=body.cache_prompt,
         repetition_penalty=body.repeat_penalty,
     )
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
-    reply_format = EventStream(ids, body.include_usage) if body.stream else Completion(ids)
-    return await pipeline.run(request, record, generate, reply_format)
+    tools = body.calls_tools
+    reply_format: ReplyFormat
+    if body.stream:
+        reply_format = EventStream(ids, body.include_usage, tools)
+    else:
+        reply_format = Completion(ids, tools)
+    try:
+        return await pipeline.run(request, record, generate, reply_format)
+    except ApiError as error:
+        if error.reason == "invalid_guidance":  # name the field the grammar came from
+            error.param = "tools" if body.tools else "response_format"
+        raise
 
 
 @dataclass(frozen=True)
@@ -175,10 +203,26 @@ def _completion_details(drafts: ipc.Drafts | None) -> dict[str, Any]:
     return {"completion_tokens_details": details}
 
 
-def _finish_reason(end: ipc.End) -> str:
+def _finish_reason(end: ipc.End, calls: list[Call] | None = None) -> str:
     # time_limit (REPLY_TIME_LIMIT_S) is "length" too: the reply was cut short by a limit, the
     # reason OpenAI clients (and llama.cpp's own time limit) know for it.
-    return "length" if end.finish in ("length", "time_limit") else "stop"
+    if end.finish in ("length", "time_limit"):
+        return "length"
+    return "tool_calls" if calls else "stop"
+
+
+def _calls(splitter: ReplySplitter | None, end: ipc.End) -> tuple[str | None, list[Call] | None]:
+    """At the end of a reply that may call tools: the text still held (None: no content),
+    and the calls (None for a text reply, and for a call cut off by a limit, which is
+    dropped: so is the start of the marker when the limit came first)."""
+    if splitter is None:
+        return "", None
+    rest = splitter.rest()
+    if splitter.calling:
+        return None, read_calls(rest)
+    if rest and _finish_reason(end) == "length" and splitter.undecided:
+        return None, None
+    return rest, None
 
 
 def _json(data: dict[str, Any]) -> bytes:
@@ -191,20 +235,27 @@ class Completion(ReplyFormat):
     media_type = "application/json"
     buffered = True
 
-    def __init__(self, ids: Ids) -> None:
+    def __init__(self, ids: Ids, tools: bool = False) -> None:
         self._ids = ids
         self._text: list[str] = []
+        self._splitter = ReplySplitter() if tools else None
 
     def piece(self, text: str) -> bytes:
-        self._text.append(text)
+        self._text.append(self._splitter.feed(text) if self._splitter else text)
         return b""
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
+        rest, calls = _calls(self._splitter, end)
+        shown = "".join(self._text)
+        text = None if rest is None and not shown else shown + (rest or "")
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [call.as_openai() for call in calls]
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": "".join(self._text)},
+            "message": message,
             "logprobs": None,
-            "finish_reason": _finish_reason(end),
+            "finish_reason": _finish_reason(end, calls),
         }
         usage = _usage(end, started)
         return _json(self._ids.object("chat.completion", choices=[choice], usage=usage))
@@ -215,11 +266,12 @@ class EventStream(ReplyFormat):
 
     media_type = "text/event-stream"
 
-    def __init__(self, ids: Ids, include_usage: bool) -> None:
+    def __init__(self, ids: Ids, include_usage: bool, tools: bool = False) -> None:
         self._ids = ids
         self._include_usage = include_usage
+        self._splitter = ReplySplitter() if tools else None
 
-    def _chunk(self, delta: dict[str, str], finish_reason: str | None = None) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         usage = {"usage": None} if self._include_usage else {}
         return _event(self._ids.object("chat.completion.chunk", choices=[choice], **usage))
@@ -228,10 +280,17 @@ class EventStream(ReplyFormat):
         return self._chunk({"role": "assistant"})
 
     def piece(self, text: str) -> bytes:
-        return self._chunk({"content": text})
+        if self._splitter is not None:
+            text = self._splitter.feed(text)  # a call is held until it is complete
+        return self._chunk({"content": text}) if text else b""
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
-        events = self._chunk({}, _finish_reason(end))
+        rest, calls = _calls(self._splitter, end)
+        events = self._chunk({"content": rest}) if rest else b""
+        # One delta per call, whole: the SDK's stream helpers assemble deltas by index.
+        for index, call in enumerate(calls or ()):
+            events += self._chunk({"tool_calls": [call.as_openai(index)]})
+        events += self._chunk({}, _finish_reason(end, calls))
         if self._include_usage:
             usage = _usage(end, started)
             events += _event(self._ids.object("chat.completion.chunk", choices=[], usage=usage))

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
+from sidecar import ipc
 from sidecar.ipc import Role
-from sidecar.web import llamacpp_fields
+from sidecar.web import guidance, llamacpp_fields, tool_protocol
 from sidecar.web.llamacpp_fields import PredictLimit, RepeatPenalty
 from sidecar.web.messages import (
     MAX_MESSAGES,
@@ -30,6 +31,16 @@ from sidecar.web.messages import (
     TopK,
     TopP,
     check_roles,
+    not_blank,
+)
+from sidecar.web.openai_tools import (
+    MAX_TOOLS,
+    NamedToolChoice,
+    ResponseFormat,
+    TextFormat,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
 )
 
 # OpenAI fields without an implementation here: accepted only at the value (or null).
@@ -40,16 +51,13 @@ NO_EFFECT: dict[str, tuple[object, str]] = {
     "logprobs": (False, "log probabilities are not supported"),
     "top_logprobs": (0, "log probabilities are not supported"),
     "logit_bias": ({}, "logit_bias is not supported"),
-    "tools": ([], "tools are not supported"),
-    "tool_choice": ("none", "tools are not supported"),
-    "response_format": ({"type": "text"}, "only the text response format is supported"),
 }
 # Accepted with any string: it labels the request for OpenAI's own abuse monitoring, which
 # means nothing here. (`prompt_cache_key` and `user` scope the conversation cache: fields.)
 LABELS = ("safety_identifier",)
-# Accepted with any value of their type, changing nothing: completions are never stored, there
-# are no tools to call in parallel, metadata is OpenAI's bookkeeping.
-IGNORED: dict[str, type] = {"store": bool, "parallel_tool_calls": bool, "metadata": dict}
+# Accepted with any value of their type, changing nothing: completions are never stored,
+# metadata is OpenAI's bookkeeping.
+IGNORED: dict[str, type] = {"store": bool, "metadata": dict}
 
 
 def _no_effect(value: object, neutral: object) -> bool:
@@ -85,15 +93,37 @@ def _join_text_parts(value: object) -> object:
 class OpenAIMessage(ChatMessage):
     """A /predict message whose content may also be a list of text parts, whose role may be
     `developer` (OpenAI's newer name for the system message), and which may have a `name`
-    (a participant's name: accepted, not shown to the model)."""
+    (a participant's name: accepted, not shown to the model). An assistant message may carry
+    the `tool_calls` it made (its content then may be null), and a `tool` message answers one
+    of them (`tool_call_id`): tool_protocol.py writes both into the prompt."""
 
-    role: Literal["system", "developer", "user", "assistant"]  # type: ignore[assignment]
-    content: Annotated[Text, BeforeValidator(_join_text_parts)]
+    role: Literal["system", "developer", "user", "assistant", "tool"]  # type: ignore[assignment]
+    content: Annotated[Text, BeforeValidator(_join_text_parts)] | None = None  # type: ignore[assignment]
     name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    @model_validator(mode="after")
+    def _content_needed(self) -> Self:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message has tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("a tool message, and only a tool message, has a tool_call_id")
+        if self.content is None and self.tool_calls is None:
+            raise ValueError("content is required (null only with tool_calls)")
+        if self.role not in ("assistant", "tool") and self.content is not None:
+            not_blank(self.content)
+        return self
 
     @property
     def plain_role(self) -> Role:
-        return "system" if self.role == "developer" else self.role
+        """The role in the prompt: a tool's result is read as the user's turn."""
+        if self.role == "developer":
+            return "system"
+        return "user" if self.role == "tool" else self.role
+
+    def turn(self) -> tool_protocol.Turn:
+        return tool_protocol.Turn(self.role, self.content, self.tool_calls or (), self.tool_call_id)
 
 
 class StreamOptions(BaseModel):
@@ -103,10 +133,16 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool = False  # OpenAI's padding against length side channels: none here
 
 
+# The model asked for: echoed in every reply object and stream chunk, so bounded (a 60 KB name
+# made a 2.2 MB stream) and valid Unicode (a lone surrogate cannot be encoded: 500, or an empty
+# streamed 200); pydantic checks both once the string has constraints.
+ModelName = Annotated[str, Field(max_length=256)]
+
+
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    model: str | None = None
+    model: ModelName | None = None
     messages: list[OpenAIMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: NewTokens | None = None
     max_completion_tokens: NewTokens | None = None
@@ -121,6 +157,12 @@ class ChatCompletionRequest(BaseModel):
     # (else the same user) reuse each other's cached tokens; neither: the unscoped pool.
     prompt_cache_key: CacheScope | None = None
     user: CacheScope | None = None
+    # Structured output (openai_tools.py, guidance.py): held to by a grammar, not asked for.
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[ToolSpec], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    _guidance: ipc.Guidance | None = PrivateAttr(default=None)
     # llama.cpp server fields, sent by apps written for App Service's built-in model sidecar
     # extension; what each means here (and the ones accepted and ignored): llamacpp_fields.py.
     n_predict: PredictLimit | None = None
@@ -164,7 +206,39 @@ class ChatCompletionRequest(BaseModel):
         llamacpp_fields.reply_limit(self.n_predict, self.max_tokens, self.max_completion_tokens)
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
+        self._check_tools()
         return self
+
+    def _check_tools(self) -> None:
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two tools have the same name")
+        choice = self.tool_choice
+        if choice not in (None, "none") and not names:
+            raise ValueError("tool_choice: only allowed when tools are given")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice: no tool named {choice.function.name!r} in tools")
+        response_format = self.response_format
+        if isinstance(response_format, TextFormat):
+            response_format = None
+        parallel = self.parallel_tool_calls is not False
+        try:
+            self._guidance = guidance.for_request(
+                response_format, self.tools or (), self.tool_choice, parallel
+            )
+        except RecursionError:
+            field = "tools" if self.tools else "response_format"
+            raise ValueError(f"{field}: the schema is nested too deeply") from None
+        if self.stop and self._guidance is not None:
+            raise ValueError(
+                "stop: stop sequences cannot be combined with response_format or tools "
+                "(they would cut the structure)"
+            )
+        called = set()
+        for message in self.messages:
+            called |= {c.id for c in message.tool_calls or ()}
+            if message.tool_call_id is not None and message.tool_call_id not in called:
+                raise ValueError("messages: a tool message answers no earlier tool call")
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -177,7 +251,21 @@ class ChatCompletionRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def conversation(self) -> tuple[tuple[Role, str], ...]:
-        return tuple((m.plain_role, m.content) for m in self.messages)
+        if self.tools or any(m.tool_calls or m.role == "tool" for m in self.messages):
+            turns = [m.turn() for m in self.messages]
+            return tool_protocol.conversation(turns, self.tools or (), self.tool_choice or "auto")
+        return tuple((m.plain_role, m.content or "") for m in self.messages)
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the reply may be a tool call (read by tool_protocol.ReplySplitter)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def guidance(self) -> ipc.Guidance | None:
+        """The grammar the reply is held to (guidance.py, built while validating); None: free
+        text."""
+        return self._guidance
 
     @property
     def cache_scope(self) -> str | None:

@@ -99,7 +99,7 @@ class Pipeline:
         if self._log_prompts:
             record.prompt = generate.messages
         if not model.phase.ready:
-            raise not_ready(model.phase.name, model.phase.reason)
+            raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
         queued_at = time.monotonic()  # telemetry: the queue wait (web/metrics.py, telemetry.py)
         if not await self._admit(request):
             record.outcome = "cancelled"  # the client left while waiting in the queue
@@ -119,7 +119,7 @@ class Pipeline:
             extra = {"limit_tokens": start.limit_tokens} if start.limit_tokens is not None else None
             raise ApiError(start.reason, start.message, extra=extra)
         if isinstance(start, ipc.End):  # the worker died before it started this request
-            raise not_ready(model.phase.name, model.phase.reason)
+            raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
         record.prompt_tokens = start.prompt_tokens
         record.cached_tokens = start.cached_tokens
         record.dropped_messages = start.dropped_messages
@@ -145,7 +145,7 @@ class Pipeline:
             phase = self._model.phase
             if not phase.ready:  # the worker failed while we waited
                 admission.release()
-                raise not_ready(phase.name, phase.reason)
+                raise not_ready(phase.name, phase.reason, phase.retry_after_s())
             return True
         return False
 

@@ -7,7 +7,6 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from sidecar.web import errors
 from sidecar.web.deps import AdmissionDep, MetricsDep, ModelDep, SettingsDep
 from sidecar.web.metrics import Gauges
 
@@ -37,7 +36,7 @@ async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
     if ready:
         body["max_length"] = phase.max_length
         return JSONResponse(body)
-    headers = {"Retry-After": str(errors.RETRY_NOT_READY_S)}
+    headers = {"Retry-After": str(phase.retry_after_s())}
     return JSONResponse(body, status_code=503, headers=headers)
 
 

@@ -20,6 +20,8 @@ class RequestRecord:
     path: str
     status: int | None = None
     stream: bool | None = None  # /v1/chat/completions only: false = one JSON body at the end
+    # /v1/chat/completions only: what the reply was held to (json_object, json_schema, tools)
+    structured: str | None = None
     outcome: str | None = None  # eos, stop, length, time_limit, cancelled, error, ...
     error_type: str | None = None
     prompt_tokens: int | None = None

@@ -132,7 +132,7 @@ class ReplyResponse(Response):
         if end.finish == "error":  # logged by the worker (or the worker died): nothing was sent
             phase = self._model.phase
             if not phase.ready:
-                error = not_ready(phase.name, phase.reason)
+                error = not_ready(phase.name, phase.reason, phase.retry_after_s())
             else:
                 error = ApiError("generation_failed", "the generation failed; see the log")
             await self._error(error, scope, receive, send)

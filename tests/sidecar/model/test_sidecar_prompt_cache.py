@@ -202,6 +202,19 @@ def test_two_scopes_never_share_a_prefix(tiny_pair: tuple[Service, Service]) -> 
     assert ask(on, history, scope="alice").cached > 0
 
 
+def test_the_unscoped_pool_can_be_turned_off(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # PROMPT_CACHE_UNSCOPED=false: no shared pool to learn others' prompts from (issue 25);
+    # scoped conversations keep their cache.
+    history = [{"role": "user", "content": USER_TURNS[2]}]
+    with sidecar(tiny_model_dir, tmp_path_factory, PROMPT_CACHE_UNSCOPED="false") as service:
+        ask(service, history)
+        assert ask(service, history).cached == 0
+        ask(service, history, scope="alice")
+        assert ask(service, history, scope="alice").cached > 0
+
+
 def test_openai_clients_scope_with_prompt_cache_key_and_see_cached_tokens(
     tiny_pair: tuple[Service, Service],
 ) -> None:

@@ -5,9 +5,11 @@ the replies) is tested through the sidecar in test_sidecar_prompt_cache.py."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
+from sidecar.ipc import Guidance
 from sidecar.model.prompt_cache import GROWTH_TOKENS, Entry, PromptCache
 
 KB = 1024
@@ -34,10 +36,12 @@ def kept(
     *,
     scope: str | None = None,
     capacity: int = 500,
+    guidance: Guidance | None = None,
 ) -> Entry:
     """An idle entry as a finished request leaves it: the prompt prefilled, the reply after it,
     its last token not yet fed."""
     entry = Entry(Tokens(prompt + reply), None, capacity, scope, False, capacity * KB)
+    entry.guidance = guidance
     pool.adopt(entry)
     entry.prefilled(0, len(prompt), pool.chunk)
     entry.kv_len = len(prompt) + max(0, len(reply) - 1)
@@ -215,3 +219,44 @@ def test_the_spare_is_lent_to_the_first_miss_that_fits_it() -> None:
     assert pool.recycle("a", False, 2304, 300) is made
     assert made.lent and made.scope == "a" and pool.evictions == 0 and pool.entries == [made]
     assert not made.spare  # lent once: an entry like any other from now on
+
+
+GRAMMAR = Guidance("json_schema", '{"type": "object"}')
+
+
+def test_entries_are_lent_only_to_the_same_guidance() -> None:
+    """A generator keeps its grammar for life: guided and free-text requests, and requests of
+    different grammars, never share one (lend, recycle, and the spare alike)."""
+    pool = cache()
+    plain = kept(pool, PROMPT, REPLY)
+    guided = kept(pool, PROMPT, REPLY, guidance=GRAMMAR)
+    next_turn = PROMPT + REPLY + [900]
+    other = Guidance("json_schema", '{"type": "array"}')
+    assert pool.lend(None, False, next_turn, 50, other) is None
+    assert pool.lend(None, False, next_turn, 50, replace(GRAMMAR, ff_tokens=False)) is None
+    lent = pool.lend(None, False, next_turn, 50, GRAMMAR)
+    assert lent is not None and lent[0] is guided
+    lent = pool.lend(None, False, next_turn, 50)
+    assert lent is not None and lent[0] is plain
+
+
+def test_a_guided_miss_recycles_only_a_generator_of_its_grammar() -> None:
+    pool = cache(budget_tokens=1000)
+    old = kept(pool, PROMPT, REPLY, capacity=800)
+    assert pool.recycle("a", False, 800, 300, GRAMMAR) is None  # the unguided one is not taken
+    old.guidance = GRAMMAR
+    assert pool.recycle("a", False, 800, 300, GRAMMAR) is old
+
+
+def test_the_spare_is_never_lent_to_a_guided_request() -> None:
+    pool = cache(budget_tokens=10_000)
+    made = spare(pool, 2304)
+    assert pool.recycle("a", False, 2304, 300, GRAMMAR) is None  # it has no grammar
+    assert made.spare and not made.lent
+
+
+def test_a_returned_entry_drops_only_earlier_states_of_its_own_guidance() -> None:
+    pool = cache()
+    earlier = kept(pool, PROMPT, REPLY, guidance=GRAMMAR)
+    kept(pool, PROMPT + REPLY + [900, 901], [42])  # unguided: the guided one stays
+    assert earlier in pool.entries

@@ -94,6 +94,37 @@ def test_5_a_crashed_worker_reads_as_restarting_with_retry_after(faulty_slow: Se
     assert predict(faulty_slow.url, {"input_text": "Hi"}).status_code == 200
 
 
+def test_5_a_replacement_that_hangs_while_loading_is_replaced_and_retry_after_is_the_backoff(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 25: the watchdog watched only a ready worker, so a hung replacement was never
+    replaced; and Retry-After said 5 whatever the back-off was (1, 2, 5, 10, 30 s)."""
+    env = {
+        **faulty(),
+        "ENGINE_FACTORY": "tests.support.engines:load_faulty_hanging_replacement",
+        "LOAD_COUNT_FILE": str(tmp_path / "loads"),
+        "WORKER_STALL_S": "1",
+    }
+    with services.sidecar(tiny_model_dir, tmp_path / "sidecar.log", env=env) as service:
+        with pytest.raises(httpx.RemoteProtocolError):
+            predict(service.url, {"input_text": f"{EXIT} go"})
+        # Every replacement hangs: each is killed and the back-off grows to 10 s.
+        deadline = time.monotonic() + 90
+        while True:
+            assert time.monotonic() < deadline, service.log()[-3000:]
+            ready = httpx.get(service.url + "/readyz", timeout=10)
+            if "restarting in 10 s" in (ready.json()["reason"] or ""):
+                break
+            time.sleep(0.1)
+        assert ready.status_code == 503
+        assert "hung while loading" in ready.json()["reason"]
+        assert int(ready.headers["retry-after"]) >= 9  # the back-off, not a fixed 5
+        refused = predict(service.url, {"input_text": "Hi"})
+        assert error_of(refused, 503)["phase"] == "restarting"
+        assert int(refused.headers["retry-after"]) >= 9
+        assert int((tmp_path / "loads").read_text()) >= 4  # three replacements were started
+
+
 # -- 6. a frozen worker is noticed ----------------------------------------------------------------
 
 
@@ -171,7 +202,7 @@ def test_9_tokens_of_a_reply_cut_by_a_crash_are_counted(faulty_slow: Service) ->
 @pytest.fixture(scope="module")
 def guarded(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     log = tmp_path_factory.mktemp("logs") / "sidecar.log"
-    env = {"API_KEY": "first-key, second-key", "ALLOWED_HOSTS": "127.0.0.1,localhost"}
+    env = {"API_KEY": "first-key, second-key", "ALLOWED_HOSTS": "127.0.0.1,localhost,*.example.com"}
     with services.sidecar(tiny_model_dir, log, env=env) as service:
         yield service
 
@@ -225,11 +256,15 @@ def test_10_probes_closed_with_api_key_probes(tiny_model_dir: Path, tmp_path: Pa
 
 def test_10_another_host_name_is_refused(guarded: Service) -> None:
     auth = {"authorization": "Bearer first-key"}
-    for host in ("evil.example", "localhost.evil.example"):
+    # Issue 25: a Host that is no host name was matched by its end ("evil.com#.example.com").
+    refused = ("evil.example", "localhost.evil.example", "evil.com#.example.com", "example.com")
+    for host in (*refused, "evil.com/.example.com", "a.example.com@evil.com", "x .example.com"):
         headers = {**auth, "host": host}
         response = httpx.get(guarded.url + "/v1/models", headers=headers, timeout=10)
         assert error_of(response, 400)["code"] == "invalid_host"  # /v1: OpenAI's shape
-    assert httpx.get(guarded.url + "/v1/models", headers={**auth, "host": "localhost:9"}).is_success
+    for host in ("localhost:9", "a.example.com", "A.Example.COM:8000", "127.0.0.1"):
+        headers = {**auth, "host": host}
+        assert httpx.get(guarded.url + "/v1/models", headers=headers).is_success, host
 
 
 # -- beyond the list ------------------------------------------------------------------------------

@@ -256,8 +256,15 @@ INVALID: dict[str, dict[str, Any]] = {
     "logit-bias": {"messages": HI, "logit_bias": {"50256": -100}},
     "presence-penalty": {"messages": HI, "presence_penalty": 0.5},
     "logprobs": {"messages": HI, "logprobs": True},
-    "tools": {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
-    "json-mode": {"messages": HI, "response_format": {"type": "json_object"}},
+    "tool-choice-names-no-tool": {
+        "messages": HI,
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tool_choice": {"type": "function", "function": {"name": "g"}},
+    },
+    "json-schema-without-name": {
+        "messages": HI,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
+    },
     "unknown-field": {"messages": HI, "max_new_tokens": 5},
     "max-tokens-zero": {"messages": HI, "max_tokens": 0},
     "two-different-limits": {"messages": HI, "max_tokens": 5, "max_completion_tokens": 6},
@@ -426,3 +433,29 @@ def test_an_unknown_model_id_is_404(sidecar_service: Service) -> None:
     response = httpx.get(sidecar_service.url + "/v1/models/gpt-4o", timeout=10)
     assert response.status_code == 404
     assert "gpt-4o" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("model", ["\ud800", "m" * 60_000], ids=["surrogate", "60kb"])
+def test_a_bad_model_name_is_a_clean_400_counted_as_rejected(
+    sidecar_service: Service, model: str, stream: bool
+) -> None:
+    # A lone surrogate answered 500 (counted as a success) or an empty streamed 200; a 60 KB
+    # name was echoed into every chunk (issue 25).
+    before = metrics(sidecar_service.url)
+    body = json.dumps({"messages": HI, "model": model, "stream": stream, "max_tokens": 4})
+    response = httpx.post(
+        sidecar_service.url + PATH,
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert_error(response, 400, "invalid_request_error")
+    error = response.json()["error"]
+    assert error["param"] == "model" and error["code"] == "invalid_value"
+    after = metrics(sidecar_service.url)
+    outcomes = [key for key in after if key.startswith("sidecar_requests_total{")]
+    changed = {key: after[key] - before.get(key, 0) for key in outcomes}
+    assert {key: n for key, n in changed.items() if n} == {
+        'sidecar_requests_total{outcome="rejected"}': 1.0
+    }

@@ -1,0 +1,406 @@
+"""Several replies decoded in one model call per step (DECODE_BATCH_ROWS > 1).
+
+Each reply holds one slot of the KV pool (batch_decoder.py). One step of the worker is:
+- one chunk (PREFILL_CHUNK tokens) of the oldest prompt still being read, at batch 1 in its
+  own slot, so a joining request never stalls the others for more than one chunk; its last
+  chunk gives its first token;
+- one decode call for every reply past its prompt, up to DECODE_BATCH_ROWS rows per call.
+Requests join and leave between steps. Decoding replies sit in slots 0..n-1 (a call binds a
+contiguous run of slots): a reply that finishes its prompt moves into slot n, one that leaves
+swaps with the last decoding one (the copies cover the tokens held, not the whole slot).
+
+The conversation cache (prompt_cache.py) keeps its rules: its entries are slots that hold a
+finished reply's tokens, lent to the next request of the same scope that starts with them.
+An entry's bytes are the positions its slot has written (KV bytes per token from the
+model's configuration); an evicted entry's slot gives its memory back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
+
+import numpy as np
+
+from sidecar.ipc import Drafts, Finish, Generate
+from sidecar.model.batch_decoder import BatchDecoder
+from sidecar.model.prompt import Prompt
+from sidecar.model.prompt_cache import Entry, PromptCache
+from sidecar.model.sampling import Sampler, penalize_repeats
+from sidecar.model.stops import StopFilter
+
+log = logging.getLogger("sidecar.model.batch")
+
+
+class TokenStream(Protocol):
+    def decode(self, token: int) -> str: ...
+
+
+@dataclass(eq=False)
+class SlotHolder:
+    """What one slot holds: its tokens (what the cache matches, as a generator's sequence)
+    and how many of them are in the KV cache."""
+
+    slot: int
+    tokens: list[int] = field(default_factory=list)
+    kv_len: int = 0
+    touched: int = 0  # positions written since the slot was last freed: its memory
+    entry: Entry | None = None
+    busy: bool = True  # a request is using it
+
+    def get_sequence(self, index: int) -> list[int]:
+        return self.tokens
+
+
+class BatchScheduler:
+    def __init__(
+        self,
+        decoder: BatchDecoder,
+        cache: PromptCache,
+        *,
+        rows: int,
+        chunk: int,
+        eos_ids: Collection[int],
+        new_stream: Any,  # () -> TokenStream
+        vocab_size: int,
+    ) -> None:
+        self.decoder = decoder
+        self.pool = decoder.pool
+        self.cache = cache
+        self.rows = rows
+        self.chunk = chunk
+        self.eos_ids = frozenset(eos_ids)
+        self._new_stream = new_stream
+        self._vocab_size = vocab_size
+        self._slots: list[SlotHolder | None] = [None] * self.pool.slots
+        self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
+        self.prefilling: deque[BatchGeneration] = deque()
+        self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.decoding or self.prefilling or self.ready)
+
+    # -- joining ---------------------------------------------------------------------------
+
+    def start(self, prompt: Prompt, request: Generate, *, cached: bool = True) -> BatchGeneration:
+        sampling = bool(request.temperature)
+        needed = len(prompt.ids) + prompt.max_new_tokens
+        # A seeded sampling request starts fresh, as on the Generator path: the same seed
+        # then gives the same reply bit for bit.
+        cached = cached and self.cache.enabled and not (sampling and request.seed is not None)
+        cache = self.cache
+        lent = cache.lend(request.cache_scope, sampling, prompt.ids, needed) if cached else None
+        if lent is None and cached:
+            recycled = cache.recycle(request.cache_scope, sampling, needed, needed)
+            lent = (recycled, 0) if recycled is not None else None
+        if lent is not None:
+            entry, reused = lent
+            holder: SlotHolder = entry.generator
+            holder.busy = True
+            del holder.tokens[reused:]
+            holder.kv_len = entry.kv_len = reused
+        else:
+            reused = 0
+            keep = cached and needed * cache.bytes_per_token <= cache.budget_bytes
+            if keep:
+                cache.make_room(needed)
+            self._free_unheld()
+            holder = SlotHolder(self._free_slot())
+            self._slots[holder.slot] = holder
+            if keep:
+                entry = Entry(
+                    holder,
+                    None,
+                    self.pool.length,
+                    request.cache_scope,
+                    sampling,
+                    nbytes=needed * cache.bytes_per_token,
+                )
+                holder.entry = entry
+                cache.adopt(entry)
+        generation = BatchGeneration(self, prompt, request, holder, reused)
+        self.prefilling.append(generation)
+        return generation
+
+    def _free_slot(self) -> int:
+        """A slot no request and no cache entry holds (the lowest past the decoding ones: the
+        one a reply moves into when its prompt is read); evicts the least recently used idle
+        entry when there is none."""
+        while True:
+            for slot in range(len(self.decoding), len(self._slots)):
+                if self._slots[slot] is None:
+                    return slot
+            if not self.cache.evict_oldest_idle():
+                raise RuntimeError("no free KV slot: more requests than MAX_CONCURRENCY")
+            self._free_unheld()
+
+    def _free_unheld(self) -> None:
+        """Free the slots whose holder is neither in use nor a cache entry any more."""
+        kept = {id(entry) for entry in self.cache.entries}
+        for slot, holder in enumerate(self._slots):
+            if holder is None or holder.busy:
+                continue
+            if holder.entry is None or id(holder.entry) not in kept:
+                self._slots[slot] = None
+                self.pool.free(slot)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def step(self) -> list[tuple[BatchGeneration, str | None]]:
+        """One decode call per DECODE_BATCH_ROWS replies past their prompt, the first token
+        of each reply whose prompt the previous step finished reading, and one chunk of a
+        prompt still being read (the prompts take turns, a chunk each): each touched
+        generation with its new text (None: a chunk, no token). A failed model call ends its
+        generations with finish "error"."""
+        results: list[tuple[BatchGeneration, str | None]] = []
+        decoding = list(self.decoding)
+        for first in range(0, len(decoding), self.rows):
+            group = decoding[first : first + self.rows]
+            try:
+                texts: list[str | None] = list(self._decode(first, group))
+            except Exception as exc:
+                self._failed(group, exc)
+                texts = [None] * len(group)
+            results.extend(zip(group, texts, strict=True))
+        for generation in list(self.ready):
+            try:
+                first_text: str | None = self._first_token(generation)
+            except Exception as exc:
+                self._failed([generation], exc)
+                first_text = None
+            results.append((generation, first_text))
+        if self.prefilling:
+            generation = self.prefilling[0]
+            try:
+                self._prefill(generation)
+            except Exception as exc:
+                self._failed([generation], exc)
+                self.prefilling.remove(generation)
+            if generation in self.prefilling:
+                self.prefilling.rotate(-1)  # the next prompt's turn
+            results.append((generation, None))
+        return results
+
+    def step_one(self, generation: BatchGeneration) -> str | None:
+        """Step one generation alone (a batch of one row): for an engine wrapper (the tests'
+        fault injection) that steps its generations one by one. Raises what the model
+        raises."""
+        if generation in self.prefilling:
+            self._prefill(generation)
+            return None
+        if generation in self.ready:
+            return self._first_token(generation)
+        index = self.decoding.index(generation)
+        return self._decode(index, [generation])[0]
+
+    def _prefill(self, generation: BatchGeneration) -> None:
+        """Read a chunk; after the last one the reply's first token waits for the next step
+        (as on the Generator path: a step reads a chunk or makes a token)."""
+        generation.prefill_chunk()
+        if not generation.prefilling:
+            self.prefilling.remove(generation)
+            self.ready.append(generation)
+
+    def _first_token(self, generation: BatchGeneration) -> str:
+        self.ready.remove(generation)  # first: a failure must not leave it there
+        text = generation.first_token()
+        if generation.finish is None:
+            self._swap(generation.holder.slot, len(self.decoding))
+            self.decoding.append(generation)
+        return text
+
+    def _decode(self, first: int, group: list[BatchGeneration]) -> list[str]:
+        """One decode call for the generations in slots first..first+len(group)-1."""
+        ids = np.array([[g.holder.tokens[-1]] for g in group], dtype=np.int64)
+        logits = self.decoder.run(first, ids, [g.holder.kv_len for g in group])
+        texts = []
+        for generation, row in zip(group, logits, strict=True):
+            generation.wrote(1)
+            texts.append(generation.take(row))
+        return texts
+
+    def _failed(self, generations: list[BatchGeneration], exc: Exception) -> None:
+        log.error("batched model call failed", extra={"fields": {"error": f"{exc!r}"}})
+        for generation in generations:
+            generation.finish = "error"
+
+    # -- moving and leaving --------------------------------------------------------------------
+
+    def _swap(self, a: int, b: int) -> None:
+        if a == b:
+            return
+        first, second = self._slots[a], self._slots[b]
+        self.pool.swap(a, b, first.touched if first else 0, second.touched if second else 0)
+        self._slots[a], self._slots[b] = second, first
+        if first is not None:
+            first.slot = b
+        if second is not None:
+            second.slot = a
+
+    def leave(self, generation: BatchGeneration, reusable: bool) -> None:
+        """The request is over: its row leaves the batch; its slot stays as a cache entry or
+        is freed."""
+        if generation in self.prefilling:
+            self.prefilling.remove(generation)
+        elif generation in self.ready:
+            self.ready.remove(generation)
+        elif generation in self.decoding:
+            index = self.decoding.index(generation)
+            last = len(self.decoding) - 1
+            if index != last:
+                self._swap(index, last)
+                self.decoding[index] = self.decoding[last]
+            self.decoding.pop()
+        holder = generation.holder
+        holder.busy = False
+        if holder.entry is not None:
+            holder.entry.nbytes = holder.touched * self.cache.bytes_per_token
+            self.cache.give_back(holder.entry, reusable)
+        self._free_unheld()
+
+
+class BatchGeneration:
+    """One reply on the batched path (the worker's Stepper, stepped by BatchScheduler)."""
+
+    batched = True  # the worker steps it through BatchScheduler.step, not step()
+
+    def __init__(
+        self,
+        scheduler: BatchScheduler,
+        prompt: Prompt,
+        request: Generate,
+        holder: SlotHolder,
+        cached_tokens: int,
+    ) -> None:
+        self.prompt = prompt
+        self.generated = 0
+        self.cached_tokens = cached_tokens
+        self.finish: Finish | None = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.holder = holder
+        self._scheduler = scheduler
+        self._appended = cached_tokens
+        self._first_logits: np.ndarray | None = None
+        self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
+        top_k = request.top_k
+        if top_k is not None and scheduler._vocab_size:
+            top_k = min(top_k, scheduler._vocab_size)
+        self._sampler = Sampler(request.temperature, top_k, request.top_p, request.seed)
+        self._penalty = request.repetition_penalty or 1.0
+        self._stream: TokenStream = scheduler._new_stream()
+        self._stops = StopFilter(request.stop)
+
+    @property
+    def prefilling(self) -> bool:
+        return self._appended < len(self.prompt.ids)
+
+    def step(self) -> str | None:
+        """This generation alone (the worker steps batched ones through the scheduler)."""
+        return self._scheduler.step_one(self)
+
+    def prefill_chunk(self) -> None:
+        """Read the next chunk of the prompt; the last one's logits give the first token."""
+        start, ids = self._appended, self.prompt.ids
+        end = min(start + self._scheduler.chunk, len(ids))
+        chunk = np.array([ids[start:end]], dtype=np.int64)
+        logits = self._scheduler.decoder.run(self.holder.slot, chunk, [start])
+        self.holder.tokens[start:] = ids[start:end]
+        self.wrote(end - start)
+        self._appended = end
+        entry = self.holder.entry
+        if entry is not None:
+            entry.prefilled(self.cached_tokens, end, self._scheduler.chunk)
+        if not self.prefilling:
+            self._first_logits = logits[0]
+
+    def first_token(self) -> str:
+        logits, self._first_logits = self._first_logits, None
+        assert logits is not None, "the prompt is not read yet"
+        return self.take(logits)
+
+    def wrote(self, count: int) -> None:
+        """`count` more positions of this reply's slot hold K/V."""
+        holder = self.holder
+        holder.kv_len += count
+        holder.touched = max(holder.touched, holder.kv_len)
+        if holder.entry is not None:
+            holder.entry.kv_len = holder.kv_len
+
+    def take(self, logits: np.ndarray) -> str:
+        """Choose the next token; its text ('' while a character is incomplete)."""
+        eos = self._scheduler.eos_ids
+        if self._penalty != 1.0:
+            logits = penalize_repeats(logits, self.holder.tokens, self._penalty)
+        token = self._sampler.pick(logits, eos if self.generated < self._min_new else ())
+        self.generated += 1
+        self.last_token_at = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        if token in eos:
+            # As on the Generator path: EOS is not in the sequence, whose K/V is all cached.
+            self.finish = "eos"
+            return self._stops.flush()
+        # In the sequence, not yet in the KV cache: the next step feeds it.
+        self.holder.tokens.append(token)
+        text = str(self._stream.decode(token))
+        if self._stops:
+            text, stopped = self._stops.feed(text)
+            if stopped:
+                self.finish = "stop"
+                return text
+        if self.generated >= self.prompt.max_new_tokens:
+            self.finish = "length"
+            text += self._stops.flush()
+        return text
+
+    def release(self, reusable: bool) -> None:
+        self._scheduler.leave(self, reusable)
+
+    def tokens_per_s(self) -> float | None:
+        if self.first_token_at is None or self.last_token_at is None or self.generated < 2:
+            return None
+        elapsed = self.last_token_at - self.first_token_at
+        return (self.generated - 1) / elapsed if elapsed > 0 else None
+
+    def drafts(self) -> Drafts | None:
+        """Batched decode takes no prompt-lookup drafts (PROMPT_LOOKUP_TOKENS, drafts.py)."""
+        return None
+
+
+# Idle conversations the pool keeps slots for beyond the active replies (address space only:
+# a slot's memory is the positions it holds, and PROMPT_CACHE_MB bounds their sum).
+CACHE_SLOTS = 16
+
+# The fields of Generate the batched path serves; a request that sets any other field (a
+# constrained output, added later to the Generator path) goes to a Generator.
+SERVED_FIELDS = frozenset(
+    {
+        "request_id",
+        "messages",
+        "max_new_tokens",
+        "min_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "cache_scope",
+        "stop",
+        "use_cache",
+        "deadline",  # the worker's, between steps
+        "repetition_penalty",
+        "key",
+    }
+)
+
+
+def serves(request: Generate) -> bool:
+    """Whether the batched path serves this request (as the Generator would: greedy replies
+    are the same; a seeded sampling reply is sampling.py's for that seed, the same whatever
+    else runs, not onnxruntime-genai's sampler's)."""
+    return not any(getattr(request, f.name) for f in fields(request) if f.name not in SERVED_FIELDS)

@@ -1,0 +1,64 @@
+"""Choosing the next token from a row of logits, for the batched path (batch_scheduler.py).
+
+The documented meaning of the request fields: no temperature (or 0) is greedy, the first of
+the highest logits (onnxruntime-genai's greedy search picks the same one). Otherwise the
+logits are divided by the temperature; top_k keeps the k most likely tokens (0 or absent: all);
+top_p keeps the most likely ones until their probability adds up to top_p (at least one);
+one token is drawn from what is left. Each request has its own random generator, seeded with
+its seed, so a seeded request gets the same reply whatever else runs at the same time.
+
+A repetition penalty (onnxruntime-genai's `repetition_penalty`, llama.cpp's `repeat_penalty`)
+is applied first, with the usual meaning: the logit of every token already in the sequence
+(prompt included) is divided by the penalty if positive, multiplied by it if negative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import numpy as np
+
+
+class Sampler:
+    def __init__(
+        self,
+        temperature: float | None,
+        top_k: int | None,
+        top_p: float | None,
+        seed: int | None,
+    ) -> None:
+        self.temperature = temperature or 0.0
+        self.top_k = top_k or 0
+        self.top_p = 1.0 if top_p is None else top_p
+        self._random = np.random.default_rng(seed)
+
+    def pick(self, logits: np.ndarray, banned: Collection[int] = ()) -> int:
+        """The next token from one row of logits; `banned` ids are never chosen (the EOS ids
+        while the reply is shorter than its minimum)."""
+        if banned:
+            logits = logits.copy()
+            logits[list(banned)] = -np.inf
+        if not self.temperature:
+            return int(np.argmax(logits))
+        scaled = logits.astype(np.float64) / self.temperature
+        order = np.argsort(-scaled, kind="stable")
+        if 0 < self.top_k < len(order):
+            order = order[: self.top_k]
+        chosen = scaled[order]
+        probabilities = np.exp(chosen - chosen[0])
+        probabilities /= probabilities.sum()
+        if self.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probabilities), self.top_p)) + 1
+            order, probabilities = order[:keep], probabilities[:keep]
+            probabilities /= probabilities.sum()
+        return int(order[self._random.choice(len(order), p=probabilities)])
+
+
+def penalize_repeats(logits: np.ndarray, seen: Sequence[int], penalty: float) -> np.ndarray:
+    """The logits with the tokens of `seen` penalised (a copy; float32 arithmetic)."""
+    ids = np.unique(np.asarray(seen, dtype=np.int64))
+    out = logits.astype(np.float32, copy=True)
+    factor = np.float32(penalty)
+    chosen = out[ids]
+    out[ids] = np.where(chosen < 0, chosen * factor, chosen / factor)
+    return out

@@ -1,0 +1,281 @@
+"""Batched decode (DECODE_BATCH_ROWS > 1) through the real sidecar on generated models: greedy
+replies are onnxruntime-genai's Generator's with 1 to 8 users at once, requests join and leave
+mid-decode, a disconnect cancels one row only, conversations continue from cached KV, and a
+seeded sampling request gives the same reply whoever else runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from scripts import services
+from scripts.services import Service
+from sidecar.ipc import Generate
+from sidecar.model.batch_decoder import Unsupported, read_spec
+from sidecar.model.engine import Engine, Generation
+from sidecar.model.folder import read_genai_config
+from sidecar.model.sampling import Sampler
+from tests.sidecar import reference
+from tests.sidecar.support import metrics, predict, request_line
+
+PROMPTS = [
+    "Write a long poem about the sea.",
+    "Bonjour, ça va ?",
+    "こんにちは",
+    "hello world",
+    "Tell me about the weather in Paris today, and what I should wear outside. " * 3,
+    "Hi",
+    "Why is the sky blue? Explain it to a child, step by step, with an example.",
+    "Compose a short letter to a friend about a trip to the mountains " * 5,
+]
+NEW = 48
+
+
+@pytest.fixture(scope="module")
+def batch_service(
+    small_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """Eight replies at once, decoded three rows per model call (so a step is several calls),
+    prompts read 16 tokens per step (so a joining prompt is several steps)."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-batch.log"
+    with services.sidecar(
+        small_model_dir,
+        log,
+        MAX_CONCURRENCY="8",
+        QUEUE_SIZE="8",
+        DECODE_BATCH_ROWS="3",
+        PREFILL_CHUNK="16",
+    ) as service:
+        yield service
+
+
+def expected(model: Path, prompt: str, new: int = NEW, **search: Any) -> str:
+    return reference.generate(model, [{"role": "user", "content": prompt}], new, **search).text
+
+
+def together(url: str, bodies: list[dict[str, Any]]) -> list[str]:
+    barrier = threading.Barrier(len(bodies))
+
+    def one(body: dict[str, Any]) -> str:
+        barrier.wait()
+        response = predict(url, body, timeout=300)
+        assert response.status_code == 200, response.text
+        return response.text
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(one, bodies))
+
+
+@pytest.mark.parametrize("users", [1, 2, 5, 8])
+def test_greedy_replies_are_the_generators_with_several_users_at_once(
+    batch_service: Service, small_model_dir: Path, users: int
+) -> None:
+    prompts = PROMPTS[:users]
+    replies = together(
+        batch_service.url, [{"input_text": p, "max_new_tokens": NEW} for p in prompts]
+    )
+    assert replies == [expected(small_model_dir, p) for p in prompts]
+
+
+def test_requests_join_and_leave_while_a_long_reply_decodes(
+    batch_service: Service, small_model_dir: Path
+) -> None:
+    long_prompt = reference.long_reply_prompt(small_model_dir, 200)
+    body = {"input_text": long_prompt, "max_new_tokens": 200}
+    pieces: list[str] = []
+    with httpx.stream("POST", batch_service.url + "/predict", json=body, timeout=300) as response:
+        chunks = response.iter_text()
+        pieces.append(next(chunks))  # it is decoding now
+        # Short replies join (their prompts read between its steps) and leave before it ends.
+        short = together(
+            batch_service.url, [{"input_text": p, "max_new_tokens": 8} for p in PROMPTS[:4]]
+        )
+        pieces.extend(chunks)
+    assert "".join(pieces) == expected(small_model_dir, long_prompt, 200)
+    assert short == [expected(small_model_dir, p, 8) for p in PROMPTS[:4]]
+
+
+def test_a_disconnect_cancels_its_row_and_the_others_go_on(
+    batch_service: Service, small_model_dir: Path
+) -> None:
+    long_prompt = reference.long_reply_prompt(small_model_dir, 300)
+    result: list[str] = []
+    started = threading.Event()
+
+    def other() -> None:
+        started.wait()
+        body = {"input_text": PROMPTS[4], "max_new_tokens": 40}
+        result.append(predict(batch_service.url, body, timeout=300).text)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    body = {"input_text": long_prompt, "max_new_tokens": 3000}
+    with httpx.stream("POST", batch_service.url + "/predict", json=body, timeout=300) as response:
+        rid = response.headers["x-request-id"]
+        started.set()
+        received = 0
+        for chunk in response.iter_raw():
+            received += len(chunk)
+            if received >= 20:
+                break
+    line = request_line(batch_service, rid)
+    assert line["outcome"] == "cancelled"
+    assert line["generated_tokens"] < 300
+    thread.join(300)
+    assert result == [expected(small_model_dir, PROMPTS[4], 40)]
+    assert metrics(batch_service.url)["sidecar_active_generations"] == 0
+
+
+def test_a_conversation_continues_from_its_cached_kv(batch_service: Service) -> None:
+    history: list[dict[str, str]] = []
+    cached = []
+    for turn in ("Tell me about the weather in Paris.", "And tomorrow?", "Thanks, and Monday?"):
+        history.append({"role": "user", "content": turn})
+        body = {"messages": history, "max_new_tokens": 16, "cache_scope": "batch-conversation"}
+        response = predict(batch_service.url, body)
+        assert response.status_code == 200
+        cached.append(int(response.headers["x-cached-tokens"]))
+        prompt_tokens = int(response.headers["x-prompt-tokens"])
+        history.append({"role": "assistant", "content": response.text})
+    assert cached[0] == 0
+    assert all(0 < c < prompt_tokens for c in cached[1:])
+    assert metrics(batch_service.url)["sidecar_prompt_cache_entries"] >= 1
+
+
+def test_a_seeded_sampling_reply_is_the_same_whoever_else_runs(batch_service: Service) -> None:
+    story = "Tell me a story."
+    seeded = {"input_text": story, "temperature": 1.2, "seed": 11, "max_new_tokens": 30}
+    alone = predict(batch_service.url, seeded).text
+    crowd = [{"input_text": p, "max_new_tokens": 30} for p in PROMPTS[:3]]
+    crowd.append({"input_text": "Hi", "temperature": 0.9, "max_new_tokens": 30})  # unseeded
+    replies = together(batch_service.url, [seeded, *crowd, {**seeded, "seed": 12}])
+    assert replies[0] == alone
+    assert replies[-1] != alone  # another seed, another reply
+    assert (
+        predict(batch_service.url, {**seeded, "top_k": 1}).text
+        == predict(batch_service.url, {"input_text": story, "max_new_tokens": 30}).text
+    )  # top_k 1 leaves only the greedy choice
+
+
+def test_a_repetition_penalty_gives_the_generators_reply_in_a_batch(
+    batch_service: Service, small_model_dir: Path
+) -> None:
+    """llama.cpp's repeat_penalty on /v1 (onnxruntime-genai's repetition_penalty), decoded in
+    a batch with two other replies."""
+    body = {
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "max_tokens": NEW,
+        "repeat_penalty": 1.5,
+    }
+    result: list[str] = []
+
+    def penalised() -> None:
+        answer = httpx.post(batch_service.url + "/v1/chat/completions", json=body, timeout=300)
+        assert answer.status_code == 200, answer.text
+        result.append(answer.json()["choices"][0]["message"]["content"])
+
+    thread = threading.Thread(target=penalised)
+    thread.start()
+    others = together(
+        batch_service.url, [{"input_text": p, "max_new_tokens": NEW} for p in PROMPTS[1:3]]
+    )
+    thread.join(300)
+    search = {"do_sample": False, "repetition_penalty": 1.5}
+    assert result == [expected(small_model_dir, PROMPTS[0], NEW, **search)]
+    assert result[0] != expected(small_model_dir, PROMPTS[0], NEW)
+    assert others == [expected(small_model_dir, p) for p in PROMPTS[1:3]]
+
+
+# --- the pieces, in this process ---------------------------------------------------------------
+
+
+def test_the_sampler_is_greedy_without_temperature_and_reproducible_with_a_seed() -> None:
+    logits = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+    assert Sampler(None, None, None, None).pick(logits) == int(np.argmax(logits))
+    assert Sampler(None, None, None, None).pick(logits, banned={int(np.argmax(logits))}) == int(
+        np.argsort(-logits)[1]
+    )
+    draws = [[Sampler(1.0, 0, 1.0, 5).pick(logits) for _ in range(1)] for _ in range(3)]
+    assert draws[0] == draws[1] == draws[2]
+    top3 = set(np.argsort(-logits)[:3].tolist())
+    sampler = Sampler(5.0, 3, None, 1)
+    assert {sampler.pick(logits) for _ in range(200)} <= top3
+    # top_p that the most likely token alone exceeds: always that token.
+    peaked = logits.copy()
+    peaked[7] = 50.0
+    assert {Sampler(1.0, None, 0.5, 2).pick(peaked) for _ in range(50)} == {7}
+
+
+def test_a_decoder_with_other_inputs_keeps_the_generator(tiny_model_dir: Path) -> None:
+    config = read_genai_config(tiny_model_dir)
+    assert read_spec(config).layers == config["model"]["decoder"]["num_hidden_layers"]
+    config["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"
+    with pytest.raises(Unsupported, match="position_ids"):
+        read_spec(config)
+
+
+def test_rows_join_leave_and_free_their_slots_in_the_real_engine(tiny_model_dir: Path) -> None:
+    """In one process: replies join at different steps, one leaves mid-decode (its row's slot
+    swaps with the last decoding one), the others still give the Generator's replies, and with
+    the cache off every slot's memory is given back at the end."""
+    engine = Engine(tiny_model_dir, num_threads=1, decode_batch_rows=2, max_concurrency=4)
+    engine.warm_up()
+    batch = engine.batch
+    assert batch is not None
+    requests = [Generate(f"r{i}", (("user", p),), max_new_tokens=30) for i, p in enumerate(PROMPTS)]
+    texts: dict[int, str] = {}
+    live: dict[int, Any] = {}
+    for step in range(400):
+        if step % 2 == 0 and step // 2 < 4:
+            live[step // 2] = engine.start(requests[step // 2])
+            texts[step // 2] = ""
+        index = {id(g): i for i, g in live.items()}
+        for generation, text in batch.step():
+            i = index[id(generation)]
+            texts[i] += text or ""
+            if generation.finish is not None:
+                generation.release(reusable=True)
+                del live[i]
+        if step == 12 and 0 in live:  # the first reply's user leaves
+            live.pop(0).release(reusable=True)
+        if not live and step > 8:
+            break
+    for i in (1, 2, 3):
+        assert texts[i] == expected(tiny_model_dir, PROMPTS[i], 30)
+    assert texts[0] == expected(tiny_model_dir, PROMPTS[0], 30)[: len(texts[0])]
+    assert not batch.busy
+    assert all(not key.any() for key in batch.pool.keys)  # freed pages read as zeros
+
+
+def test_the_generators_model_is_loaded_only_when_a_request_needs_it(
+    small_model_dir: Path,
+) -> None:
+    """Batched, the decoder's weights are in the direct session only; a request for the
+    Generator path (here made directly) loads onnxruntime-genai's model then, and its greedy
+    reply is the batched one."""
+    engine = Engine(small_model_dir, num_threads=1, decode_batch_rows=4, max_concurrency=2)
+    engine.warm_up()
+    assert engine._model is None
+    request = Generate("g", (("user", PROMPTS[6]),), max_new_tokens=20)
+    batched = engine.start(request)
+    assert engine.batch is not None and getattr(batched, "batched", False)
+    text = ""
+    while batched.finish is None:
+        for _, piece in engine.batch.step():
+            text += piece or ""
+    batched.release(reusable=False)
+    prompt = engine.prompts.fit(request.messages, 20, engine.max_length)
+    alone = Generation(engine, prompt, request, cached=False)
+    reference_text = ""
+    while alone.finish is None:
+        reference_text += alone.step() or ""
+    alone.release(reusable=False)
+    assert engine._model is not None
+    assert text == reference_text
