@@ -5,7 +5,6 @@ and the OpenAI usage; a sampled request is decoded without them."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from scripts import make_model, services
 from scripts.services import Service
+from tests.sidecar.support import request_line
 
 MAX_NEW = 64
 # Replies that repeat themselves (the tiny model falls into loops) and one that copies its
@@ -40,11 +40,20 @@ def pair(
         yield on, off
 
 
-def predict(service: Service, messages: list[dict[str, str]], **options: Any) -> str:
+def ask(service: Service, messages: list[dict[str, str]], **options: Any) -> httpx.Response:
     body = {"messages": messages, "max_new_tokens": MAX_NEW, **options}
     response = httpx.post(service.url + "/predict", json=body, timeout=120)
     assert response.status_code == 200, response.text
-    return response.text
+    return response
+
+
+def predict(service: Service, messages: list[dict[str, str]], **options: Any) -> str:
+    return ask(service, messages, **options).text
+
+
+def line_of(service: Service, response: httpx.Response) -> dict[str, Any]:
+    """The request's log line (written just after its last byte: waited for)."""
+    return request_line(service, response.headers["x-request-id"])
 
 
 def metric(service: Service, name: str) -> float:
@@ -52,11 +61,6 @@ def metric(service: Service, name: str) -> float:
     match = re.search(rf"^sidecar_{name} (\S+)$", text, re.M)
     assert match, name
     return float(match.group(1))
-
-
-def request_lines(service: Service) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in service.log_lines()]
-    return [line for line in lines if line.get("path") in ("/predict", "/v1/chat/completions")]
 
 
 def test_greedy_replies_are_the_same_with_drafts_on_and_off(pair: tuple[Service, Service]) -> None:
@@ -87,32 +91,31 @@ def test_a_cached_conversation_is_the_same_with_drafts(pair: tuple[Service, Serv
 
 def test_the_log_line_says_what_the_drafts_did(pair: tuple[Service, Service]) -> None:
     on, off = pair
-    predict(on, [{"role": "user", "content": make_model.LONG_PROMPT}])
-    line = request_lines(on)[-1]
+    line = line_of(on, ask(on, [{"role": "user", "content": make_model.LONG_PROMPT}]))
     assert line["draft_tokens"] >= line["accepted_draft_tokens"] >= 0
     # Below 1 when rejected drafts cost calls of their own; at most 1 + the draft length.
     assert 0 < line["tokens_per_step"] <= 5
-    predict(off, [{"role": "user", "content": make_model.LONG_PROMPT}])
-    assert "draft_tokens" not in request_lines(off)[-1]
+    off_line = line_of(off, ask(off, [{"role": "user", "content": make_model.LONG_PROMPT}]))
+    assert "draft_tokens" not in off_line
 
 
 def test_sampled_requests_are_decoded_without_drafts(pair: tuple[Service, Service]) -> None:
     on, _ = pair
-    predict(on, [{"role": "user", "content": "Hi"}], temperature=0.8, seed=7)
-    line = request_lines(on)[-1]
+    line = line_of(on, ask(on, [{"role": "user", "content": "Hi"}], temperature=0.8, seed=7))
     assert line["outcome"] in ("eos", "length") and "draft_tokens" not in line
 
 
 def test_openai_usage_reports_accepted_and_rejected_drafts(pair: tuple[Service, Service]) -> None:
     on, off = pair
     body = {"messages": [{"role": "user", "content": make_model.LONG_PROMPT}], "max_tokens": 48}
-    usages = []
+    responses = []
     for service in (on, off):
         response = httpx.post(service.url + "/v1/chat/completions", json=body, timeout=120)
         assert response.status_code == 200, response.text
-        usages.append(response.json()["usage"])
+        responses.append(response)
+    usages = [response.json()["usage"] for response in responses]
     details = usages[0]["completion_tokens_details"]
-    line = request_lines(on)[-1]
+    line = line_of(on, responses[0])
     assert details == {
         "accepted_prediction_tokens": line["accepted_draft_tokens"],
         "rejected_prediction_tokens": line["draft_tokens"] - line["accepted_draft_tokens"],
