@@ -268,8 +268,8 @@ def speed(args: argparse.Namespace) -> None:
         "default folder; each cell: variant / default, measured side by side:\n"
     )
     print(
-        "| variant | files MB | prefill tok/s | ratio | decode tok/s | ratio | KV bytes/token "
-        "| peak RSS MB |"
+        "| variant | files MiB | prefill tok/s | ratio | decode tok/s | ratio | KV bytes/token "
+        "| peak RSS MiB |"
     )
     print("|---|---|---|---|---|---|---|---|", flush=True)
     for name in names:
@@ -340,7 +340,7 @@ def quality(args: argparse.Namespace) -> None:
     for name in [n for n in args.variants.split(",") if n] or list(EXPORTED):
         folder = export_real(name, args.work_dir)
         table = _run("scripts/quality.py", "--model", str(folder), "--reference", str(reference))
-        print(f"### {name} ({_folder_mb(folder):,.0f} MB)\n\n{table}", flush=True)
+        print(f"### {name} ({_folder_mb(folder):,.0f} MiB)\n\n{table}", flush=True)
 
 
 def drafts(args: argparse.Namespace) -> None:
