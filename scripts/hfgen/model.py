@@ -60,8 +60,9 @@ def make_hf_model(family: Family, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def _tokenizer_config(family: Family, data: dict[str, Any]) -> dict[str, Any]:
-    added = {
+def added_tokens_decoder(tokenizer_json: dict[str, Any]) -> dict[str, Any]:
+    """tokenizer_config.json's `added_tokens_decoder` for the added tokens of a tokenizer.json."""
+    return {
         str(entry["id"]): {
             "content": entry["content"],
             "lstrip": False,
@@ -70,10 +71,13 @@ def _tokenizer_config(family: Family, data: dict[str, Any]) -> dict[str, Any]:
             "single_word": False,
             "special": entry["special"],
         }
-        for entry in data["added_tokens"]
+        for entry in tokenizer_json["added_tokens"]
     }
+
+
+def _tokenizer_config(family: Family, data: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "added_tokens_decoder": added,
+        "added_tokens_decoder": added_tokens_decoder(data),
         "bos_token": family.bos,
         "chat_template": family.chat_template,
         "clean_up_tokenization_spaces": False,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from scripts.hfgen.model import added_tokens_decoder
 from scripts.realmodel.gguf_file import GgufError, GgufModel
 
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
@@ -67,19 +68,8 @@ def tokenizer_config(model: GgufModel, data: dict[str, Any]) -> dict[str, Any]:
         index = model.metadata.get(f"tokenizer.ggml.{which}_token_id")
         return None if index is None else tokens[int(index)]
 
-    added = {
-        str(entry["id"]): {
-            "content": entry["content"],
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": entry["special"],
-        }
-        for entry in data["added_tokens"]
-    }
     return {
-        "added_tokens_decoder": added,
+        "added_tokens_decoder": added_tokens_decoder(data),
         "add_bos_token": bool(model.metadata.get("tokenizer.ggml.add_bos_token", False)),
         "add_prefix_space": False,
         "bos_token": token("bos"),
