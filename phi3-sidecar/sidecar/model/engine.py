@@ -90,6 +90,14 @@ class Engine:
         config.overlay(json.dumps(overlay))
         use_device(config, device, provider_options or {})
         self._config, self._path, self._device = config, path, device
+        if decode_batch_rows > 1 and prompt_lookup_tokens:
+            # Drafts are onnxruntime-genai's (a Generator's speculative options); the batched
+            # path takes none, so asking for them means one Generator per reply.
+            log.warning(
+                "batched decode is off: every reply gets a Generator",
+                extra={"fields": {"reason": "PROMPT_LOOKUP_TOKENS > 0 needs the Generator"}},
+            )
+            decode_batch_rows = 1
         # With batched decode the decoder's weights live in batch_decoder.py's session; the
         # Generator's model (the same weights again) is loaded only if a request needs it.
         batching = decode_batch_rows > 1 and device == "cpu"
