@@ -30,7 +30,7 @@ import httpx
 
 from scripts import services
 from scripts.bench import PRESET_DIRS, ensure_model, machine, peak_rss_bytes
-from scripts.bench_variants import RawEngine, sized_messages, via_sidecar
+from scripts.bench_variants import RawEngine, released_at_once, sized_messages, via_sidecar
 
 REPO = services.REPO
 
@@ -54,24 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def burst(url: str, chats: list[list[dict[str, str]]], new_tokens: int) -> dict[str, float]:
     """All chats at once: tokens per second together and of the median user."""
-    samples = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(len(chats))
-
-    def one(i: int) -> None:
-        with httpx.Client(timeout=1200) as client:
-            barrier.wait()
-            sample = via_sidecar(client, url, chats[i], new_tokens, i)
-        with lock:
-            samples.append(sample)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(chats))]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
+    samples, wall = released_at_once(
+        len(chats), lambda client, i: via_sidecar(client, url, chats[i], new_tokens, i)
+    )
     assert all(s.status == 200 for s in samples), [s.status for s in samples]
     return {
         "aggregate_tps": sum(s.tokens for s in samples) / wall,

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -210,3 +212,28 @@ def via_app(
         raise RuntimeError("the app's stream ended without a done line")
     # The done line counts text pieces, which can be fewer than tokens; the count is pinned.
     return _sample("app", rep, start, first, last, new_tokens)
+
+
+def released_at_once(
+    count: int, run: Callable[[httpx.Client, int], Sample], timeout: float = 1200
+) -> tuple[list[Sample], float]:
+    """`count` requests released together, each on a connection of its own (`run(client, i)`
+    makes request i): their samples, in the order they ended, and the wall time of all."""
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(count)
+
+    def one(i: int) -> None:
+        with httpx.Client(timeout=timeout) as client:
+            barrier.wait()
+            sample = run(client, i)
+        with lock:
+            samples.append(sample)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return samples, time.perf_counter() - start

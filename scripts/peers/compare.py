@@ -19,7 +19,6 @@ tokens, greedy, the same number of generated tokens, the same thread count:
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,14 @@ from typing import Any
 
 import httpx
 
-from scripts.bench_variants import RawEngine, Sample, sized_messages, via_sidecar, words
+from scripts.bench_variants import (
+    RawEngine,
+    Sample,
+    released_at_once,
+    sized_messages,
+    via_sidecar,
+    words,
+)
 from scripts.peers import llamacpp
 
 PREFILL_LENGTHS = (16, 128, 512, 1024)
@@ -166,30 +172,14 @@ class Peers:
 
     def _burst(self, name: str, chats: list[list[dict[str, str]]]) -> dict[str, Any]:
         """One request per chat, released at once, each on its own connection."""
-        samples: list[Sample] = []
-        lock = threading.Lock()
-        barrier = threading.Barrier(len(chats))
         ids = [self.ids(chat) for chat in chats]
 
-        def one(i: int) -> None:
-            with httpx.Client(timeout=900) as client:
-                barrier.wait()
-                if name == "sidecar":
-                    sample, _ = sidecar_run(client, self.sidecar_url, chats[i], self.new_tokens, i)
-                else:
-                    sample, _ = llamacpp.complete(
-                        client, self.llama_url, ids[i], self.new_tokens, i
-                    )
-            with lock:
-                samples.append(sample)
+        def one(client: httpx.Client, i: int) -> Sample:
+            if name == "sidecar":
+                return sidecar_run(client, self.sidecar_url, chats[i], self.new_tokens, i)[0]
+            return llamacpp.complete(client, self.llama_url, ids[i], self.new_tokens, i)[0]
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(chats))]
-        start = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        wall = time.perf_counter() - start
+        samples, wall = released_at_once(len(chats), one, timeout=900)
         ok = [s for s in samples if s.status == 200]
         return {
             "accepted": len(ok),
