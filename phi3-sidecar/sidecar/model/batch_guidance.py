@@ -28,6 +28,7 @@ What differs from the Generator path, on purpose:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Collection
 from pathlib import Path
@@ -55,9 +56,7 @@ class Grammars:
         self.unavailable: str | None = None  # why guided requests go to the Generator path
         self._tokenizer: llguidance.LLTokenizer | None = None
         try:
-            self._tokenizer = llguidance.LLTokenizer(
-                str(tokenizer_json), n_vocab=vocab_size or None, eos_token=eos_token
-            )
+            self._tokenizer = _tokenizer(tokenizer_json, vocab_size, eos_token)
             self.vocab_size = self._tokenizer.vocab_size
         except Exception as exc:  # llguidance says only that it failed, in its own words
             self.unavailable = " ".join(str(exc).split())[:300] or type(exc).__name__
@@ -118,3 +117,44 @@ class RowGuide:
     @property
     def error(self) -> str:
         return str(self._matcher.get_error()) or "the grammar allows no token here"
+
+
+def _tokenizer(path: Path, vocab_size: int, eos_token: int) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer for the folder's tokenizer.json, where only the tokens the file
+    marks `special` are special. Read directly, llguidance takes every added token as special
+    (one it cannot match as text) yet its tokenizer still writes such a token for its text, so
+    a grammar holding "<tool_call>" (Qwen2's added, non-special token) forces a token it then
+    refuses. Ids past the tokenizer's own (the model's padding of its vocabulary) are empty:
+    never allowed."""
+    plain = llguidance.LLTokenizer(str(path))
+    size = vocab_size or plain.vocab_size
+    known = plain.vocab_size
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    special = [int(t["id"]) for t in spec.get("added_tokens") or () if t.get("special")]
+    tokens = [plain.decode_bytes([i]) if i < known else b"" for i in range(size)]
+    source = _TokenSource(tokens, [i for i in special if i < size], eos_token, plain)
+    return llguidance.LLTokenizer(
+        llguidance.TokenizerWrapper(source), n_vocab=size, eos_token=eos_token
+    )
+
+
+class _TokenSource:
+    """What llguidance.TokenizerWrapper reads: each id's bytes, the special ids, the end
+    token, and how text is tokenized (the tokenizer's own way)."""
+
+    bos_token_id = None
+
+    def __init__(
+        self,
+        tokens: list[bytes],
+        special_token_ids: list[int],
+        eos_token_id: int,
+        plain: llguidance.LLTokenizer,
+    ) -> None:
+        self.tokens = tokens
+        self.special_token_ids = special_token_ids
+        self.eos_token_id = eos_token_id
+        self._plain = plain
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(self._plain.tokenize_bytes(text))
