@@ -97,7 +97,9 @@ def test_every_kind_of_grammar_is_followed_without_the_generators_model(engine: 
     lark = Guidance("lark_grammar", 'start: "yes" | "no" | "maybe"')
     regex = Guidance("regex", "[a-z]{2,6} [0-9]{1,3}")
     kinds = [GUIDED, lark, regex, None]
-    generations = [engine.start(request(q, g)) for q, g in zip(QUESTIONS[:2] * 2, kinds, strict=True)]
+    generations = [
+        engine.start(request(q, g)) for q, g in zip(QUESTIONS[:2] * 2, kinds, strict=True)
+    ]
     assert all(isinstance(g, BatchGeneration) for g in generations)
     texts = run_together(engine, generations)
     jsonschema_rs.validate(SCHEMA, json.loads(texts[0]))
