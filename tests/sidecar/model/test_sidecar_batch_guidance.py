@@ -1,9 +1,9 @@
 """Structured output and tool calls on the batched path (model/batch_guidance.py), on the real
 tiny model: every kind of grammar is followed without loading onnxruntime-genai's model (the
-second copy of the weights), guided and unguided users decode together and every guided reply
-validates, a grammar that cannot be built is the Generator path's 400, a guided reply may
-continue a cached prefix, and a tokenizer llguidance cannot read sends guided requests to a
-Generator."""
+second copy of the weights), greedy guided replies are the Generator path's, guided and
+unguided users decode together and every guided reply validates, a grammar that cannot be
+built is the Generator path's 400, a guided reply may continue a cached prefix, and a tokenizer
+llguidance cannot read sends guided requests to a Generator."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema_rs
@@ -27,7 +28,8 @@ from sidecar.model.batch_guidance import Grammars
 from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine, Generation
 from sidecar.model.guidance import GuidanceRefused
-from sidecar.web.guidance import prepared
+from sidecar.web.guidance import for_request, prepared
+from sidecar.web.openai_tools import ToolSpec
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -109,6 +111,47 @@ def test_every_kind_of_grammar_is_followed_without_the_generators_model(engine: 
     # A complete grammar ends the reply as an end token would, counted as the Generator does
     assert all(g.finish == "eos" for g in generations[:2])
     assert engine._model is None  # onnxruntime-genai's model never loaded
+
+
+def tool_grammar(choice: Literal["auto", "required", "none"]) -> Guidance:
+    guidance = for_request(None, [ToolSpec.model_validate(TOOLS[0])], choice, False)
+    assert guidance is not None
+    return guidance
+
+
+# Each kind, the tool grammars (a Lark grammar over the call protocol), forced tokens on and off
+GRAMMARS = {
+    "json-schema": GUIDED,
+    "json-schema-step-by-step": replace(GUIDED, ff_tokens=False),
+    "regex": Guidance("regex", "[a-z]{2,6} [0-9]{1,3}"),
+    "lark": Guidance("lark_grammar", 'start: "yes" | "no" | "maybe"'),
+    "tools-auto": tool_grammar("auto"),
+    "tools-required": tool_grammar("required"),
+    "tools-none": tool_grammar("none"),
+}
+
+
+def greedy(engine: Engine, guidance: Guidance, question: str) -> tuple[str, str | None, int]:
+    generation = engine.start(request(question, guidance), cached=False)
+    text = ""
+    while generation.finish is None:
+        text += generation.step() or ""
+    generation.release(reusable=False)
+    return text, generation.finish, generation.generated
+
+
+@pytest.fixture(scope="module")
+def generator_engine(tiny_model_dir: Path) -> Engine:
+    return Engine(tiny_model_dir, prefill_chunk=16)
+
+
+@pytest.mark.parametrize("guidance", GRAMMARS.values(), ids=GRAMMARS.keys())
+def test_greedy_guided_replies_are_the_generators(
+    engine: Engine, generator_engine: Engine, guidance: Guidance
+) -> None:
+    """Text, finish and token count, forced tokens taken one per step or not."""
+    for question in QUESTIONS:
+        assert greedy(engine, guidance, question) == greedy(generator_engine, guidance, question)
 
 
 def test_sampled_guided_replies_validate(engine: Engine) -> None:
