@@ -16,9 +16,9 @@ What differs from the Generator path, on purpose:
   KV cache: a guided reply may continue any cached prefix of its scope, and leaves its slot to
   any later request of the scope.
 - Forced tokens (`Guidance.ff_tokens`) are taken one per step: the mask then allows only the
-  forced token, so the text is the same, in more decode steps (each is a row of a batched
-  call, which costs the others little). The greedy reply may tokenize a forced run differently
-  from the Generator path's, never with other text.
+  forced token, so the reply is the same, in more decode steps (each is a row of a batched
+  call, which costs the others little). The tests find greedy guided replies the Generator
+  path's token for token, forced tokens on or off.
 - When the matcher stops (nothing can follow), the reply ends at once with finish "eos", the
   end token counted as the Generator path counts the end token it would generate next.
 - A mask that leaves a row nothing to choose (the grammar allows only the end token while
