@@ -39,8 +39,7 @@ from scripts.bench_variants import (
     via_sidecar,
 )
 from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
-from sidecar.model.cpus import cpu_budget
-from sidecar.model.engine import session_options
+from sidecar.model.cpus import cpu_budget, session_options
 from sidecar.model.folder import is_complete
 from sidecar.settings import Settings
 

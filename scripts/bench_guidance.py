@@ -30,7 +30,8 @@ from typing import Any
 
 from sidecar.ipc import Generate, Guidance
 from sidecar.model.batch_scheduler import BatchGeneration
-from sidecar.model.engine import Engine, Generation
+from sidecar.model.engine import Engine
+from sidecar.model.generation import Generation
 from sidecar.web.guidance import TEXT_RULE, prepared
 
 REPO = Path(__file__).resolve().parents[1]

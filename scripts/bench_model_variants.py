@@ -150,9 +150,9 @@ class Child:
 
 
 def _serve(conn: Connection, folder: str, draft_tokens: int) -> None:
-    from sidecar.model.cpus import cpu_budget
+    from sidecar.model.cpus import cpu_budget, session_options
     from sidecar.model.drafts import draft_counts, use_prompt_lookup
-    from sidecar.model.engine import og, session_options
+    from sidecar.model.engine import og
 
     config = og.Config(folder)
     overlay = {"model": {"decoder": {"session_options": session_options(cpu_budget().count, True)}}}

@@ -68,7 +68,7 @@ class RawEngine:
 
     `session_options` None: onnxruntime-genai's defaults (what the sidecar ran with before it
     chose its own thread count); otherwise a genai_config `session_options` overlay, the
-    sidecar's own (sidecar.model.engine.session_options) for the honest ceiling.
+    sidecar's own (sidecar.model.cpus.session_options) for the honest ceiling.
     """
 
     def __init__(

@@ -52,6 +52,20 @@ def sidecar_service(
         yield service
 
 
+@pytest.fixture(scope="session")
+def generator_sidecar_service(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[services.Service]:
+    """A sidecar on the Generator path (DECODE_BATCH_ROWS=1, the old defaults: one reply at a
+    time), for contracts of that path: it still serves the GPU, decoders the batched path
+    does not know, and PROMPT_LOOKUP_TOKENS."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-generator.log"
+    with services.sidecar(
+        tiny_model_dir, log, DECODE_BATCH_ROWS="1", MAX_CONCURRENCY="1"
+    ) as service:
+        yield service
+
+
 # Tests that take many seconds each on 2 cores: `make test-quick` leaves them out (-m "not
 # slow"); `make test` runs them. Decided here, in one place: whole pairs of processes
 # (tests/e2e), the `small` model, and these modules and tests.

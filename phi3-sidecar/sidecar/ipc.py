@@ -71,7 +71,12 @@ class Generate:
     top_k: int | None = None
     seed: int | None = None
     # Who may reuse this conversation's cached tokens (model/prompt_cache.py); None: the
-    # shared unscoped pool.
+    # shared unscoped pool. `cache_scope` is the scope's one internal name in both services;
+    # the names clients send stay as documented (docs/api.md) and map to it: the chat page's
+    # `conversation_id` (chatapp/wire.py puts it in the payload's `cache_scope`, sent as
+    # /predict's `cache_scope` or /v1's `prompt_cache_key`); /predict's `cache_scope`
+    # ("scope:" + it, web/predict_api.py); /v1's `prompt_cache_key` ("key:" + it), else
+    # `user` ("user:" + it, web/openai_schemas.py).
     cache_scope: str | None = None
     stop: tuple[str, ...] = ()  # stop sequences (model/stops.py)
     guidance: Guidance | None = None  # structured output (JSON Schema, tool calls)

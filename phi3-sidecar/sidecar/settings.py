@@ -73,11 +73,14 @@ class Settings(BaseSettings):
         "processes share the CPUs.",
     )
     max_concurrency: int = Field(
-        default=1,
+        default=4,
         ge=1,
         le=64,
-        description="Generations that run at once (each has its own KV cache of about 0.75 MiB "
-        "per token for Phi-3-mini); they take turns token by token.",
+        description="Replies that run at once; more wait in the queue (QUEUE_SIZE). On a CPU "
+        "they decode together, DECODE_BATCH_ROWS to a model call; each holds KV cache for its "
+        "tokens (about 0.75 MiB a token for Phi-3-mini, counted in PROMPT_CACHE_MB's budget "
+        "once the reply is over). 4 measured on 2 vCPUs: each of 4 users decodes at about half "
+        "the speed of one alone (docs/benchmarks.md, 'Batched decode').",
     )
     prefill_chunk: int = Field(
         default=64,
@@ -90,12 +93,13 @@ class Settings(BaseSettings):
         "chunk'). 0 is refused; a value over the prompt's length appends it in one call.",
     )
     decode_batch_rows: int = Field(
-        default=1,
+        default=4,
         ge=1,
         le=64,
         description="Replies decoded together in one model call per step. 1: each reply has its "
         "own onnxruntime-genai Generator and they take turns (N replies each get 1/N of the "
-        "speed). More than 1 (CPU only): the decoder runs in onnxruntime directly over KV "
+        "speed); also what PROMPT_LOOKUP_TOKENS > 0 and MODEL_DEVICE=cuda run with, whatever "
+        "this says. More than 1 (CPU only): the decoder runs in onnxruntime directly over KV "
         "buffers the worker owns, every active reply advances one token per call, and a "
         "joining prompt is read in PREFILL_CHUNK chunks between the others' steps. Decode "
         "reads all weights once per call, so rows are cheap until compute catches up "

@@ -34,7 +34,7 @@ def test_defaults(clean_env: pytest.MonkeyPatch) -> None:
     settings = Settings()
     assert (settings.host, settings.port) == ("0.0.0.0", 8000)
     assert settings.max_length is None  # the model's context length
-    assert (settings.max_concurrency, settings.queue_size) == (1, 8)
+    assert (settings.max_concurrency, settings.queue_size) == (4, 8)
     assert settings.prefill_chunk == 64
     assert settings.max_new_tokens == 1024
     assert settings.max_body_bytes == 64 * 1024

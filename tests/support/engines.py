@@ -18,8 +18,9 @@ from typing import Any
 
 from sidecar import ipc
 from sidecar.model.batch_scheduler import BatchGeneration
-from sidecar.model.engine import Engine, Generation
+from sidecar.model.engine import Engine
 from sidecar.model.engine import load_engine as load_real_engine
+from sidecar.model.generation import Generation
 from sidecar.model.prompt import Prompt
 from sidecar.settings import Settings
 

@@ -10,7 +10,8 @@ contiguous run of slots): a reply that finishes its prompt moves into slot n, on
 swaps with the last decoding one (the copies cover the tokens held, not the whole slot).
 
 The conversation cache (prompt_cache.py) keeps its rules: its entries are slots that hold a
-finished reply's tokens, lent to the next request of the same scope that starts with them.
+finished reply's tokens, lent to the next request of the same scope that starts with them; a
+request's lease (PromptCache.lease) says which slot it continues or that it takes a new one.
 An entry's bytes are the positions its slot has written (KV bytes per token from the
 model's configuration); an evicted entry's slot gives its memory back.
 """
@@ -30,7 +31,7 @@ from sidecar.ipc import Drafts, Finish, Generate
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.batch_guidance import RowGuide
 from sidecar.model.prompt import Prompt
-from sidecar.model.prompt_cache import Entry, PromptCache
+from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 from sidecar.model.sampling import Sampler, penalize_repeats
 from sidecar.model.stops import StopFilter
 
@@ -89,42 +90,23 @@ class BatchScheduler:
     # -- joining ---------------------------------------------------------------------------
 
     def start(self, prompt: Prompt, request: Generate, *, cached: bool = True) -> BatchGeneration:
-        sampling = bool(request.temperature)
         needed = len(prompt.ids) + prompt.max_new_tokens
-        # A seeded sampling request starts fresh, as on the Generator path: the same seed
-        # then gives the same reply bit for bit.
-        cached = cached and self.cache.enabled and not (sampling and request.seed is not None)
-        cache = self.cache
-        lent = cache.lend(request.cache_scope, sampling, prompt.ids, needed) if cached else None
-        if lent is None and cached:
-            recycled = cache.recycle(request.cache_scope, sampling, needed, needed)
-            lent = (recycled, 0) if recycled is not None else None
-        if lent is not None:
-            entry, reused = lent
-            holder: SlotHolder = entry.generator
+        # The cache decides (PromptCache.lease): a slot's bytes are what it writes, so a new
+        # one is sized to the request, with no room to grow.
+        lease = self.cache.lease(request, prompt.ids, needed, wanted=cached, grow=False)
+        if not lease.fresh:
+            assert lease.entry is not None
+            holder: SlotHolder = lease.entry.generator
             holder.busy = True
-            del holder.tokens[reused:]
-            holder.kv_len = entry.kv_len = reused
+            del holder.tokens[lease.reused :]
+            holder.kv_len = lease.reused
+            lease.holds(lease.reused)
         else:
-            reused = 0
-            keep = cached and needed * cache.bytes_per_token <= cache.budget_bytes
-            if keep:
-                cache.make_room(needed)
             self._free_unheld()
             holder = SlotHolder(self._free_slot())
             self._slots[holder.slot] = holder
-            if keep:
-                entry = Entry(
-                    holder,
-                    None,
-                    self.pool.length,
-                    request.cache_scope,
-                    sampling,
-                    nbytes=needed * cache.bytes_per_token,
-                )
-                holder.entry = entry
-                cache.adopt(entry)
-        generation = BatchGeneration(self, prompt, request, holder, reused)
+            holder.entry = lease.attach(holder, None, capacity=self.pool.length)
+        generation = BatchGeneration(self, prompt, request, holder, lease)
         self.prefilling.append(generation)
         return generation
 
@@ -259,9 +241,7 @@ class BatchScheduler:
             self.decoding.pop()
         holder = generation.holder
         holder.busy = False
-        if holder.entry is not None:
-            holder.entry.nbytes = holder.touched * self.cache.bytes_per_token
-            self.cache.give_back(holder.entry, reusable)
+        generation.lease.give_back(reusable, held_tokens=holder.touched)
         self._free_unheld()
 
 
@@ -276,17 +256,18 @@ class BatchGeneration:
         prompt: Prompt,
         request: Generate,
         holder: SlotHolder,
-        cached_tokens: int,
+        lease: Lease,
     ) -> None:
         self.prompt = prompt
         self.generated = 0
-        self.cached_tokens = cached_tokens
+        self.lease = lease
+        self.cached_tokens = lease.reused
         self.finish: Finish | None = None
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.holder = holder
         self._scheduler = scheduler
-        self._appended = cached_tokens
+        self._appended = lease.reused
         self._first_logits: np.ndarray | None = None
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
         top_k = request.top_k
@@ -316,9 +297,7 @@ class BatchGeneration:
         self.holder.tokens[start:] = ids[start:end]
         self.wrote(end - start)
         self._appended = end
-        entry = self.holder.entry
-        if entry is not None:
-            entry.prefilled(self.cached_tokens, end, self._scheduler.chunk)
+        self.lease.prefilled(end)
         if not self.prefilling:
             self._first_logits = logits[0]
 
@@ -332,8 +311,7 @@ class BatchGeneration:
         holder = self.holder
         holder.kv_len += count
         holder.touched = max(holder.touched, holder.kv_len)
-        if holder.entry is not None:
-            holder.entry.kv_len = holder.kv_len
+        self.lease.holds(holder.kv_len)
 
     def take(self, logits: np.ndarray) -> str:
         """Choose the next token; its text ('' while a character is incomplete)."""

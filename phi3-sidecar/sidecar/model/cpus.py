@@ -1,4 +1,5 @@
-"""How many CPUs this process may really use: its CPU affinity, capped by a cgroup CPU quota.
+"""How many CPUs this process may really use: its CPU affinity, capped by a cgroup CPU quota;
+and the decoder's thread options (NUM_THREADS, THREAD_SPINNING) built on it.
 
 onnxruntime-genai's own default is half of the cores the machine has, which on a 2-vCPU plan is
 one thread: half speed. `os.cpu_count()` is no better the other way: in a container limited by
@@ -18,6 +19,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
+
+from sidecar.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,31 @@ def cpu_budget(
         if count < budget.count:
             budget = CpuBudget(count, f"cgroup CPU quota {limit:g} CPUs ({where})")
     return budget
+
+
+def thread_count(settings: Settings) -> tuple[int, str]:
+    """NUM_THREADS if set, else the CPUs this process may use; and where the number came from."""
+    if settings.num_threads:
+        return settings.num_threads, "NUM_THREADS"
+    budget = cpu_budget()
+    return budget.count, budget.source
+
+
+def session_options(num_threads: int, thread_spinning: bool) -> dict[str, Any]:
+    """The decoder's onnxruntime session options (genai_config.json's `session_options`).
+
+    onnxruntime-genai's default thread count is half the machine's cores (one thread on a
+    2-vCPU plan: half speed), so the count is always set; `num_threads` 0 means the CPUs this
+    process may really use (cpu_budget). Spinning: idle pool threads busy-wait for the next
+    operator; off, they sleep, which costs decode speed (see THREAD_SPINNING in settings.py).
+    Keys not known to onnxruntime-genai go to onnxruntime as session config entries.
+    """
+    spin = "1" if thread_spinning else "0"
+    return {
+        "intra_op_num_threads": num_threads or cpu_budget().count,
+        "session.intra_op.allow_spinning": spin,
+        "session.inter_op.allow_spinning": spin,
+    }
 
 
 def _affinity_count() -> int:

@@ -8,8 +8,9 @@ by tokens, so it works for every client that resends the history, an edited or r
 message reuses everything before the edit, and no session id is needed.
 
 Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
-- An entry is matched only by requests of the same scope (the chat app's conversation, an
-  OpenAI client's `prompt_cache_key` or `user`; None is the shared unscoped pool), so nobody
+- An entry is matched only by requests of the same scope (`cache_scope`, the one internal name:
+  the chat app's conversation, an OpenAI client's `prompt_cache_key` or `user`; see
+  ipc.Generate; None is the shared unscoped pool, PROMPT_CACHE_UNSCOPED), so nobody
   can time another scope's cached prefix, and of the same sampling mode and the same guidance
   (greedy or sampling, and the grammar a structured reply follows, are fixed when a generator
   is made: a guided generator is never lent to an unguided request or to another grammar, nor
@@ -45,8 +46,14 @@ Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
   prefill; each step grows by at least half, so the re-reads stay a fraction of the
   conversation), and the old entry, a prefix of the new one, is dropped.
 
-Pure Python: the generators are onnxruntime-genai objects that engine.py makes and drives; this
-module only keeps the books. With batched decode (DECODE_BATCH_ROWS > 1) the entries are KV
+One call decides a request's use of the cache: `PromptCache.lease` returns a Lease that says
+what is reused (an entry and how many tokens), or that the caller makes a new generator and
+whether the cache keeps it, and why (`Lease.reason`, one of REASONS: why a turn was not
+reused is answered here). The caller reports through the lease what its KV cache holds as it
+steps, and gives the lease back when the reply is over.
+
+Pure Python: the generators are onnxruntime-genai objects that generation.py makes and drives;
+this module only keeps the books. With batched decode (DECODE_BATCH_ROWS > 1) the entries are KV
 slots instead (batch_scheduler.py): same rules, an entry's bytes are the tokens its slot holds.
 """
 
@@ -55,9 +62,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from sidecar.ipc import Guidance
+from sidecar.ipc import Generate, Guidance
 
 GROWTH_TOKENS = 1024  # at least this much room to grow beyond the request, when it fits
 ROUND_TOKENS = 256  # generator lengths are multiples of this (fewer distinct sizes to allocate)
@@ -76,7 +83,7 @@ class Entry:
     generator: Any  # og.Generator
     params: Any  # og.GeneratorParams: the generator keeps a pointer to it, so must we
     capacity: int  # the generator's max_length: it can never hold more tokens
-    scope: str | None
+    cache_scope: str | None  # who may be lent it (ipc.Generate.cache_scope); None: unscoped
     sampling: bool
     nbytes: int
     kv_len: int = 0  # leading tokens of the sequence whose K/V is really in the cache
@@ -100,6 +107,80 @@ class Entry:
         return [int(t) for t in sequence.get_sequence(0)[: self.kv_len]]
 
 
+Reason = Literal[
+    "reused", "spare", "recycled", "miss", "too_big", "declined", "unscoped_off", "off", "seeded"
+]
+
+# Why a lease reuses what it does (Lease.reason): the first is a hit, the rest start from token 0.
+REASONS: dict[Reason, str] = {
+    "reused": "an idle entry of the request's scope, mode and guidance held its prompt's start",
+    "spare": "no entry matched; the idle generator made while loading was taken, empty",
+    "recycled": "no entry matched; an idle one that had to be evicted was taken, emptied",
+    "miss": "no entry matched; a new generator is made and kept",
+    "too_big": "no entry matched; a new generator is made, too big for the budget to keep",
+    "declined": "the request asked for no cache (cache_prompt false; the warm-up)",
+    "unscoped_off": "no scope, and PROMPT_CACHE_UNSCOPED=false",
+    "off": "the cache is off (PROMPT_CACHE_MB=0, or not sized yet at warm-up)",
+    "seeded": "a seeded sampling request starts fresh, so that its seed gives its reply",
+}
+
+
+@dataclass(eq=False)
+class Lease:
+    """One request's use of the cache (PromptCache.lease). `entry` is the lent entry, or None
+    while `fresh`: the caller then makes a generator (or KV slot) of `capacity` tokens and
+    attaches it; the cache keeps it if `keep`. `reused`: leading prompt tokens the entry holds
+    (a caller that must rewind further lowers it before its first step)."""
+
+    cache: PromptCache
+    cache_scope: str | None
+    sampling: bool
+    guidance: Guidance | None
+    reason: Reason
+    capacity: int
+    fresh: bool
+    keep: bool = False
+    entry: Entry | None = None
+    reused: int = 0
+
+    def attach(self, generator: Any, params: Any, capacity: int | None = None) -> Entry:
+        """The generator the caller made for a fresh lease, as an entry (in the cache's books
+        if `keep`). `capacity`: what it can hold where that is more than this lease's (a slot
+        of the batched pool); its bytes are this lease's capacity either way."""
+        entry = Entry(
+            generator,
+            params,
+            capacity or self.capacity,
+            self.cache_scope,
+            self.sampling,
+            nbytes=self.capacity * self.cache.bytes_per_token,
+            guidance=self.guidance,
+        )
+        if self.keep:
+            self.cache.adopt(entry)
+        self.entry = entry
+        return entry
+
+    def holds(self, kv_len: int) -> None:
+        """The leading tokens of the sequence whose K/V is now really in the KV cache."""
+        if self.entry is not None:
+            self.entry.kv_len = kv_len
+
+    def prefilled(self, end: int) -> None:
+        """The prompt is appended up to `end`, from `reused` on, in the cache's chunks."""
+        if self.entry is not None:
+            self.entry.prefilled(self.reused, end, self.cache.chunk)
+
+    def give_back(self, reusable: bool, held_tokens: int | None = None) -> None:
+        """The request is over (not reusable: failed). `held_tokens`: the positions its KV
+        slot has written, where memory is what a slot wrote (the batched path)."""
+        if self.entry is None:
+            return
+        if held_tokens is not None:
+            self.entry.nbytes = held_tokens * self.cache.bytes_per_token
+        self.cache.give_back(self.entry, reusable)
+
+
 @dataclass
 class CacheStats:
     entries: int = 0
@@ -118,6 +199,7 @@ class PromptCache:
     max_length: int
     chunk: int = 64  # the engine's PREFILL_CHUNK
     exact: bool = False  # PROMPT_CACHE_EXACT
+    unscoped: bool = True  # PROMPT_CACHE_UNSCOPED: requests without a scope share a pool
     entries: list[Entry] = field(default_factory=list)
     evictions: int = 0
     _clock: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -132,9 +214,65 @@ class PromptCache:
 
     # -- lending ---------------------------------------------------------------------------
 
+    def lease(
+        self,
+        request: Generate,
+        prompt: Sequence[int],
+        needed: int,
+        *,
+        guidance: Guidance | None = None,
+        wanted: bool = True,
+        grow: bool = True,
+        min_capacity: int = 0,
+    ) -> Lease:
+        """Decide `request`'s use of the cache: continue an idle entry that holds the start of
+        `prompt` (lend), else take an idle generator that holds nothing or would be evicted
+        anyway (recycle), else have the caller make a new one, kept when the budget can hold
+        it (after making room). `needed`: the tokens of room the reply needs; `guidance`: the
+        grammar it follows (fitted); `wanted` False: the caller wants no cache (the warm-up);
+        `grow` False: a new generator gets exactly `needed` (a batched slot's bytes are what
+        it writes), else room to grow (capacity_for); `min_capacity`: the least a new one may
+        have (a sliding window)."""
+        sampling = bool(request.temperature)
+        reason: Reason | None = None
+        if not (wanted and request.use_cache):
+            reason = "declined"
+        elif request.cache_scope is None and not self.unscoped:
+            # The shared pool (an oracle for what others sent) does not exist then.
+            reason = "unscoped_off"
+        elif not self.enabled:
+            reason = "off"
+        elif sampling and request.seed is not None:
+            # Its random state would differ from a fresh generator's.
+            reason = "seeded"
+        capacity = self.capacity_for(needed) if reason is None and grow else needed
+        capacity = max(capacity, min_capacity)
+        lease = Lease(
+            self, request.cache_scope, sampling, guidance, reason or "miss", capacity, True
+        )
+        if reason is not None:
+            return lease
+        lent = self.lend(request.cache_scope, sampling, prompt, needed, guidance)
+        if lent is not None:
+            lease.entry, lease.reused = lent
+            lease.fresh, lease.reason = False, "reused"
+            return lease
+        evictions = self.evictions
+        lease.entry = self.recycle(request.cache_scope, sampling, capacity, needed, guidance)
+        if lease.entry is not None:
+            lease.fresh = False
+            lease.reason = "recycled" if self.evictions > evictions else "spare"
+            return lease
+        lease.keep = capacity * self.bytes_per_token <= self.budget_bytes
+        if lease.keep:
+            self.make_room(capacity)
+        else:
+            lease.reason = "too_big"
+        return lease
+
     def lend(
         self,
-        scope: str | None,
+        cache_scope: str | None,
         sampling: bool,
         prompt: Sequence[int],
         needed: int,
@@ -145,7 +283,7 @@ class PromptCache:
         entry qualifies (see the rules above)."""
         best: tuple[Entry, int] | None = None
         for entry in self.entries:
-            if entry.lent or entry.scope != scope or entry.sampling != sampling:
+            if entry.lent or entry.cache_scope != cache_scope or entry.sampling != sampling:
                 continue
             if entry.guidance != guidance:
                 continue
@@ -162,7 +300,7 @@ class PromptCache:
             if reused <= 0:
                 continue
             if not (
-                scope is not None
+                cache_scope is not None
                 or common >= entry.prompt_end  # its conversation's next turn
                 or common >= len(cached)  # nothing of it is lost
                 or 2 * reused >= len(prompt)
@@ -194,7 +332,7 @@ class PromptCache:
 
     def recycle(
         self,
-        scope: str | None,
+        cache_scope: str | None,
         sampling: bool,
         capacity: int,
         needed: int,
@@ -203,7 +341,7 @@ class PromptCache:
         """When a new generator of `capacity` tokens would not fit without evicting, one of the
         idle generators make_room would evict (least recently used first) that has the same
         sampling mode and guidance, and room for `needed` tokens: lent to the caller, emptied
-        of its tokens (the caller rewinds it to 0) and moved to `scope`. Reusing it skips
+        of its tokens (the caller rewinds it to 0) and moved to `cache_scope`. Reusing it skips
         allocating and zero-filling a whole KV cache (0.75 MiB a token for Phi-3-mini: about
         0.3 s a GiB, several times that where the kernel must first fault the pages in). None
         when nothing has to be evicted or no such generator is among those that would be.
@@ -212,7 +350,7 @@ class PromptCache:
         for entry in self._idle_by_age():
             same_mode = entry.sampling == sampling and entry.guidance == guidance
             if entry.spare and same_mode and entry.capacity >= needed:
-                entry.lent, entry.spare, entry.scope = True, False, scope
+                entry.lent, entry.spare, entry.cache_scope = True, False, cache_scope
                 return entry  # no conversation lost: not an eviction
         wanted = capacity * self.bytes_per_token
         held = self.stats().bytes
@@ -223,12 +361,28 @@ class PromptCache:
             same_mode = entry.sampling == sampling and entry.guidance == guidance
             if same_mode and entry.capacity >= needed:
                 entry.lent = True
-                entry.scope = scope
+                entry.cache_scope = cache_scope
                 entry.kv_len = entry.prompt_end = entry.exact_end = 0
                 self.evictions += 1  # its conversation is gone
                 return entry
             held -= entry.nbytes
         return None
+
+    def spare_capacity(self, needed: int, min_capacity: int = 0) -> int:
+        """The length of the spare for `needed` tokens of room (see "A spare" above); 0 when
+        the cache is off or cannot hold it."""
+        capacity = max(self.capacity_for(min(needed, self.max_length)), min_capacity)
+        if not self.enabled or capacity * self.bytes_per_token > self.budget_bytes:
+            return 0
+        return capacity
+
+    def keep_spare(self, generator: Any, params: Any, capacity: int) -> Entry:
+        """Keep an idle generator that holds nothing (made while loading)."""
+        entry = Entry(generator, params, capacity, None, False, capacity * self.bytes_per_token)
+        entry.spare = True
+        self.adopt(entry)
+        self.give_back(entry, reusable=True)
+        return entry
 
     def adopt(self, entry: Entry) -> None:
         """Start keeping the books of a new generator (lent to the request that made it)."""
@@ -253,7 +407,7 @@ class PromptCache:
         tokens = entry.cached_tokens()
         for other in [e for e in self.entries if e is not entry and not e.lent]:
             same_mode = other.sampling == entry.sampling and other.guidance == entry.guidance
-            if other.scope == entry.scope and same_mode:
+            if other.cache_scope == entry.cache_scope and same_mode:
                 held = other.cached_tokens()[: other.prompt_end]
                 if other.capacity <= entry.capacity and tokens[: len(held)] == held:
                     self._evict(other, counted=False)

@@ -41,7 +41,7 @@ log = logging.getLogger("sidecar.model.worker")
 
 
 class Stepper(Protocol):
-    """What the scheduler needs of a generation (engine.Generation; tests wrap it)."""
+    """What the scheduler needs of a generation (generation.Generation; tests wrap it)."""
 
     prompt: Prompt
     generated: int

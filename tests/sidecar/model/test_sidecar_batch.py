@@ -19,8 +19,9 @@ from scripts import services
 from scripts.services import Service
 from sidecar.ipc import Generate
 from sidecar.model.batch_decoder import Unsupported, read_spec
-from sidecar.model.engine import Engine, Generation
+from sidecar.model.engine import Engine
 from sidecar.model.folder import read_genai_config
+from sidecar.model.generation import Generation
 from sidecar.model.sampling import Sampler
 from tests.sidecar import reference
 from tests.sidecar.support import metrics, predict, request_line

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts import services
-from sidecar.model.cpus import cpu_budget
-from sidecar.model.engine import session_options, thread_count
+from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.settings import Settings
 
 

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from scripts import services
-from sidecar.model.engine import device_error
+from sidecar.model.device import device_error
 from sidecar.settings import Settings
 from tests.sidecar.support import assert_error, predict
 from tests.sidecar.web.test_sidecar_health import wait_for_phase

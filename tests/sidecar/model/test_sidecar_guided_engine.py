@@ -13,7 +13,8 @@ import pytest
 
 from sidecar.ipc import Generate, Guidance
 from sidecar.model.batch_scheduler import BatchGeneration
-from sidecar.model.engine import Engine, Generation
+from sidecar.model.engine import Engine
+from sidecar.model.generation import Generation
 from sidecar.model.guidance import FF_MARGIN, GuidanceRefused, fitted
 from sidecar.web.guidance import prepared
 

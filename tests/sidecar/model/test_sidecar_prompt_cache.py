@@ -30,6 +30,11 @@ from scripts.services import Service
 from tests.support.engines import EXIT, faulty, paced
 
 CHUNK = "16"
+# Contracts of the Generator path (one onnxruntime-genai Generator per entry: an entry costs
+# its generator's whole length, outgrows it, and a spare is made while loading); the batched
+# path, the default on a CPU, keeps KV slots instead (tests/sidecar/model/test_sidecar_batch.py).
+# The Generator path still serves the GPU, decoders the batched path does not know, and drafts.
+GENERATOR_ROWS = "1"  # DECODE_BATCH_ROWS of a sidecar on the Generator path
 USER_TURNS = [
     "Tell me about the weather in Paris today, and what I should wear outside.",
     "And what about tomorrow morning, when I go running along the river?",
@@ -249,7 +254,9 @@ def test_eviction_under_a_tiny_budget(
     is read whole in the generator reused again, and replies do not change."""
     a, b = USER_TURNS[:2], [t.upper() for t in USER_TURNS[:2]]
     with (
-        sidecar(tiny_model_dir, tmp_path_factory, PROMPT_CACHE_MB="1") as on,
+        sidecar(
+            tiny_model_dir, tmp_path_factory, PROMPT_CACHE_MB="1", DECODE_BATCH_ROWS=GENERATOR_ROWS
+        ) as on,
         sidecar(tiny_model_dir, tmp_path_factory, PROMPT_CACHE_MB="0") as off,
     ):
         first = converse(on, a[:1], scope="a")[0]
@@ -265,9 +272,18 @@ def test_eviction_under_a_tiny_budget(
 
 
 def test_a_conversation_that_outgrows_its_generator_moves_to_a_bigger_one(
-    tiny_pair: tuple[Service, Service],
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    on, off = tiny_pair
+    with (
+        sidecar(tiny_model_dir, tmp_path_factory, DECODE_BATCH_ROWS=GENERATOR_ROWS) as on,
+        sidecar(tiny_model_dir, tmp_path_factory, PROMPT_CACHE_MB="0") as off,
+    ):
+        # another conversation takes the spare generator (made for a whole default reply)
+        ask(on, [{"role": "user", "content": USER_TURNS[3]}], max_new=4, scope="spare")
+        outgrow(on, off)
+
+
+def outgrow(on: Service, off: Service) -> None:
     history = [{"role": "user", "content": USER_TURNS[0]}]
     entries = metric(on, "prompt_cache_entries")
     first = ask(on, history, max_new=8, scope="grow")
@@ -378,7 +394,7 @@ def test_the_first_cached_reply_continues_the_generator_made_while_loading(
     evicted, and its reply is the uncached one."""
     messages = [{"role": "user", "content": USER_TURNS[0]}]
     with (
-        sidecar(tiny_model_dir, tmp_path_factory) as on,
+        sidecar(tiny_model_dir, tmp_path_factory, DECODE_BATCH_ROWS=GENERATOR_ROWS) as on,
         sidecar(tiny_model_dir, tmp_path_factory, PROMPT_CACHE_MB="0") as off,
     ):
         made = [json.loads(line) for line in on.log_lines() if '"spare generator"' in line]

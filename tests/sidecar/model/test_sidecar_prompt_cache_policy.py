@@ -1,16 +1,18 @@
 """model/prompt_cache.py's books, without a model: which entry is lent and how much of it,
-how much room a new generator gets, what is evicted. The real engine's side (rewinds, appends,
-the replies) is tested through the sidecar in test_sidecar_prompt_cache.py."""
+how much room a new generator gets, what is evicted, what a lease decides and why. The real
+engine's side (rewinds, appends, the replies) is tested through the sidecar in
+test_sidecar_prompt_cache.py."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from sidecar.ipc import Guidance
-from sidecar.model.prompt_cache import GROWTH_TOKENS, Entry, PromptCache
+from sidecar.ipc import Generate, Guidance
+from sidecar.model.prompt_cache import GROWTH_TOKENS, REASONS, Entry, PromptCache
 
 KB = 1024
 
@@ -135,7 +137,7 @@ def test_a_miss_that_must_evict_reuses_a_generator_it_would_evict() -> None:
     old = kept(pool, [1, 2, 3, 4, 5], [6], capacity=400, scope="a")
     new = kept(pool, [7, 8, 9, 10, 11], [12], capacity=400)
     recycled = pool.recycle("b", False, 400, 300)
-    assert recycled is old and old.lent and old.scope == "b"
+    assert recycled is old and old.lent and old.cache_scope == "b"
     assert (old.kv_len, old.prompt_end, old.exact_end) == (0, 0, 0)  # its tokens are gone
     assert pool.entries == [old, new] and pool.evictions == 1  # its conversation counts as evicted
     assert pool.lend(None, False, [7, 8, 9, 10, 11, 12, 13], 50) is not None  # `new` is intact
@@ -217,7 +219,7 @@ def test_the_spare_is_lent_to_the_first_miss_that_fits_it() -> None:
     assert pool.recycle("a", True, 2304, 300) is None  # another sampling mode
     assert pool.recycle("a", False, 3000, 2500) is None  # too small for that request
     assert pool.recycle("a", False, 2304, 300) is made
-    assert made.lent and made.scope == "a" and pool.evictions == 0 and pool.entries == [made]
+    assert made.lent and made.cache_scope == "a" and pool.evictions == 0 and pool.entries == [made]
     assert not made.spare  # lent once: an entry like any other from now on
 
 
@@ -260,3 +262,67 @@ def test_a_returned_entry_drops_only_earlier_states_of_its_own_guidance() -> Non
     earlier = kept(pool, PROMPT, REPLY, guidance=GRAMMAR)
     kept(pool, PROMPT + REPLY + [900, 901], [42])  # unguided: the guided one stays
     assert earlier in pool.entries
+
+
+def ask(prompt: list[int], scope: str | None = None, **fields: Any) -> tuple[Generate, list[int]]:
+    """A request for `prompt` (the lease reads its scope, mode, seed and use_cache)."""
+    return Generate("r", (("user", "hi"),), 10, cache_scope=scope, **fields), prompt
+
+
+@pytest.mark.parametrize(
+    ("fields", "unscoped", "budget_tokens", "reason"),
+    [
+        ({"use_cache": False}, True, 100_000, "declined"),
+        ({}, False, 100_000, "unscoped_off"),
+        ({}, True, 0, "off"),
+        ({"temperature": 0.7, "seed": 1}, True, 100_000, "seeded"),
+    ],
+)
+def test_a_lease_says_why_the_cache_was_not_asked(
+    fields: dict[str, Any], unscoped: bool, budget_tokens: int, reason: str
+) -> None:
+    pool = cache(budget_tokens)
+    pool.unscoped = unscoped
+    kept(pool, PROMPT, REPLY)
+    request, prompt = ask(PROMPT + REPLY + [900], **fields)
+    lease = pool.lease(request, prompt, 50)
+    assert (lease.reason, lease.fresh, lease.keep, lease.reused) == (reason, True, False, 0)
+    assert lease.capacity == 50  # exactly the request: no room to grow for what is not kept
+    assert reason in REASONS and not any(e.lent for e in pool.entries)
+
+
+def test_a_lease_reuses_an_entry_and_keeps_its_books() -> None:
+    pool = cache()
+    entry = kept(pool, PROMPT, REPLY, scope="s")
+    lease = pool.lease(*ask(PROMPT + REPLY + [900], "s"), 50)
+    assert (lease.reason, lease.fresh, lease.entry) == ("reused", False, entry)
+    assert lease.reused == len(PROMPT) + len(REPLY) - 1 and entry.lent
+    lease.holds(lease.reused)
+    lease.prefilled(len(PROMPT) + len(REPLY) + 1)
+    assert entry.prompt_end == len(PROMPT) + len(REPLY) + 1
+    lease.give_back(reusable=True)
+    assert not entry.lent and pool.entries == [entry]
+
+
+def test_a_fresh_lease_is_kept_only_when_the_budget_holds_it() -> None:
+    pool = cache(budget_tokens=2000)
+    kept(pool, PROMPT, REPLY, scope="other")
+    lease = pool.lease(*ask([1, 2, 3], "s"), 100)
+    assert (lease.reason, lease.fresh, lease.keep, lease.capacity) == ("miss", True, True, 1280)
+    entry = lease.attach(Tokens([1, 2, 3]), None)
+    assert entry in pool.entries and entry.cache_scope == "s" and entry.nbytes == 1280 * KB
+    big = pool.lease(*ask([1, 2, 3], "t"), 3000)
+    assert (big.reason, big.keep, big.capacity) == ("too_big", False, 3000)
+    assert big.attach(Tokens([1, 2, 3]), None) not in pool.entries
+
+
+def test_a_lease_takes_the_spare_or_a_generator_it_would_evict() -> None:
+    pool = cache(budget_tokens=1000)
+    made = spare(pool, 400)
+    lease = pool.lease(*ask([1, 2, 3], "a"), 300)
+    assert (lease.reason, lease.fresh, lease.entry) == ("spare", False, made)
+    lease.give_back(reusable=True)
+    kept(pool, [7, 8, 9], [10], capacity=400)
+    lease = pool.lease(*ask([20, 21, 22], "b"), 300, grow=False)
+    assert (lease.reason, lease.fresh, lease.reused) == ("recycled", False, 0)
+    assert pool.evictions == 1

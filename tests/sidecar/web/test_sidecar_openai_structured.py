@@ -342,9 +342,18 @@ def test_a_call_cut_off_by_the_length_limit_says_length(client: OpenAI) -> None:
     assert completion.usage.completion_tokens <= 4  # forced tokens never run past max_tokens
 
 
-def test_guided_and_unguided_generators_are_never_mixed(client: OpenAI) -> None:
-    """One cache scope per grammar sequence; cached_tokens shows which entry was lent. The
-    question is long: a regenerated reply reuses whole prefill chunks only."""
+@pytest.fixture
+def generator_client(generator_sidecar_service: Service) -> Iterator[OpenAI]:
+    url = generator_sidecar_service.url + "/v1"
+    with OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def test_guided_and_unguided_generators_are_never_mixed(generator_client: OpenAI) -> None:
+    """On the Generator path (a grammar lives in its generator): one cache scope per grammar
+    sequence; cached_tokens shows which entry was lent. The question is long: a regenerated
+    reply reuses whole prefill chunks only."""
+    client = generator_client
     question = "Describe the blue room. " + " ".join(QUESTIONS * 4)
     conversation: list[Any] = [{"role": "user", "content": question}]
 

@@ -89,22 +89,34 @@ def sampling(temperature: float, seed: int) -> dict[str, object]:
     }
 
 
-def test_sampling_with_a_seed_is_reproducible(
-    sidecar_service: Service, tiny_model_dir: Path
+SEEDED = {"input_text": "Tell me a story.", "temperature": 1.5, "seed": 7, "max_new_tokens": 40}
+
+
+def test_sampling_with_a_seed_is_reproducible(sidecar_service: Service) -> None:
+    """The batched path (the default) samples with its own seeded generator (sampling.py)."""
+    first = predict(sidecar_service.url, SEEDED).text
+    assert first and predict(sidecar_service.url, SEEDED).text == first
+    assert predict(sidecar_service.url, {**SEEDED, "seed": 8}).text != first
+
+
+def test_sampling_with_a_seed_on_the_generator_path_is_onnxruntime_genais(
+    generator_sidecar_service: Service, tiny_model_dir: Path
 ) -> None:
-    body = {"input_text": "Tell me a story.", "temperature": 1.5, "seed": 7, "max_new_tokens": 40}
-    first = predict(sidecar_service.url, body).text
-    assert predict(sidecar_service.url, body).text == first
+    first = predict(generator_sidecar_service.url, SEEDED).text
+    assert predict(generator_sidecar_service.url, SEEDED).text == first
     expected = reference.generate(
         tiny_model_dir, [user("Tell me a story.")], 40, **sampling(1.5, 7)
     )
     assert first == expected.text
-    assert predict(sidecar_service.url, {**body, "seed": 8}).text != first
+    assert predict(generator_sidecar_service.url, {**SEEDED, "seed": 8}).text != first
 
 
 def test_a_reply_cut_mid_character_ends_on_a_whole_character(
-    sidecar_service: Service, tiny_model_dir: Path
+    generator_sidecar_service: Service, tiny_model_dir: Path
 ) -> None:
+    """On the Generator path, whose sampler the reference reproduces to find the cut; the
+    batched path decodes with the same tokenizer stream."""
+    sidecar_service = generator_sidecar_service
     # Find a seed and length where the last token is the first part of a multi-byte
     # character (the stream returned '' for it, and the next token completes it).
     messages = [user("Tell me a story.")]

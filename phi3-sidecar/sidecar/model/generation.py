@@ -1,0 +1,182 @@
+"""One reply on the Generator path: a generator lent by the conversation cache (through a
+lease, prompt_cache.py) or made by the engine for it, stepped by the worker.
+
+A generation reads its prompt in chunks (PREFILL_CHUNK tokens, one chunk per step) before it
+generates a token per step: one append of a long prompt is minutes of Phi-3-mini on a CPU, and
+the worker can act only between steps, so a cancellation would wait for the whole prefill and
+the other generations' replies would freeze meanwhile. Chunked, a cancellation lands within one
+chunk and the others' tokens interleave with the chunks. The greedy tokens are the same.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from sidecar.ipc import Drafts, Finish, Generate
+from sidecar.model.drafts import draft_counts
+from sidecar.model.guidance import fitted, room
+from sidecar.model.prompt import Prompt
+from sidecar.model.stops import StopFilter
+
+if TYPE_CHECKING:
+    from sidecar.model.engine import Engine
+
+
+class Generation:
+    """One reply: a generator (lent by the conversation cache, or made for it) and its own
+    tokenizer stream."""
+
+    def __init__(self, engine: Engine, prompt: Prompt, request: Generate, *, cached: bool) -> None:
+        self.prompt = prompt
+        self.generated = 0
+        self.finish: Finish | None = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self._eos = engine.eos_ids
+        sampling = bool(request.temperature)
+        needed = len(prompt.ids) + prompt.max_new_tokens
+        guidance = fitted(request.guidance, needed, engine.max_length)
+        needed += room(guidance)  # forced tokens may run past the reply's budget (guidance.py)
+        self.guided = guidance is not None
+        # A generator made for this request has its KV cache allocated for all of its length
+        # up front; a sliding-window model's is at least its window: onnxruntime refuses less.
+        self.lease = engine.cache.lease(
+            request,
+            prompt.ids,
+            needed,
+            guidance=guidance,
+            wanted=cached,
+            min_capacity=engine.facts.min_cache_length,
+        )
+        lease = self.lease
+        if lease.fresh:
+            generator, params = engine.new_generator(lease.capacity, request, prompt, guidance)
+            entry = lease.attach(generator, params)
+        else:
+            assert lease.entry is not None
+            entry = lease.entry
+            try:
+                generator = entry.generator
+                if self.guided and generator.token_count() == lease.reused > 0:
+                    lease.reused -= 1  # only a rewind re-arms the grammar (guidance.py)
+                if generator.token_count() > lease.reused:
+                    generator.rewind_to(lease.reused)
+                entry.params.set_search_options(**turn_options(request, prompt, engine.vocab_size))
+            except Exception:
+                lease.give_back(reusable=False)
+                raise
+        self.cached_tokens = lease.reused
+        self.generator = entry.generator
+        drafting = engine.prompt_lookup_tokens and not sampling and not self.guided
+        self._drafts_before = draft_counts(self.generator) if drafting else None
+        self._stream = engine.tokenizer.create_stream()
+        self._stops = StopFilter(request.stop)
+        self._chunk = engine.prefill_chunk
+        self._slack = engine.rewind_slack
+        self._appended = self.cached_tokens  # prompt tokens in the generator so far
+
+    @property
+    def prefilling(self) -> bool:
+        """True while part of the prompt is still to be appended."""
+        return self._appended < len(self.prompt.ids)
+
+    def step(self) -> str | None:
+        """One bounded piece of work: while the prompt is not all appended, append its next
+        chunk (at most PREFILL_CHUNK tokens) and return None, no token made; after that,
+        generate one token and return its new text.
+
+        The text is '' while a character is still incomplete; the stream never yields half a
+        character, so a reply cut off by the length limit ends on a whole character.
+        """
+        if self.prefilling:
+            end = self._appended + self._chunk
+            self.generator.append_tokens(self.prompt.ids[self._appended : end])
+            self._appended = min(end, len(self.prompt.ids))
+            self.lease.holds(self.generator.token_count())
+            self.lease.prefilled(self._appended)
+            return None
+        before = self.generator.token_count()
+        self.generator.generate_next_token()
+        token = int(self.generator.get_next_tokens()[0])
+        count = self.generator.token_count()
+        self.last_token_at = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        # A guided step may also have added the tokens its grammar forced, in front of the
+        # sampled one (guidance.py); an unguided step adds exactly the sampled token.
+        if count - before == 1 and token not in self._eos:
+            tokens = [token]
+        else:
+            tokens = [int(t) for t in self.generator.get_sequence(0)[before:count]]
+        budget = self.prompt.max_new_tokens - self.generated
+        shown = tokens[:budget]  # forced tokens never take a reply past its max_new_tokens
+        self.generated += len(shown)
+        text = "".join(str(self._stream.decode(t)) for t in shown)
+        ended = token in self._eos and len(shown) == len(tokens)
+        if token in self._eos:
+            # EOS is not added to the sequence, and the step fed the token before it (and any
+            # forced ones): the KV cache now holds the whole sequence.
+            self.lease.holds(count - self._slack)
+            if ended:
+                self.generated += 1  # the end token counts, as it always did
+        else:
+            # The sampled token is in the sequence but not yet in the KV cache (the next step
+            # feeds it): a later request re-appends it.
+            self.lease.holds(count - 1 - self._slack)
+        if self._stops:
+            text, stopped = self._stops.feed(text)
+            if stopped:
+                self.finish = "stop"
+                return text
+        if ended:
+            self.finish = "eos"
+            return text + self._stops.flush()
+        if self.generated >= self.prompt.max_new_tokens or self.generator.is_done():
+            self.finish = "length"
+            text += self._stops.flush()
+        return text
+
+    def release(self, reusable: bool) -> None:
+        """The request is over (finished, cancelled, or failed: not reusable)."""
+        self.lease.give_back(reusable)
+
+    def drafts(self) -> Drafts | None:
+        """This reply's prompt-lookup drafts; None when it had none (PROMPT_LOOKUP_TOKENS=0,
+        sampling)."""
+        if self._drafts_before is None:
+            return None
+        return draft_counts(self.generator).since(self._drafts_before)
+
+    def tokens_per_s(self) -> float | None:
+        """Decode speed: tokens after the first one over the time they took."""
+        if self.first_token_at is None or self.last_token_at is None or self.generated < 2:
+            return None
+        elapsed = self.last_token_at - self.first_token_at
+        return (self.generated - 1) / elapsed if elapsed > 0 else None
+
+
+def _top_k(top_k: int | None, vocab_size: int) -> int:
+    """0 (no cut) when absent; a cut wider than the vocabulary is no cut either, and
+    onnxruntime-genai fails on it, so it is capped."""
+    if top_k is None:
+        return 0
+    return min(top_k, vocab_size) if vocab_size else top_k
+
+
+def turn_options(request: Generate, prompt: Prompt, vocab_size: int) -> dict[str, Any]:
+    """The search options of one turn: those a continued generator takes again (min_length is
+    absolute, and the sampling values are read at every step); max_length, do_sample and the
+    seed are fixed when a generator is made."""
+    min_new = min(request.min_new_tokens, prompt.max_new_tokens)
+    # EOS is suppressed until min_length; 0 clears a previous turn's minimum.
+    options: dict[str, Any] = {"min_length": len(prompt.ids) + min_new if min_new else 0}
+    # Applies to greedy and sampled replies alike; 1.0 clears a previous turn's penalty.
+    options["repetition_penalty"] = request.repetition_penalty or 1.0
+    if request.temperature:
+        options |= {
+            "temperature": request.temperature,
+            "top_p": request.top_p if request.top_p is not None else 1.0,
+            "top_k": _top_k(request.top_k, vocab_size),
+        }
+    return options
