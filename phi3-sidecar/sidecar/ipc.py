@@ -144,6 +144,7 @@ class Started:
     dropped_messages: int
     max_new_tokens: int
     cached_tokens: int = 0  # leading prompt tokens the conversation cache already held
+    cache_reason: str = ""  # why those, or none (model/prompt_cache.py, REASONS)
 
 
 @dataclass(frozen=True, slots=True)

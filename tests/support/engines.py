@@ -68,6 +68,10 @@ class FaultyGeneration:
     def cached_tokens(self) -> int:
         return self._real.cached_tokens
 
+    @property
+    def cache_reason(self) -> str:
+        return self._real.cache_reason
+
     def release(self, reusable: bool) -> None:
         self._real.release(reusable)
 

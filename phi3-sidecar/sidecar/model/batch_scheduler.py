@@ -262,6 +262,7 @@ class BatchGeneration:
         self.generated = 0
         self.lease = lease
         self.cached_tokens = lease.reused
+        self.cache_reason: str = lease.reason
         self.finish: Finish | None = None
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None

@@ -67,6 +67,7 @@ class Generation:
                 lease.give_back(reusable=False)
                 raise
         self.cached_tokens = lease.reused
+        self.cache_reason: str = lease.reason
         self.generator = entry.generator
         drafting = engine.prompt_lookup_tokens and not sampling and not self.guided
         self._drafts_before = draft_counts(self.generator) if drafting else None

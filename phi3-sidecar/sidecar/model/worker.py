@@ -46,6 +46,7 @@ class Stepper(Protocol):
     prompt: Prompt
     generated: int
     cached_tokens: int
+    cache_reason: str  # the conversation cache's lease.reason (prompt_cache.REASONS)
     finish: ipc.Finish | None
 
     def step(self) -> str | None:
@@ -242,6 +243,7 @@ class Scheduler:
                 prompt.dropped_messages,
                 prompt.max_new_tokens,
                 generation.cached_tokens,
+                generation.cache_reason,
             )
         )
 

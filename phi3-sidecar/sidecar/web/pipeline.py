@@ -122,6 +122,7 @@ class Pipeline:
             raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
         record.prompt_tokens = start.prompt_tokens
         record.cached_tokens = start.cached_tokens
+        record.cache_reason = start.cache_reason or None
         record.dropped_messages = start.dropped_messages
         return ReplyResponse(reply, model, record, start, reply_format, keep_text=self._log_prompts)
 

@@ -26,6 +26,7 @@ class RequestRecord:
     error_type: str | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
+    cache_reason: str | None = None  # why (model/prompt_cache.py, REASONS)
     dropped_messages: int | None = None
     generated_tokens: int | None = None
     queue_wait_ms: float | None = None  # from asking for a generation slot to getting one

@@ -17,6 +17,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import pytest
 
 from scripts import services
 from scripts.services import Service
+from tests.sidecar.support import request_line
 from tests.support.engines import EXIT, faulty, paced
 
 CHUNK = "16"
@@ -407,3 +409,28 @@ def test_the_first_cached_reply_continues_the_generator_made_while_loading(
         assert first.text == ask(off, messages).text
         second = ask(on, messages, scope="other")  # another scope: a generator of its own
         assert second.text == first.text and metric(on, "prompt_cache_entries") == 2
+
+
+def test_the_log_line_says_why_a_turn_was_reused_or_not(
+    tiny_pair: tuple[Service, Service],
+) -> None:
+    """cache_reason in the request's log line (prompt_cache.REASONS): a new conversation is a
+    miss (or takes the spare), its next turn reuses it, cache_prompt false declines, and a
+    seeded sampling request starts fresh."""
+    on, _ = tiny_pair
+    scope = f"reason-{uuid.uuid4().hex}"
+    history = [{"role": "user", "content": USER_TURNS[2]}]
+
+    def reason(body: dict[str, Any], path: str = "/predict") -> str:
+        request_id = uuid.uuid4().hex
+        headers = {"x-request-id": request_id}
+        response = httpx.post(on.url + path, json=body, headers=headers, timeout=120)
+        assert response.status_code == 200, response.text
+        return str(request_line(on, request_id)["cache_reason"])
+
+    body = {"messages": history, "max_new_tokens": 8, "cache_scope": scope}
+    assert reason(body) in {"miss", "spare", "recycled"}
+    assert reason(body) == "reused"
+    v1 = {"messages": history, "max_tokens": 8, "prompt_cache_key": scope, "cache_prompt": False}
+    assert reason(v1, "/v1/chat/completions") == "declined"  # llama.cpp's field
+    assert reason({**body, "temperature": 1.0, "seed": 3}) == "seeded"
