@@ -106,8 +106,9 @@ class Settings(BaseSettings):
         "(ARCHITECTURE.md, 'Batched decode'): a step of 4 rows gave 2.0 to 2.8 times the "
         "tokens of one on a 2-vCPU AMD EPYC. Greedy replies are the same either way; a seeded "
         "sampling reply is the sidecar's sampler's for that seed, not onnxruntime-genai's. "
-        "Requests the direct path cannot serve (constrained output, a decoder it does not know) "
-        "keep a Generator. Set it to MAX_CONCURRENCY to batch every active reply.",
+        "Structured output and tool calls are batched too (llguidance). A decoder the direct "
+        "path does not know keeps a Generator. Set it to MAX_CONCURRENCY to batch every "
+        "active reply.",
     )
     worker_stall_s: float = Field(
         default=60.0,

@@ -1,6 +1,7 @@
 """Batched decode (DECODE_BATCH_ROWS > 1) on each family's exported model: the direct
 onnxruntime path takes the builder's decoder (it does not fall back to the Generator), and
-four users at once get onnxruntime-genai's greedy replies."""
+four users at once get onnxruntime-genai's greedy replies, guided ones too (each family's
+tokenizer.json as llguidance reads it, model/batch_guidance.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 import pytest
 
 from scripts import services
+from sidecar.model.engine import Engine
 from tests.families.conftest import Exported
 from tests.families.test_families_serve import CANDIDATES, MAX_NEW, reference
+from tests.sidecar.model.test_sidecar_batch_guidance import GRAMMARS, greedy
 from tests.sidecar.support import predict
 
 pytestmark = pytest.mark.families
@@ -48,3 +51,16 @@ def test_four_users_at_once_get_the_generator_s_replies(
     with ThreadPoolExecutor(len(USERS)) as pool:
         replies = list(pool.map(ask, USERS))
     assert replies == [reference(exported, hf_tokenizer, user).text for user in USERS]
+
+
+def test_greedy_guided_replies_are_the_generator_s(exported: Exported) -> None:
+    """Text, finish and token count for every grammar kind and the tool protocol's grammars
+    (Qwen2's `<tool_call>` is an added token its tokenizer.json does not call special)."""
+    batched = Engine(exported.model_dir, prefill_chunk=16, decode_batch_rows=4, max_concurrency=4)
+    generator = Engine(exported.model_dir, prefill_chunk=16)
+    assert batched.grammars is not None and batched.grammars.unavailable is None
+    for name, guidance in GRAMMARS.items():
+        for user in USERS[:2]:
+            ours, theirs = greedy(batched, guidance, user), greedy(generator, guidance, user)
+            assert ours == theirs, name
+    assert batched._model is None

@@ -29,6 +29,7 @@ import numpy as np
 
 from sidecar.ipc import Drafts, Finish, Generate
 from sidecar.model.batch_decoder import BatchDecoder
+from sidecar.model.batch_guidance import RowGuide
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 from sidecar.model.sampling import Sampler, penalize_repeats
@@ -277,6 +278,8 @@ class BatchGeneration:
         self._penalty = request.repetition_penalty or 1.0
         self._stream: TokenStream = scheduler._new_stream()
         self._stops = StopFilter(request.stop)
+        # A guided request's matcher (batch_guidance.py), set by the engine before the first step
+        self.guide: RowGuide | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -316,7 +319,21 @@ class BatchGeneration:
         eos = self._scheduler.eos_ids
         if self._penalty != 1.0:
             logits = penalize_repeats(logits, self.holder.tokens, self._penalty)
-        token = self._sampler.pick(logits, eos if self.generated < self._min_new else ())
+        banned = eos if self.generated < self._min_new else ()
+        guide = self.guide
+        if guide is not None:
+            allowed = guide.masked(logits, banned)
+            if allowed is None:  # never a token outside the grammar (batch_guidance.py)
+                fields = {"error": guide.error}
+                log.error("guided reply has no allowed token", extra={"fields": fields})
+                self.finish = "error"
+                return ""
+            logits, banned = allowed, ()
+        token = self._sampler.pick(logits, banned)
+        if guide is not None and token not in eos and not guide.consume(token):
+            log.error("guided token refused", extra={"fields": {"error": guide.error}})
+            self.finish = "error"
+            return ""
         self.generated += 1
         self.last_token_at = time.monotonic()
         if self.first_token_at is None:
@@ -335,6 +352,11 @@ class BatchGeneration:
                 return text
         if self.generated >= self.prompt.max_new_tokens:
             self.finish = "length"
+            text += self._stops.flush()
+        elif guide is not None and guide.stopped:
+            # The grammar is complete: the end token the Generator path would make next
+            self.generated += 1
+            self.finish = "eos"
             text += self._stops.flush()
         return text
 
@@ -356,8 +378,8 @@ class BatchGeneration:
 # a slot's memory is the positions it holds, and PROMPT_CACHE_MB bounds their sum).
 CACHE_SLOTS = 16
 
-# The fields of Generate the batched path serves; a request that sets any other field (a
-# constrained output, added later to the Generator path) goes to a Generator.
+# The fields of Generate the batched path serves; a request that sets any other field (one
+# added later to the Generator path) goes to a Generator. Guidance: batch_guidance.py.
 SERVED_FIELDS = frozenset(
     {
         "request_id",
@@ -374,6 +396,7 @@ SERVED_FIELDS = frozenset(
         "deadline",  # the worker's, between steps
         "repetition_penalty",
         "key",
+        "guidance",
     }
 )
 

@@ -24,6 +24,7 @@ import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Generate, Guidance
 from sidecar.model.batch_decoder import BatchDecoder, Unsupported, read_spec
+from sidecar.model.batch_guidance import Grammars
 from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchGeneration, BatchScheduler, serves
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.model.device import DeviceUnavailable, device_error, use_device
@@ -115,9 +116,14 @@ class Engine:
         # DECODE_BATCH_ROWS > 1: replies the direct path serves are batched (batch_scheduler.py)
         # and own the conversation cache's budget; the Generator path keeps no cache then.
         self.batch: BatchScheduler | None = None
+        self.grammars: Grammars | None = None  # guided replies on the batched path
         if decode_batch_rows > 1:
             self.batch = self._batch_path(
                 path, genai_config, device, decode_batch_rows, max_concurrency, num_threads
+            )
+        if self.batch is not None:
+            self.grammars = Grammars(
+                path / "tokenizer.json", self.vocab_size, _first_eos(genai_config, self.eos_ids)
             )
         if self.batch is None and self._model is None:
             self._model = self._load_model()
@@ -153,8 +159,13 @@ class Engine:
         prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
         # The cache decides the rest (PromptCache.lease). With batched decode the Generator
         # path's cache stays off (its budget is never set): the batched path owns the budget.
-        if self.batch is not None and serves(request):
-            return self.batch.start(prompt, request, cached=cached)
+        if self.batch is not None and serves(request) and self._batch_guides(request):
+            # The grammar first: a refused one (GuidanceRefused) takes no slot
+            guidance, grammars = request.guidance, self.grammars
+            guide = grammars.matcher(guidance) if grammars and guidance else None
+            generation = self.batch.start(prompt, request, cached=cached)
+            generation.guide = guide
+            return generation
         return Generation(self, prompt, request, cached=cached)
 
     def new_generator(
@@ -181,6 +192,14 @@ class Engine:
             if guidance is not None and ("grammar" in str(exc) or "llg_" in str(exc)):
                 raise refusal(exc) from exc
             raise
+
+    def _batch_guides(self, request: Generate) -> bool:
+        """Whether the batched path can follow this request's grammar: a model whose tokenizer
+        llguidance cannot read has its guided requests served by a Generator (logged once, at
+        load), whose own llguidance then builds the grammar or refuses it."""
+        return request.guidance is None or (
+            self.grammars is not None and self.grammars.unavailable is None
+        )
 
     def _batch_path(
         self,
@@ -267,6 +286,17 @@ class Engine:
         key = generation.generator.get_output("present.0.key")
         per_layer = int(key.shape[1]) * int(key.shape[3]) * int(key.dtype.itemsize)
         return 2 * self.num_layers * per_layer
+
+
+def _first_eos(genai_config: Mapping[str, Any], eos_ids: frozenset[int]) -> int:
+    """The end token a grammar allows, as onnxruntime-genai's: the first of the
+    configuration's eos_token_id (the lowest end id if it names none)."""
+    configured = genai_config["model"].get("eos_token_id")
+    if isinstance(configured, list) and configured:
+        return int(configured[0])
+    if isinstance(configured, int):
+        return configured
+    return min(eos_ids)
 
 
 class _TemplateTokenizer:

@@ -1,0 +1,324 @@
+"""Structured output and tool calls on the batched path (model/batch_guidance.py), on the real
+tiny model: every kind of grammar is followed without loading onnxruntime-genai's model (the
+second copy of the weights), greedy guided replies are the Generator path's, guided and
+unguided users decode together and every guided reply validates, a grammar that cannot be
+built is the Generator path's 400, a guided reply may continue a cached prefix, and a tokenizer
+llguidance cannot read sends guided requests to a Generator."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import jsonschema_rs
+import numpy as np
+import pytest
+
+from scripts import services
+from scripts.services import Service
+from sidecar.ipc import Generate, Guidance
+from sidecar.model.batch_guidance import Grammars
+from sidecar.model.batch_scheduler import BatchGeneration
+from sidecar.model.engine import Engine, Generation
+from sidecar.model.guidance import GuidanceRefused
+from sidecar.web.guidance import for_request, prepared
+from sidecar.web.openai_tools import ToolSpec
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "London", "Tokyo"]},
+        "code": {"type": "string", "pattern": "[A-Z]{2}[0-9]{2}"},
+        "temperature": {"type": "integer", "minimum": -30, "maximum": 45},
+    },
+    "required": ["city", "code", "temperature"],
+    "additionalProperties": False,
+}
+GUIDED = Guidance("json_schema", json.dumps(prepared(SCHEMA)))
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+LOADED_GENERATOR = "loading the Generator's model"
+QUESTIONS = ["Weather in Paris?", "And in Tokyo, tomorrow?", "Describe London in one line."]
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Engine:
+    engine = Engine(
+        tiny_model_dir,
+        prompt_cache_mb=64,
+        prefill_chunk=16,
+        decode_batch_rows=4,
+        max_concurrency=4,
+    )
+    engine.warm_up()
+    return engine
+
+
+def request(question: str, guidance: Guidance | None, **extra: Any) -> Generate:
+    messages = extra.pop("messages", (("user", question),))
+    return Generate("test", messages, 120, guidance=guidance, **extra)
+
+
+def run_together(engine: Engine, generations: list[Any]) -> list[str]:
+    """Step the batch until every generation is over, releasing each as the worker does."""
+    assert engine.batch is not None
+    texts = {id(g): "" for g in generations}
+    live = set(texts)
+    while live:
+        for generation, text in engine.batch.step():
+            texts[id(generation)] += text or ""
+            if generation.finish is not None and id(generation) in live:
+                live.discard(id(generation))
+                generation.release(reusable=generation.finish != "error")
+    return [texts[id(g)] for g in generations]
+
+
+def test_every_kind_of_grammar_is_followed_without_the_generators_model(engine: Engine) -> None:
+    lark = Guidance("lark_grammar", 'start: "yes" | "no" | "maybe"')
+    regex = Guidance("regex", "[a-z]{2,6} [0-9]{1,3}")
+    kinds = [GUIDED, lark, regex, None]
+    generations = [
+        engine.start(request(q, g)) for q, g in zip(QUESTIONS[:2] * 2, kinds, strict=True)
+    ]
+    assert all(isinstance(g, BatchGeneration) for g in generations)
+    texts = run_together(engine, generations)
+    jsonschema_rs.validate(SCHEMA, json.loads(texts[0]))
+    assert re.fullmatch("[A-Z]{2}[0-9]{2}", json.loads(texts[0])["code"])
+    assert texts[1] in ("yes", "no", "maybe")
+    assert re.fullmatch("[a-z]{2,6} [0-9]{1,3}", texts[2]), texts[2]
+    # A complete grammar ends the reply as an end token would, counted as the Generator does
+    assert all(g.finish == "eos" for g in generations[:2])
+    assert engine._model is None  # onnxruntime-genai's model never loaded
+
+
+def tool_grammar(choice: Literal["auto", "required", "none"]) -> Guidance:
+    guidance = for_request(None, [ToolSpec.model_validate(TOOLS[0])], choice, False)
+    assert guidance is not None
+    return guidance
+
+
+# Each kind, the tool grammars (a Lark grammar over the call protocol), forced tokens on and off
+GRAMMARS = {
+    "json-schema": GUIDED,
+    "json-schema-step-by-step": replace(GUIDED, ff_tokens=False),
+    "regex": Guidance("regex", "[a-z]{2,6} [0-9]{1,3}"),
+    "lark": Guidance("lark_grammar", 'start: "yes" | "no" | "maybe"'),
+    "tools-auto": tool_grammar("auto"),
+    "tools-required": tool_grammar("required"),
+    "tools-none": tool_grammar("none"),
+}
+
+
+def greedy(engine: Engine, guidance: Guidance, question: str) -> tuple[str, str | None, int]:
+    generation = engine.start(request(question, guidance), cached=False)
+    text = ""
+    while generation.finish is None:
+        text += generation.step() or ""
+    generation.release(reusable=False)
+    return text, generation.finish, generation.generated
+
+
+@pytest.fixture(scope="module")
+def generator_engine(tiny_model_dir: Path) -> Engine:
+    return Engine(tiny_model_dir, prefill_chunk=16)
+
+
+@pytest.mark.parametrize("guidance", GRAMMARS.values(), ids=GRAMMARS.keys())
+def test_greedy_guided_replies_are_the_generators(
+    engine: Engine, generator_engine: Engine, guidance: Guidance
+) -> None:
+    """Text, finish and token count, forced tokens taken one per step or not."""
+    for question in QUESTIONS:
+        assert greedy(engine, guidance, question) == greedy(generator_engine, guidance, question)
+
+
+def test_sampled_guided_replies_validate(engine: Engine) -> None:
+    generations = [
+        engine.start(request(q, GUIDED, temperature=1.0, top_p=0.95, seed=seed))
+        for seed, q in enumerate(QUESTIONS)
+    ]
+    for text in run_together(engine, generations):
+        jsonschema_rs.validate(SCHEMA, json.loads(text))
+    assert engine._model is None
+
+
+@pytest.mark.parametrize(
+    "guidance",
+    [
+        Guidance("json_schema", '{"type": "objectx"}'),
+        Guidance("json_schema", '{"type": "string", "pattern": "(("}'),
+        Guidance("json_schema", "not json"),
+        Guidance("lark_grammar", "start: nothing_defined"),
+        Guidance("regex", "(("),
+    ],
+    ids=["unknown-type", "bad-pattern", "not-json", "undefined-rule", "bad-regex"],
+)
+def test_a_grammar_that_cannot_be_built_is_refused_and_takes_no_slot(
+    engine: Engine, guidance: Guidance
+) -> None:
+    assert engine.batch is not None
+    with pytest.raises(GuidanceRefused) as refused:
+        engine.start(request(QUESTIONS[0], guidance, cache_scope="refused"))
+    assert str(refused.value) and "\n" not in str(refused.value)
+    assert not engine.batch.busy
+    assert not any(entry.lent for entry in engine.batch.cache.entries)
+
+
+def test_a_guided_reply_continues_a_cached_prefix_and_its_grammar_holds(engine: Engine) -> None:
+    """Unlike the Generator path (whose grammar lives in its generator), a slot holds only
+    K/V: a guided turn may continue what an unguided one left, and the reverse."""
+    scope = "guided-batch-cache"
+    history = " ".join(QUESTIONS * 3)  # long enough for whole prefill chunks to be reused
+    first = engine.start(request(history, None, cache_scope=scope))
+    (text,) = run_together(engine, [first])
+    turn = (("user", history), ("assistant", text), ("user", "And tomorrow?"))
+    guided = engine.start(request("", GUIDED, messages=turn, cache_scope=scope))
+    assert guided.cached_tokens > 0
+    (reply,) = run_together(engine, [guided])
+    jsonschema_rs.validate(SCHEMA, json.loads(reply))
+    again = engine.start(request("", None, messages=turn, cache_scope=scope))
+    assert again.cached_tokens > 0
+    run_together(engine, [again])
+
+
+def test_a_mask_that_leaves_nothing_is_no_token(tiny_model_dir: Path, engine: Engine) -> None:
+    grammars = engine.grammars
+    assert grammars is not None and grammars.unavailable is None
+    guide = grammars.matcher(Guidance("regex", "ab"))
+    logits = np.zeros(grammars.vocab_size, dtype=np.float32)
+    allowed = guide.masked(logits)
+    assert allowed is not None
+    only = np.flatnonzero(np.isfinite(allowed))
+    assert guide.masked(logits, banned=only.tolist()) is None  # e.g. an end token banned
+
+
+def test_a_tokenizer_llguidance_cannot_read_sends_guided_requests_to_a_generator(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text('{"model": {"type": "nothing"}}')
+    grammars = Grammars(broken, 0, 0)
+    assert grammars.unavailable
+    engine = Engine(tiny_model_dir, prefill_chunk=16, decode_batch_rows=4, max_concurrency=4)
+    engine.grammars = grammars  # the folder's tokenizer.json reads fine: this one does not
+    guided = engine.start(request(QUESTIONS[0], GUIDED))
+    assert isinstance(guided, Generation)  # onnxruntime-genai's own llguidance serves it
+    plain = engine.start(request(QUESTIONS[0], None))
+    assert isinstance(plain, BatchGeneration)
+    plain.release(reusable=False)
+    text = ""
+    while guided.finish is None:
+        text += guided.step() or ""
+    guided.release(reusable=False)
+    jsonschema_rs.validate(SCHEMA, json.loads(text))
+
+
+# -- through the sidecar ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def batch_sidecar(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    log = tmp_path_factory.mktemp("logs") / "sidecar-batch-guidance.log"
+    with services.sidecar(
+        tiny_model_dir, log, DECODE_BATCH_ROWS="4", MAX_CONCURRENCY="6", QUEUE_SIZE="6"
+    ) as service:
+        yield service
+
+
+def chat(url: str, question: str, **extra: Any) -> httpx.Response:
+    body = {"model": "any", "messages": [{"role": "user", "content": question}], **extra}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+
+
+def test_guided_and_unguided_users_at_once_all_validate(batch_sidecar: Service) -> None:
+    schema_format = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}
+    requests: list[dict[str, Any]] = [
+        {"response_format": schema_format, "max_tokens": 120},
+        {"response_format": schema_format, "max_tokens": 120, "temperature": 0.9, "seed": 3},
+        {"response_format": {"type": "json_object"}, "max_tokens": 120},
+        {
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_tokens": 300,
+        },
+        {"max_tokens": 40},
+        {"max_tokens": 40, "temperature": 0.8},
+    ]
+    barrier = threading.Barrier(len(requests))
+
+    def one(extra: dict[str, Any]) -> dict[str, Any]:
+        barrier.wait()
+        response = chat(batch_sidecar.url, "Weather in Paris?", **extra)
+        assert response.status_code == 200, response.text
+        return dict(response.json()["choices"][0])
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        choices = list(pool.map(one, requests))
+    for choice in choices[:2]:
+        assert choice["finish_reason"] == "stop"
+        jsonschema_rs.validate(SCHEMA, json.loads(choice["message"]["content"]))
+    if choices[2]["finish_reason"] == "stop":  # any object: its strings may run to the limit
+        assert isinstance(json.loads(choices[2]["message"]["content"]), dict)
+    else:
+        assert choices[2]["message"]["content"].startswith("{")
+    assert choices[3]["finish_reason"] == "tool_calls"
+    for call in choices[3]["message"]["tool_calls"]:
+        assert call["function"]["name"] == "get_weather"
+        jsonschema_rs.validate(
+            TOOLS[0]["function"]["parameters"], json.loads(call["function"]["arguments"])
+        )
+    assert all(choice["message"]["content"] for choice in choices[4:])
+    assert LOADED_GENERATOR not in batch_sidecar.log()
+
+
+@pytest.fixture(scope="module")
+def generator_sidecar(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    log = tmp_path_factory.mktemp("logs") / "sidecar-generator-guidance.log"
+    with services.sidecar(tiny_model_dir, log, DECODE_BATCH_ROWS="1") as service:
+        yield service
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "objectx"}, {"type": "string", "pattern": "(("}],
+    ids=["unknown-type", "bad-pattern"],
+)
+def test_a_bad_grammar_is_the_generator_paths_400(
+    batch_sidecar: Service, generator_sidecar: Service, schema: dict[str, Any]
+) -> None:
+    extra = {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    }
+    batched = chat(batch_sidecar.url, "Hi", **extra)
+    alone = chat(generator_sidecar.url, "Hi", **extra)
+    assert batched.status_code == alone.status_code == 400
+    assert batched.json() == alone.json()
+    assert batched.json()["error"]["code"] == "invalid_schema"
+    assert LOADED_GENERATOR not in batch_sidecar.log()
