@@ -30,4 +30,7 @@ def test_bench_batch_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> 
             assert len(values["aggregate_tps"]) == 1 and values["aggregate_tps"][0] > 0
             assert len(values["ttft_s"]) == 2 and all(t > 0 for t in values["ttft_s"])
     assert all(rss > 0 for rss in data["peak_rss_bytes"].values())
+    loaded, serving = data["rss_after_loading_bytes"], data["rss_highest_serving_bytes"]
+    assert all(0 < loaded[rows] <= serving[rows] for rows in loaded)
+    assert "MiB after loading" in result.stdout
     assert "| 2 | 2 |" in result.stdout  # DECODE_BATCH_ROWS 2, 2 users

@@ -108,6 +108,7 @@ class KvPool:
         self.dtype = np.dtype(dtype)
         shape = (slots, spec.kv_heads, length, spec.head_size)
         self.slot_bytes = int(np.prod(shape[1:])) * self.dtype.itemsize
+        self.kv_heads = spec.kv_heads
         self._maps: list[mmap.mmap] = []
         self.keys: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
@@ -129,11 +130,32 @@ class KvPool:
             area.madvise(mmap.MADV_DONTNEED, slot * self.slot_bytes, self.slot_bytes)
 
     def swap(self, a: int, b: int, length_a: int, length_b: int) -> None:
-        """Exchange two slots' first positions (length_a of slot a, length_b of slot b)."""
+        """Exchange two slots' first positions (length_a of slot a, length_b of slot b). The
+        slot that now holds fewer positions gives back the pages past them: otherwise it would
+        keep the longer reply's memory while the cache counts the shorter one's."""
         for buffer in (*self.keys, *self.values):
             held = buffer[a, :, :length_a].copy()
             buffer[a, :, :length_b] = buffer[b, :, :length_b]
             buffer[b, :, :length_a] = held
+        if length_a > length_b:
+            self.trim(a, length_b)
+        elif length_b > length_a:
+            self.trim(b, length_a)
+
+    def trim(self, slot: int, keep: int) -> None:
+        """Give back the pages of a slot past its first `keep` positions (every head's run of
+        positions is its own region; the page that holds position `keep - 1` stays)."""
+        head_bytes = self.slot_bytes // self.kv_heads  # one head's positions
+        position_bytes = head_bytes // self.length
+        if head_bytes % mmap.PAGESIZE or keep >= self.length:
+            return  # not page aligned: the memory stays until the slot is freed
+        start = -(-keep * position_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # rounded up
+        if start >= head_bytes:
+            return
+        for area in self._maps:
+            for head in range(self.kv_heads):
+                offset = slot * self.slot_bytes + head * head_bytes
+                area.madvise(mmap.MADV_DONTNEED, offset + start, head_bytes - start)
 
 
 class BatchDecoder:

@@ -137,7 +137,7 @@ class BatchScheduler:
     def step(self) -> list[tuple[BatchGeneration, str | None]]:
         """One decode call per DECODE_BATCH_ROWS replies past their prompt, the first token
         of each reply whose prompt the previous step finished reading, and one chunk of a
-        prompt still being read (the prompts take turns, a chunk each): each touched
+        prompt still being read (next_prompt says which): each touched
         generation with its new text (None: a chunk, no token). A failed model call ends its
         generations with finish "error"."""
         results: list[tuple[BatchGeneration, str | None]] = []
@@ -158,16 +158,27 @@ class BatchScheduler:
                 first_text = None
             results.append((generation, first_text))
         if self.prefilling:
-            generation = self.prefilling[0]
+            generation = self.next_prompt()
             try:
                 self._prefill(generation)
             except Exception as exc:
                 self._failed([generation], exc)
                 self.prefilling.remove(generation)
-            if generation in self.prefilling:
-                self.prefilling.rotate(-1)  # the next prompt's turn
             results.append((generation, None))
         return results
+
+    def next_prompt(self) -> BatchGeneration:
+        """The prompt whose chunk this step reads: the one with the fewest tokens left to
+        read, less a chunk for every step it was passed over (ties: the one that came first).
+        Prompts that arrive together then get their first tokens one after another, not all
+        after the last chunk of all of them (taking turns a chunk each did that: four 130-token
+        prompts all waited about four prefills), a short prompt passes a long one, and a long
+        one is passed at most about its own number of chunks."""
+        chosen = min(self.prefilling, key=lambda g: g.prompt_left - g.passed_over * self.chunk)
+        for generation in self.prefilling:
+            if generation is not chosen:
+                generation.passed_over += 1
+        return chosen
 
     def step_one(self, generation: BatchGeneration) -> str | None:
         """Step one generation alone (a batch of one row): for an engine wrapper (the tests'
@@ -269,6 +280,7 @@ class BatchGeneration:
         self.holder = holder
         self._scheduler = scheduler
         self._appended = lease.reused
+        self.passed_over = 0  # steps that read another prompt's chunk while this one waited
         self._first_logits: np.ndarray | None = None
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
         top_k = request.top_k
@@ -284,6 +296,11 @@ class BatchGeneration:
     @property
     def prefilling(self) -> bool:
         return self._appended < len(self.prompt.ids)
+
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens still to read."""
+        return len(self.prompt.ids) - self._appended
 
     def step(self) -> str | None:
         """This generation alone (the worker steps batched ones through the scheduler)."""

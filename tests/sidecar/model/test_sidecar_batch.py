@@ -18,7 +18,7 @@ import pytest
 from scripts import services
 from scripts.services import Service
 from sidecar.ipc import Generate
-from sidecar.model.batch_decoder import Unsupported, read_spec
+from sidecar.model.batch_decoder import KvPool, Unsupported, read_spec
 from sidecar.model.engine import Engine
 from sidecar.model.folder import read_genai_config
 from sidecar.model.generation import Generation
@@ -253,6 +253,62 @@ def test_rows_join_leave_and_free_their_slots_in_the_real_engine(tiny_model_dir:
     assert texts[0] == expected(tiny_model_dir, PROMPTS[0], 30)[: len(texts[0])]
     assert not batch.busy
     assert all(not key.any() for key in batch.pool.keys)  # freed pages read as zeros
+
+
+def test_a_swap_gives_back_the_pages_past_the_shorter_slot(tiny_model_dir: Path) -> None:
+    """A reply that leaves swaps its slot with the last decoding one; the slot that now holds
+    fewer positions must not keep the longer reply's pages (the cache counts the shorter)."""
+    spec = read_spec(read_genai_config(tiny_model_dir))
+    pool = KvPool(spec, 2, 1024, np.float32)  # a head's 1024 positions: whole pages
+    for buffer in (*pool.keys, *pool.values):
+        buffer[0] = 1.0
+        buffer[1, :, :10] = 2.0
+    pool.swap(0, 1, 1024, 10)
+    per_page = 4096 // (spec.head_size * 4)  # positions a page holds
+    kept = -(-10 // per_page) * per_page  # through the page that holds position 9
+    for buffer in (*pool.keys, *pool.values):
+        assert (buffer[0, :, :10] == 2.0).all() and (buffer[1] == 1.0).all()
+        assert not buffer[0, :, kept:].any()  # given back: reads as zeros again
+
+
+def test_prompts_that_arrive_together_get_first_tokens_one_after_another(
+    tiny_model_dir: Path,
+) -> None:
+    """The chunk a step reads is the prompt with the fewest tokens left (less a chunk per step
+    it was passed over): a short prompt passes a long one that came first, two equal ones
+    finish in turn, not both at the end, and the replies are still the Generator's."""
+    engine = Engine(
+        tiny_model_dir, num_threads=1, decode_batch_rows=4, max_concurrency=4, prefill_chunk=16
+    )
+    engine.warm_up()
+    batch = engine.batch
+    assert batch is not None
+    long_prompt = PROMPTS[4] * 2
+    prompts = [long_prompt, PROMPTS[4], PROMPTS[4], "Hi"]
+    live = {
+        id(engine.start(Generate(f"r{i}", (("user", p),), max_new_tokens=5))): i
+        for i, p in enumerate(prompts)
+    }
+    first_token_step: dict[int, int] = {}
+    texts = dict.fromkeys(range(len(prompts)), "")
+    for step in range(500):
+        for generation, text in batch.step():
+            i = live[id(generation)]
+            if text is not None:
+                first_token_step.setdefault(i, step)
+                texts[i] += text
+            if generation.finish is not None:
+                generation.release(reusable=False)
+        if len(first_token_step) == len(prompts) and not batch.busy:
+            break
+    order = sorted(first_token_step, key=first_token_step.__getitem__)
+    assert order == [3, 1, 2, 0]  # the shortest; the two equal ones in turn; the long one
+    # The second of the equal prompts waits for the first's whole prompt, not one chunk
+    chunks = -(-len(engine.prompts.fit((("user", PROMPTS[4]),), 5, engine.max_length).ids) // 16)
+    assert chunks >= 3
+    assert first_token_step[2] - first_token_step[1] >= chunks - 1
+    for i, prompt in enumerate(prompts):
+        assert texts[i] == expected(tiny_model_dir, prompt, 5)
 
 
 def test_the_generators_model_is_loaded_only_when_a_request_needs_it(
