@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +33,7 @@ from scripts.bench_variants import (
     EngineProcess,
     RawEngine,
     Sample,
+    released_at_once,
     sized_messages,
     via_app,
     via_sidecar,
@@ -143,25 +143,10 @@ def peak_rss_bytes(pid: int, *, children: bool = True) -> int:
 def run_concurrent(url: str, engine: RawEngine, args: argparse.Namespace, n: int) -> dict[str, Any]:
     """N streams released at once through the sidecar, each with a prompt of its own (none can
     reuse another's cached tokens); 503s are counted, not retried."""
-    samples: list[Sample] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(n)
     chats = [sized_messages(engine, args.prompt_tokens, 500 + 10 * n + i) for i in range(n)]
-
-    def one(i: int) -> None:
-        with httpx.Client(timeout=600) as client:
-            barrier.wait()
-            sample = via_sidecar(client, url, chats[i], args.new_tokens, i)
-        with lock:
-            samples.append(sample)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
+    samples, wall = released_at_once(
+        n, lambda client, i: via_sidecar(client, url, chats[i], args.new_tokens, i), timeout=600
+    )
     ok = [s for s in samples if s.status == 200]
     ttfts = sorted(s.ttft_s for s in ok)
     return {
