@@ -88,18 +88,15 @@ class Engine:
         config.overlay(json.dumps(overlay))
         use_device(config, device, provider_options or {})
         self._config, self._path, self._device = config, path, device
-        if decode_batch_rows > 1 and prompt_lookup_tokens:
-            # Drafts are onnxruntime-genai's (a Generator's speculative options); the batched
-            # path takes none, so asking for them means one Generator per reply.
+        unbatched = _generator_only(decode_batch_rows, device, prompt_lookup_tokens)
+        if unbatched is not None and decode_batch_rows > 1:
             log.warning(
                 "batched decode is off: every reply gets a Generator",
-                extra={"fields": {"reason": "PROMPT_LOOKUP_TOKENS > 0 needs the Generator"}},
+                extra={"fields": {"reason": unbatched}},
             )
-            decode_batch_rows = 1
         # With batched decode the decoder's weights live in batch_decoder.py's session; the
         # Generator's model (the same weights again) is loaded only if a request needs it.
-        batching = decode_batch_rows > 1 and device == "cpu"
-        self._model = None if batching else self._load_model()
+        self._model = None if unbatched is None else self._load_model()
         self.tokenizer = og.Tokenizer(self._model if self._model is not None else config)
         template = _TemplateTokenizer(self.tokenizer)
         self.facts = read_facts(
@@ -117,9 +114,9 @@ class Engine:
         # and own the conversation cache's budget; the Generator path keeps no cache then.
         self.batch: BatchScheduler | None = None
         self.grammars: Grammars | None = None  # guided replies on the batched path
-        if decode_batch_rows > 1:
+        if unbatched is None:
             self.batch = self._batch_path(
-                path, genai_config, device, decode_batch_rows, max_concurrency, num_threads
+                path, genai_config, decode_batch_rows, max_concurrency, num_threads
             )
         if self.batch is not None:
             self.grammars = Grammars(
@@ -205,15 +202,12 @@ class Engine:
         self,
         path: Path,
         genai_config: Mapping[str, Any],
-        device: str,
         rows: int,
         concurrency: int,
         threads: int,
     ) -> BatchScheduler | None:
-        """The batched path, or None (logged) where it cannot serve this model exactly."""
+        """The batched path, or None (logged) where it cannot drive this model's decoder."""
         try:
-            if device != "cpu":
-                raise Unsupported(f"MODEL_DEVICE={device}: the batched path is CPU only")
             spec = read_spec(genai_config)
             slots = concurrency + (CACHE_SLOTS if self._cache_budget else 0)
             options = self.session_options.items()
@@ -286,6 +280,19 @@ class Engine:
         key = generation.generator.get_output("present.0.key")
         per_layer = int(key.shape[1]) * int(key.shape[3]) * int(key.dtype.itemsize)
         return 2 * self.num_layers * per_layer
+
+
+def _generator_only(rows: int, device: str, prompt_lookup_tokens: int) -> str | None:
+    """Why every reply gets a Generator whatever the decoder (None: the batched path, where
+    _batch_path can drive the decoder)."""
+    if rows <= 1:
+        return "DECODE_BATCH_ROWS=1"
+    if device != "cpu":
+        return f"MODEL_DEVICE={device}: the batched path is CPU only"
+    if prompt_lookup_tokens:
+        # Drafts are onnxruntime-genai's (a Generator's speculative options)
+        return "PROMPT_LOOKUP_TOKENS > 0: drafts are a Generator's"
+    return None
 
 
 def _first_eos(genai_config: Mapping[str, Any], eos_ids: frozenset[int]) -> int:
