@@ -42,9 +42,17 @@ PhaseName = Literal[
 # request at 230 s, so the reply ends cleanly before that).
 Finish = Literal["eos", "stop", "length", "time_limit", "cancelled", "error"]
 # Why the worker refuses a request; the web process decides the status (web/errors.py).
+# overloaded: the request waited for KV memory (KV_MEMORY_MB) until its deadline.
 Refusal = Literal[
-    "context_length_exceeded", "unencodable_prompt", "start_failed", "invalid_guidance"
+    "context_length_exceeded",
+    "unencodable_prompt",
+    "start_failed",
+    "invalid_guidance",
+    "overloaded",
 ]
+# Where a turn's cached tokens came from (model/kv_tiers.py): its KV slot, compact RAM, the
+# disk tier; None: nothing was reused (the prompt is read, "recomputed").
+CacheTier = Literal["ram", "compact", "disk"]
 GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
 
 
@@ -145,6 +153,8 @@ class Started:
     max_new_tokens: int
     cached_tokens: int = 0  # leading prompt tokens the conversation cache already held
     cache_reason: str = ""  # why those, or none (model/prompt_cache.py, REASONS)
+    cache_tier: CacheTier | None = None  # where those came from
+    restore_s: float = 0.0  # the time it took to put them back into a KV slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +205,16 @@ class CacheStats:
     # (their type: fp32, int8, ...; layers, KV heads, head size) at warm-up; reported with
     # the rest after each reply (0 before the first).
     bytes_per_token: int = 0
+    # With batched decode (model/kv_tiers.py): idle conversations kept in compact RAM and on
+    # the disk tier, the one KV bound, what running replies reserved of it, and how many
+    # requests have had to wait for it.
+    compact_entries: int = 0
+    compact_bytes: int = 0
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    kv_memory_bytes: int = 0
+    kv_reserved_bytes: int = 0
+    kv_waits: int = 0
 
 
 ToWorker = Generate | Cancel | Stop | Ping

@@ -124,11 +124,50 @@ class Settings(BaseSettings):
         default=2048,
         ge=0,
         le=1024 * 1024,
-        description="Memory for the conversation cache, in MiB: the KV caches of the generators "
-        "kept between requests, so that each chat turn reads only its new tokens (in use or "
-        "idle, all count; least recently used go first). 0 turns the cache off. Phi-3-mini's "
-        "KV cache takes 0.75 MiB a token; the default fits a Premium v3 P1v3 plan (8 GB) next "
-        "to the model. docs/conversation-cache.md.",
+        description="RAM for the conversation cache, in MiB: the KV of conversations kept "
+        "between requests, so that each chat turn reads only its new tokens. With batched "
+        "decode, idle conversations move from their KV slot (0.75 MiB a token for Phi-3-mini) "
+        "to compact RAM (KV_COMPACT) and then to PROMPT_CACHE_DIR, least recently used first, "
+        "and only the bytes they really hold count; on the Generator path every generator "
+        "counts, in use or idle, for its whole length. 0 turns the cache off. The kept "
+        "conversations also stay within KV_MEMORY_MB with the running replies. "
+        "docs/conversation-cache.md.",
+    )
+    kv_memory_mb: int = Field(
+        default=0,
+        ge=0,
+        le=1024 * 1024,
+        description="The one bound on all KV memory, in MiB, with batched decode: every running "
+        "reply reserves the KV of its prompt and max_tokens when it starts, and the "
+        "reservations plus the kept conversations' RAM never exceed it. A request that does "
+        "not fit moves kept conversations down (compact, disk, dropped) or waits for a running "
+        "reply to end; the context is capped to what the bound holds. 0: chosen at start from "
+        "the memory the container may use (its cgroup limit, else the machine's) less the "
+        "loaded model and a margin (a tenth, at least 1 GiB); logged and in /metrics. "
+        "docs/conversation-cache.md.",
+    )
+    kv_compact: Literal["int8", "fp16", "fp32", "off"] = Field(
+        default="int8",
+        description="How idle conversations are kept in RAM and on disk, with batched decode: "
+        "int8 (per token and head, 3.8x fewer bytes than fp32; a continued chat agrees with an "
+        "fp32 one as measured in docs/benchmarks.md), fp16 (2x), fp32 (lossless), off (idle "
+        "conversations stay in their KV slot until dropped; no disk tier). "
+        "PROMPT_CACHE_EXACT=true keeps them in fp32 whatever this says.",
+    )
+    prompt_cache_dir: Path | None = Field(
+        default=None,
+        description="The conversation cache's disk tier: a directory (made 0700; files 0600 "
+        "with random names) where conversations pushed out of RAM are written and read back "
+        "when their users return, instead of the chat being read again. Unset: off. Files "
+        "written for the loaded model are kept across restarts; others are deleted at start. "
+        "App Service: the container's local /tmp, or a mounted volume. With batched decode.",
+    )
+    prompt_cache_disk_mb: int = Field(
+        default=4096,
+        ge=1,
+        le=1024 * 1024,
+        description="The most the disk tier (PROMPT_CACHE_DIR) holds, in MiB; the least "
+        "recently used conversations' files go first.",
     )
     prompt_cache_exact: bool = Field(
         default=False,

@@ -21,6 +21,7 @@ from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.engine import load_engine as load_real_engine
 from sidecar.model.generation import Generation
+from sidecar.model.kv_tiers import Restored
 from sidecar.model.prompt import Prompt
 from sidecar.settings import Settings
 
@@ -71,6 +72,10 @@ class FaultyGeneration:
     @property
     def cache_reason(self) -> str:
         return self._real.cache_reason
+
+    @property
+    def restored(self) -> Restored:
+        return self._real.restored
 
     def release(self, reusable: bool) -> None:
         self._real.release(reusable)

@@ -30,6 +30,8 @@ import numpy as np
 from sidecar.ipc import Drafts, Finish, Generate
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.batch_guidance import RowGuide
+from sidecar.model.kv_disk import Stored
+from sidecar.model.kv_tiers import Holding, KvTiers, Memory, NoRoom, Restored
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 from sidecar.model.sampling import Sampler, penalize_repeats
@@ -44,18 +46,26 @@ class TokenStream(Protocol):
 
 @dataclass(eq=False)
 class SlotHolder:
-    """What one slot holds: its tokens (what the cache matches, as a generator's sequence)
-    and how many of them are in the KV cache."""
+    """One conversation's KV: its tokens (what the cache matches, as a generator's sequence),
+    how many of them are in the KV cache, and where that is: a pool slot, or (kept idle) compact
+    RAM or the disk tier (kv_tiers.py)."""
 
-    slot: int
+    slot: int | None
     tokens: list[int] = field(default_factory=list)
     kv_len: int = 0
     touched: int = 0  # positions written since the slot was last freed: its memory
     entry: Entry | None = None
     busy: bool = True  # a request is using it
+    holding: Holding = field(default_factory=Holding)  # its compact copy and file
 
     def get_sequence(self, index: int) -> list[int]:
         return self.tokens
+
+    @property
+    def index(self) -> int:
+        """Its slot, for a holder a reply is using (always in one)."""
+        assert self.slot is not None, "a running reply's conversation is in a slot"
+        return self.slot
 
 
 class BatchScheduler:
@@ -79,6 +89,11 @@ class BatchScheduler:
         self._new_stream = new_stream
         self._vocab_size = vocab_size
         self._slots: list[SlotHolder | None] = [None] * self.pool.slots
+        # The one bound on all KV memory and the tiers below the slots (kv_tiers.py); the
+        # engine sets both before the first request (until then: no bound, no tiers).
+        self.memory = Memory(bound_bytes=2**62)
+        self.tiers = KvTiers(self.pool, cache, self.memory, None, None, self._release_slot)
+        cache.tiers, cache.room = self.tiers, self.memory.room
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
         self.prefilling: deque[BatchGeneration] = deque()
         self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
@@ -90,25 +105,94 @@ class BatchScheduler:
     # -- joining ---------------------------------------------------------------------------
 
     def start(self, prompt: Prompt, request: Generate, *, cached: bool = True) -> BatchGeneration:
+        """Start a reply: reserve its KV against the bound (NoRoom: it must wait for a running
+        reply to end), then continue the cached conversation the lease lends (restored into a
+        slot from compact RAM or disk where it is not in one) or take a new slot."""
         needed = len(prompt.ids) + prompt.max_new_tokens
+        reserve = needed * self.pool.bytes_per_token
         # The cache decides (PromptCache.lease): a slot's bytes are what it writes, so a new
         # one is sized to the request, with no room to grow.
         lease = self.cache.lease(request, prompt.ids, needed, wanted=cached, grow=False)
+        if lease.entry is not None:
+            self.tiers.account(lease.entry)  # lent: its slot is now the reply's reservation
+        memory = self.memory
+        # A reply alone always fits (the engine caps the context to the bound).
+        if memory.reserved_bytes and memory.reserved_bytes + reserve > memory.bound_bytes:
+            self._unlease(lease)
+            raise NoRoom(f"{reserve} bytes of KV do not fit beside the running replies")
+        memory.reserved_bytes += reserve
+        self.cache.shrink(self.cache.limit())  # kept conversations move down to make room
+        restored = Restored(None)
         if not lease.fresh:
             assert lease.entry is not None
             holder: SlotHolder = lease.entry.generator
             holder.busy = True
+            if holder.slot is None:
+                try:
+                    restored = self._restore(lease.entry, lease.reused)
+                except LookupError:  # its file is gone or bad: read the prompt again
+                    self.cache.drop(lease.entry)
+                    memory.reserved_bytes -= reserve
+                    return self.start(prompt, request, cached=cached)
+            else:
+                restored = Restored("ram")
             del holder.tokens[lease.reused :]
             holder.kv_len = lease.reused
             lease.holds(lease.reused)
         else:
             self._free_unheld()
-            holder = SlotHolder(self._free_slot())
-            self._slots[holder.slot] = holder
+            slot = self._free_slot()
+            holder = SlotHolder(slot)
+            self._slots[slot] = holder
             holder.entry = lease.attach(holder, None, capacity=self.pool.length)
+            self.tiers.account(holder.entry)
         generation = BatchGeneration(self, prompt, request, holder, lease)
+        generation.reserved = reserve
+        generation.restored = restored
         self.prefilling.append(generation)
         return generation
+
+    def adopt_stored(self, stored: list[Stored]) -> None:
+        """Keep the conversations the disk tier found at start (written for this model by an
+        earlier worker), idle, in the order they were last used."""
+        for item in stored:
+            holder = SlotHolder(None, list(item.tokens), kv_len=len(item.tokens), busy=False)
+            holder.holding.stored = item
+            entry = Entry(holder, None, self.pool.length, item.cache_scope, item.sampling, 0)
+            entry.kv_len, entry.prompt_end = len(item.tokens), item.prompt_end
+            holder.entry = entry
+            self.cache.keep(entry)
+
+    def _restore(self, entry: Entry, tokens: int) -> Restored:
+        """Put a lent conversation kept in compact RAM or on disk back into a slot."""
+        holder: SlotHolder = entry.generator
+        slot = self._free_slot()
+        self._slots[slot] = holder
+        holder.slot, holder.touched = slot, tokens
+        try:
+            restored = self.tiers.restore(entry, slot, tokens)
+        except LookupError:
+            self._release_slot(holder)
+            raise
+        self.tiers.account(entry)
+        return restored
+
+    def _unlease(self, lease: Lease) -> None:
+        """Give back a lease whose request must wait: a lent entry is idle again, as it was."""
+        if lease.entry is not None and not lease.fresh:
+            lease.entry.lent = False
+            self.tiers.account(lease.entry)
+        self.memory.waits += 1
+
+    def _release_slot(self, holder: SlotHolder) -> None:
+        """The holder leaves its slot (moved down a tier, or dropped); the slot's pages go."""
+        slot = holder.slot
+        if slot is None:
+            return
+        if self._slots[slot] is holder:
+            self._slots[slot] = None
+        self.pool.free(slot)
+        holder.slot, holder.touched = None, 0
 
     def _free_slot(self) -> int:
         """A slot no request and no cache entry holds (the lowest past the decoding ones: the
@@ -118,8 +202,14 @@ class BatchScheduler:
             for slot in range(len(self.decoding), len(self._slots)):
                 if self._slots[slot] is None:
                     return slot
-            if not self.cache.evict_oldest_idle():
+            # The least recently used idle conversation in a slot moves to compact RAM (or
+            # disk, or is dropped) and gives its slot.
+            idle = [e for e in self.cache.entries if not e.lent and e.generator.slot is not None]
+            if not idle:
                 raise RuntimeError("no free KV slot: more requests than MAX_CONCURRENCY")
+            oldest = min(idle, key=lambda e: e.last_used)
+            if not self.tiers.compact(oldest) and not self.tiers.spill(oldest):
+                self.cache.drop(oldest)
             self._free_unheld()
 
     def _free_unheld(self) -> None:
@@ -204,7 +294,7 @@ class BatchScheduler:
         self.ready.remove(generation)  # first: a failure must not leave it there
         text = generation.first_token()
         if generation.finish is None:
-            self._swap(generation.holder.slot, len(self.decoding))
+            self._swap(generation.holder.index, len(self.decoding))
             self.decoding.append(generation)
         return text
 
@@ -252,7 +342,9 @@ class BatchScheduler:
             self.decoding.pop()
         holder = generation.holder
         holder.busy = False
-        generation.lease.give_back(reusable, held_tokens=holder.touched)
+        self.memory.reserved_bytes -= generation.reserved
+        generation.reserved = 0
+        generation.lease.give_back(reusable)  # kv_tiers accounts its slot as kept again
         self._free_unheld()
 
 
@@ -282,6 +374,8 @@ class BatchGeneration:
         self._appended = lease.reused
         self.passed_over = 0  # steps that read another prompt's chunk while this one waited
         self._first_logits: np.ndarray | None = None
+        self.reserved = 0  # KV bytes reserved against the bound (kv_tiers.Memory)
+        self.restored = Restored(None)  # where the reused tokens came from, and its cost
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
         top_k = request.top_k
         if top_k is not None and scheduler._vocab_size:
@@ -311,7 +405,7 @@ class BatchGeneration:
         start, ids = self._appended, self.prompt.ids
         end = min(start + self._scheduler.chunk, len(ids))
         chunk = np.array([ids[start:end]], dtype=np.int64)
-        logits = self._scheduler.decoder.run(self.holder.slot, chunk, [start])
+        logits = self._scheduler.decoder.run(self.holder.index, chunk, [start])
         self.holder.tokens[start:] = ids[start:end]
         self.wrote(end - start)
         self._appended = end

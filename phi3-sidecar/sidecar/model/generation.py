@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sidecar.ipc import Drafts, Finish, Generate
 from sidecar.model.drafts import draft_counts
 from sidecar.model.guidance import fitted, room
+from sidecar.model.kv_tiers import Restored
 from sidecar.model.prompt import Prompt
 from sidecar.model.stops import StopFilter
 
@@ -68,6 +69,8 @@ class Generation:
                 raise
         self.cached_tokens = lease.reused
         self.cache_reason: str = lease.reason
+        # A generator is its own cache: what it reuses was always in RAM (no tiers here)
+        self.restored = Restored("ram" if lease.reused else None)
         self.generator = entry.generator
         drafting = engine.prompt_lookup_tokens and not sampling and not self.guided
         self._drafts_before = draft_counts(self.generator) if drafting else None

@@ -171,13 +171,10 @@ class Lease:
         if self.entry is not None:
             self.entry.prefilled(self.reused, end, self.cache.chunk)
 
-    def give_back(self, reusable: bool, held_tokens: int | None = None) -> None:
-        """The request is over (not reusable: failed). `held_tokens`: the positions its KV
-        slot has written, where memory is what a slot wrote (the batched path)."""
+    def give_back(self, reusable: bool) -> None:
+        """The request is over (not reusable: failed)."""
         if self.entry is None:
             return
-        if held_tokens is not None:
-            self.entry.nbytes = held_tokens * self.cache.bytes_per_token
         self.cache.give_back(self.entry, reusable)
 
 
@@ -202,6 +199,11 @@ class PromptCache:
     unscoped: bool = True  # PROMPT_CACHE_UNSCOPED: requests without a scope share a pool
     entries: list[Entry] = field(default_factory=list)
     evictions: int = 0
+    # The batched path's tiers (kv_tiers.KvTiers): idle entries move down (compact RAM, disk)
+    # before any is dropped, and `room` is what the one KV bound leaves them. None: the
+    # Generator path, where an entry is its generator and every generator counts.
+    tiers: Any = None
+    room: Any = None  # () -> int, with tiers
     _clock: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     @property
@@ -256,6 +258,12 @@ class PromptCache:
         if lent is not None:
             lease.entry, lease.reused = lent
             lease.fresh, lease.reason = False, "reused"
+            return lease
+        if self.tiers is not None:
+            # A running reply's KV is reserved against the one bound (kv_tiers.Memory), not
+            # this budget; nothing kept is emptied for it: idle entries move down instead.
+            # Kept whatever its size: shrink() moves it down (compact, disk) or drops it.
+            lease.keep = True
             return lease
         evictions = self.evictions
         lease.entry = self.recycle(request.cache_scope, sampling, capacity, needed, guidance)
@@ -325,10 +333,36 @@ class PromptCache:
     def make_room(self, capacity: int) -> None:
         """Evict idle entries, least recently used first, until a new generator of
         `capacity` tokens fits in the budget with every other generator (or none is left)."""
-        wanted = capacity * self.bytes_per_token
-        idle = self._idle_by_age()
-        while idle and self.stats().bytes + wanted > self.budget_bytes:
-            self._evict(idle.pop(0))
+        self.shrink(self.budget_bytes - capacity * self.bytes_per_token)
+
+    def limit(self) -> int:
+        """The RAM the kept entries may hold now: the budget, and with tiers what the one KV
+        bound leaves beside the running replies."""
+        if self.room is None:
+            return self.budget_bytes
+        return min(self.budget_bytes, int(self.room()))
+
+    def shrink(self, limit: int) -> None:
+        """Bring the entries' RAM to at most `limit` bytes, least recently used first: with
+        tiers, first every idle entry still in its slot moves to compact RAM, then idle
+        entries leave RAM for the disk tier; whatever cannot move is dropped."""
+        if self.tiers is not None:
+            for entry in self._idle_by_age():
+                if self.stats().bytes <= limit:
+                    return
+                self.tiers.compact(entry)
+        for entry in self._idle_by_age():
+            if self.stats().bytes <= limit:
+                return
+            if not entry.nbytes:
+                continue  # on disk already: no RAM to give
+            if self.tiers is None or not self.tiers.spill(entry):
+                self._evict(entry)
+
+    def drop(self, entry: Entry) -> None:
+        """Drop an entry (the disk tier deleted its file for its own budget)."""
+        if entry in self.entries:
+            self._evict(entry)
 
     def recycle(
         self,
@@ -384,6 +418,12 @@ class PromptCache:
         self.give_back(entry, reusable=True)
         return entry
 
+    def keep(self, entry: Entry) -> None:
+        """Keep an idle entry found outside this process's life (the disk tier's files)."""
+        entry.lent = False
+        entry.last_used = next(self._clock)
+        self.entries.append(entry)
+
     def adopt(self, entry: Entry) -> None:
         """Start keeping the books of a new generator (lent to the request that made it)."""
         entry.lent = True
@@ -401,6 +441,8 @@ class PromptCache:
             return
         entry.lent = False
         entry.last_used = next(self._clock)
+        if self.tiers is not None:
+            self.tiers.account(entry)  # its slot's bytes are the cache's again
         if not reusable or not self.enabled:
             self._evict(entry, counted=False)
             return
@@ -411,9 +453,7 @@ class PromptCache:
                 held = other.cached_tokens()[: other.prompt_end]
                 if other.capacity <= entry.capacity and tokens[: len(held)] == held:
                     self._evict(other, counted=False)
-        idle = self._idle_by_age()
-        while idle and self.stats().bytes > self.budget_bytes:
-            self._evict(idle.pop(0))
+        self.shrink(self.limit())
 
     def evict_oldest_idle(self) -> bool:
         """Evict the least recently used idle entry (to free what it holds); False if none."""
@@ -430,6 +470,8 @@ class PromptCache:
         self.entries.remove(entry)
         if counted:
             self.evictions += 1
+        if self.tiers is not None:
+            self.tiers.forget(entry)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -34,6 +34,7 @@ from sidecar.jsonlog import configure_logging
 from sidecar.model.download import download_if_needed
 from sidecar.model.folder import ModelFolderError, first_line
 from sidecar.model.guidance import GuidanceRefused
+from sidecar.model.kv_tiers import NoRoom, Restored
 from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
 from sidecar.settings import Settings
 
@@ -47,6 +48,7 @@ class Stepper(Protocol):
     generated: int
     cached_tokens: int
     cache_reason: str  # the conversation cache's lease.reason (prompt_cache.REASONS)
+    restored: Restored  # where the reused tokens came from (kv_tiers.py) and what it cost
     finish: ipc.Finish | None
 
     def step(self) -> str | None:
@@ -140,6 +142,10 @@ class Scheduler:
         self._inbox = inbox
         self._outbox = outbox
         self._jobs: dict[int, _Job] = {}
+        # Requests whose KV does not fit beside the running replies (kv_tiers.NoRoom), in
+        # arrival order: retried when a reply ends (its reservation is free again).
+        self._waiting: deque[ipc.Generate] = deque()
+        self._retry = False
         self._stopping = False
 
     def run(self) -> None:
@@ -156,6 +162,8 @@ class Scheduler:
                     if key is not None and key in self._jobs:
                         self._after(key, self._jobs[key], text)
                 self._read(block=False)
+            if self._retry:
+                self._start_waiting()
             for key in list(self._jobs):
                 job = self._jobs.get(key)  # a cancellation may have removed it meanwhile
                 if job is None:
@@ -174,7 +182,10 @@ class Scheduler:
 
     def _handle(self, message: ipc.ToWorker) -> None:
         if isinstance(message, ipc.Generate):
-            self._start(message)
+            if self._waiting:  # first come, first served
+                self._waiting.append(message)
+            else:
+                self._start(message)
         elif isinstance(message, ipc.Ping):
             self._outbox.send(ipc.Pong())
         elif isinstance(message, ipc.Cancel):
@@ -182,12 +193,40 @@ class Scheduler:
             if job is not None:
                 after = sum(1 for t in job.finished_at if t > message.noticed_at)
                 self._end(message.key, job, "cancelled", tokens_after_cancel=after)
+            for waiting in [r for r in self._waiting if r.key == message.key]:
+                self._waiting.remove(waiting)
+                self._outbox.send(ipc.End(message.key, "cancelled", 0, None))
         else:
             self._stopping = True
 
-    def _start(self, request: ipc.Generate) -> None:
+    def _start_waiting(self) -> None:
+        """Start the waiting requests that fit now, in order; refuse those past their
+        deadline (they waited for KV memory as long as a reply may take)."""
+        self._retry = False
+        now = time.monotonic()
+        while self._waiting:
+            request = self._waiting[0]
+            if request.deadline is not None and now >= request.deadline:
+                self._waiting.popleft()
+                message = "the model's KV memory stayed full while this request waited"
+                self._outbox.send(ipc.Rejected(request.key, "overloaded", message))
+                continue
+            if not self._start(request, waiting=True):
+                return
+            self._waiting.popleft()
+
+    def _start(self, request: ipc.Generate, *, waiting: bool = False) -> bool:
+        """Start a request, or refuse it; False if it must wait for KV memory (queued)."""
         try:
             generation = self._engine.start(request)
+        except NoRoom:
+            if not waiting:
+                self._waiting.append(request)
+                log.info(
+                    "request waits for KV memory",
+                    extra={"fields": {"request_id": request.request_id}},
+                )
+            return False
         except PromptTooLong as exc:
             self._outbox.send(
                 ipc.Rejected(
@@ -198,12 +237,12 @@ class Scheduler:
                     limit_tokens=exc.limit,
                 )
             )
-            return
+            return True
         except UnsafePrompt:
             self._outbox.send(
                 ipc.Rejected(request.key, "unencodable_prompt", "the messages cannot be encoded")
             )
-            return
+            return True
         except TemplateRefused as exc:
             self._outbox.send(
                 ipc.Rejected(
@@ -212,14 +251,14 @@ class Scheduler:
                     f"the model's chat template refuses these messages: {exc}",
                 )
             )
-            return
+            return True
         except GuidanceRefused as exc:
             self._outbox.send(
                 ipc.Rejected(
                     request.key, "invalid_guidance", f"the model cannot follow this schema: {exc}"
                 )
             )
-            return
+            return True
         except Exception as exc:
             log.error(
                 "starting a generation failed",
@@ -233,7 +272,7 @@ class Scheduler:
             self._outbox.send(
                 ipc.Rejected(request.key, "start_failed", "the model failed to start")
             )
-            return
+            return True
         self._jobs[request.key] = _Job(request.request_id, generation, request.deadline)
         prompt = generation.prompt
         self._outbox.send(
@@ -244,8 +283,11 @@ class Scheduler:
                 prompt.max_new_tokens,
                 generation.cached_tokens,
                 generation.cache_reason,
+                generation.restored.tier,
+                generation.restored.seconds,
             )
         )
+        return True
 
     def _end_expired(self) -> None:
         """End the batched replies past their deadline (_step checks the others)."""
@@ -295,6 +337,7 @@ class Scheduler:
         self, key: int, job: _Job, finish: ipc.Finish, tokens_after_cancel: int | None = None
     ) -> None:
         generation = job.generation
+        self._retry = bool(self._waiting)  # its KV reservation is free again
         # A cancelled reply's tokens stay cached (the next turn resends what the user saw);
         # a failed generation's state is not trusted.
         generation.release(reusable=finish != "error")

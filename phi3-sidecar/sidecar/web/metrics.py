@@ -50,6 +50,9 @@ _TOKEN_GAP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.
 _QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TOKEN_BUCKETS = tuple(2**n for n in range(4, 18))  # 16 ... 131072
 _GENERATED_BUCKETS = (1, 2, 4, 8, *_TOKEN_BUCKETS[:-4])  # 1 ... 8192
+_RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
+# Where a request's prompt tokens came from (ipc.CacheTier, and the rest read by the model)
+TOKEN_SOURCES = ("ram", "compact", "disk", "recomputed")
 
 
 @dataclass
@@ -101,6 +104,21 @@ class Metrics:
         )
         self.cache_misses = counter(
             "sidecar_prompt_cache_misses", "Requests that read their whole prompt (cache on)."
+        )
+        self.tokens_by_source = counter(
+            "sidecar_prompt_tokens_by_source",
+            "Prompt tokens by where they came from: ram (the conversation's KV slot), compact "
+            "(compact RAM), disk (the disk tier), recomputed (read by the model).",
+            ("source",),
+        )
+        for source in TOKEN_SOURCES:
+            self.tokens_by_source.labels(source)
+        self.restore_time = Histogram(
+            "sidecar_kv_restore_seconds",
+            "Putting a kept conversation back into a KV slot, by the tier it came from.",
+            ("tier",),
+            buckets=_RESTORE_BUCKETS,
+            registry=self.registry,
         )
         # Prompt-lookup drafts (PROMPT_LOOKUP_TOKENS): acceptance is accepted / checked, tokens
         # per model call is draft_reply_tokens / draft_reply_steps.
@@ -160,6 +178,12 @@ class Metrics:
             self.cached_prompt_tokens.inc(record.cached_tokens)
             if self.prompt_cache:
                 (self.cache_hits if record.cached_tokens else self.cache_misses).inc()
+            if record.cached_tokens and record.cache_tier in TOKEN_SOURCES:
+                self.tokens_by_source.labels(record.cache_tier).inc(record.cached_tokens)
+            recomputed = (record.prompt_tokens or 0) - record.cached_tokens
+            self.tokens_by_source.labels("recomputed").inc(max(0, recomputed))
+            if record.restore_ms is not None and record.cache_tier in ("compact", "disk"):
+                self.restore_time.labels(record.cache_tier).observe(record.restore_ms / 1000)
         if record.decode_steps is not None:
             self.draft_tokens.inc(record.draft_tokens or 0)
             self.accepted_draft_tokens.inc(record.accepted_draft_tokens or 0)
@@ -203,6 +227,12 @@ class _GaugesCollector(Collector):
             "Cached generators dropped to make room (since the model worker started).",
             value=g.cache.evictions,
         )
+        yield CounterMetricFamily(
+            "sidecar_kv_memory_waits",
+            "Requests that waited for KV memory (KV_MEMORY_MB) beside the running replies "
+            "(since the model worker started).",
+            value=g.cache.kv_waits,
+        )
         for name, help_text, value in (
             (
                 "prompt_cache_bytes",
@@ -215,6 +245,33 @@ class _GaugesCollector(Collector):
                 "KV-cache bytes one token costs, measured on the model's KV tensors (type, "
                 "layers, heads, head size); PROMPT_CACHE_MB is counted in these.",
                 g.cache.bytes_per_token,
+            ),
+            (
+                "prompt_cache_compact_bytes",
+                "Bytes of the kept conversations' compact copies in RAM (KV_COMPACT); part of "
+                "prompt_cache_bytes.",
+                g.cache.compact_bytes,
+            ),
+            (
+                "prompt_cache_compact_entries",
+                "Kept conversations held only in compact RAM.",
+                g.cache.compact_entries,
+            ),
+            ("prompt_cache_disk_bytes", "Bytes of the disk tier's files.", g.cache.disk_bytes),
+            (
+                "prompt_cache_disk_entries",
+                "Kept conversations held only on the disk tier.",
+                g.cache.disk_entries,
+            ),
+            (
+                "kv_memory_bytes",
+                "The one bound on all KV memory (KV_MEMORY_MB, or chosen at start).",
+                g.cache.kv_memory_bytes,
+            ),
+            (
+                "kv_reserved_bytes",
+                "KV bytes the running replies reserved of the bound.",
+                g.cache.kv_reserved_bytes,
             ),
             ("ready", "1 when the model is ready.", int(g.ready)),
             ("active_generations", "Generations running.", g.active),

@@ -116,6 +116,8 @@ class Pipeline:
             model.cancel(reply.key)
             raise not_ready("stopping", None) from None
         if isinstance(start, ipc.Rejected):
+            if start.reason == "overloaded":  # it waited for KV memory until its deadline
+                raise ApiError(start.reason, start.message, headers=overloaded().headers)
             extra = {"limit_tokens": start.limit_tokens} if start.limit_tokens is not None else None
             raise ApiError(start.reason, start.message, extra=extra)
         if isinstance(start, ipc.End):  # the worker died before it started this request
@@ -123,6 +125,9 @@ class Pipeline:
         record.prompt_tokens = start.prompt_tokens
         record.cached_tokens = start.cached_tokens
         record.cache_reason = start.cache_reason or None
+        record.cache_tier = start.cache_tier
+        if start.cache_tier in ("compact", "disk"):
+            record.restore_ms = round(start.restore_s * 1000, 1)
         record.dropped_messages = start.dropped_messages
         return ReplyResponse(reply, model, record, start, reply_format, keep_text=self._log_prompts)
 

@@ -27,6 +27,10 @@ class RequestRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
     cache_reason: str | None = None  # why (model/prompt_cache.py, REASONS)
+    # where those came from: ram (its KV slot), compact (compact RAM), disk (the disk tier);
+    # and the time it took to put them back into a KV slot (model/kv_tiers.py)
+    cache_tier: str | None = None
+    restore_ms: float | None = None
     dropped_messages: int | None = None
     generated_tokens: int | None = None
     queue_wait_ms: float | None = None  # from asking for a generation slot to getting one

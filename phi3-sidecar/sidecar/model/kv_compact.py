@@ -1,0 +1,163 @@
+"""An idle conversation's KV cache kept compactly in RAM (and written as it is to the disk tier).
+
+A KV pool slot (batch_decoder.KvPool) holds the model's KV type, fp32 on the CPU: 0.75 MiB a
+token for Phi-3-mini. An idle conversation does not need that form until its user returns, so
+the cache keeps it encoded here and copies it back into a slot (decoding) when it is lent
+again: restore instead of re-read.
+
+Encodings (KV_COMPACT; measured in docs/benchmarks.md, "Conversation cache at scale"):
+- `int8`: each token's vector of each head, K and V alike, scaled by its own largest magnitude
+  to -127..127 (symmetric, per token and head; one float32 scale per 96 or 64 values): 3.8x
+  fewer bytes than fp32 (Phi-3-mini: 200 KiB a token);
+- `fp16`: half the bytes; rounding only;
+- `fp32`: the slot's bytes as they are (lossless: what PROMPT_CACHE_EXACT=true uses).
+Tokens are encoded independently, so a conversation that grew by a turn encodes only its new
+tokens (`extend`), and a shorter reuse keeps a prefix (`truncate`).
+
+Decoding writes into the slot's first positions in place; numpy's arithmetic releases the GIL,
+so the layers are split over the CPU's threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import numpy as np
+
+from sidecar.model.batch_decoder import KvPool
+
+Encoding = Literal["int8", "fp16", "fp32"]
+ENCODINGS: tuple[Encoding, ...] = ("int8", "fp16", "fp32")
+_FLOAT = {"fp16": np.float16, "fp32": np.float32}
+
+
+@dataclass
+class Block:
+    """One K or V tensor of one layer for a run of tokens: [kv_heads, tokens, head_size] of
+    the encoding's type, and for int8 the scales [kv_heads, tokens] (float32)."""
+
+    data: np.ndarray
+    scale: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + (0 if self.scale is None else self.scale.nbytes))
+
+
+@dataclass
+class CompactKv:
+    """The K and V of every layer for the first `tokens` positions of a conversation:
+    `blocks[layer * 2]` is a layer's K, `blocks[layer * 2 + 1]` its V (each a list of runs)."""
+
+    encoding: Encoding
+    tokens: int
+    blocks: list[list[Block]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(block.nbytes for runs in self.blocks for block in runs)
+
+    def extend(self, more: CompactKv) -> None:
+        """Append the encoding of the positions right after these."""
+        assert more.encoding == self.encoding
+        for runs, added in zip(self.blocks, more.blocks, strict=True):
+            runs.extend(added)
+        self.tokens += more.tokens
+
+    def truncate(self, tokens: int) -> None:
+        """Keep the first `tokens` positions only."""
+        if tokens >= self.tokens:
+            return
+        for index, runs in enumerate(self.blocks):
+            kept: list[Block] = []
+            left = tokens
+            for block in runs:
+                if left <= 0:
+                    break
+                size = block.data.shape[1]
+                if size > left:
+                    scale = None if block.scale is None else block.scale[:, :left].copy()
+                    block = Block(block.data[:, :left].copy(), scale)
+                kept.append(block)
+                left -= min(size, left)
+            self.blocks[index] = kept
+        self.tokens = tokens
+
+    def arrays(self) -> Iterator[np.ndarray]:
+        """Every array, in a fixed order (the disk tier writes them so)."""
+        for runs in self.blocks:
+            for block in runs:
+                yield block.data
+                if block.scale is not None:
+                    yield block.scale
+
+
+def bytes_per_token(pool: KvPool, encoding: Encoding) -> int:
+    """What one position of one conversation costs in this encoding (every layer, K and V)."""
+    layers = len(pool.keys)
+    head_size = pool.keys[0].shape[3]
+    if encoding == "int8":
+        per_head = head_size + 4  # the values, and one float32 scale
+    else:
+        per_head = head_size * np.dtype(_FLOAT[encoding]).itemsize
+    return 2 * layers * pool.kv_heads * per_head
+
+
+def encode(pool: KvPool, slot: int, start: int, end: int, encoding: Encoding) -> CompactKv:
+    """Positions start..end-1 of a pool slot, encoded."""
+    tensors = [t for layer in zip(pool.keys, pool.values, strict=True) for t in layer]
+
+    def one(tensor: np.ndarray) -> list[Block]:
+        return [_encode(tensor[slot, :, start:end], encoding)]
+
+    return CompactKv(encoding, end - start, _parallel(one, tensors))
+
+
+def restore(kv: CompactKv, pool: KvPool, slot: int, tokens: int | None = None) -> None:
+    """Decode the first `tokens` positions (all by default) into a pool slot's first
+    positions; what the slot held past them is left as it was."""
+    count = kv.tokens if tokens is None else min(tokens, kv.tokens)
+    tensors = [t for layer in zip(pool.keys, pool.values, strict=True) for t in layer]
+
+    def one(pair: tuple[np.ndarray, list[Block]]) -> None:
+        tensor, runs = pair
+        position = 0
+        for block in runs:
+            if position >= count:
+                break
+            size = min(block.data.shape[1], count - position)
+            target = tensor[slot, :, position : position + size]
+            if block.scale is None:
+                target[...] = block.data[:, :size]
+            else:
+                np.multiply(block.data[:, :size], block.scale[:, :size, None], out=target)
+            position += size
+
+    _parallel(one, list(zip(tensors, kv.blocks, strict=True)))
+
+
+def _encode(values: np.ndarray, encoding: Encoding) -> Block:
+    """[kv_heads, tokens, head_size] float values as one block."""
+    if encoding != "int8":
+        return Block(values.astype(_FLOAT[encoding], copy=True))
+    peak = np.maximum(values.max(axis=2), -values.min(axis=2))
+    scale = (peak / 127).astype(np.float32)
+    inverse = np.divide(127, peak, out=np.zeros_like(peak), where=peak > 0)
+    scaled = values * inverse[..., None]
+    np.rint(scaled, out=scaled)
+    return Block(scaled.astype(np.int8), scale)
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+THREADS = 2  # set by the engine to its CPU budget (cpus.py); numpy releases the GIL here
+
+
+def _parallel(function: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    if THREADS <= 1:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(THREADS) as executor:
+        return list(executor.map(function, items))

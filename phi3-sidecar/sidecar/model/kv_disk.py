@@ -1,0 +1,349 @@
+"""The conversation cache's disk tier (PROMPT_CACHE_DIR): idle conversations pushed out of RAM.
+
+One file per conversation, holding its compact KV (kv_compact.py) and what the cache matches it
+by (its tokens, scope and sampling mode), so that a returning user's turn is restored from disk
+instead of being read again.
+
+- Private: the directory is made 0700, each file 0600, and a file's name is random (it says
+  nothing of the scope or the conversation). The scope is inside the file: a lookup matches
+  only entries of the request's own scope, exactly as in RAM (prompt_cache.py).
+- Never half served: a file is written under a temporary name, flushed and renamed into place,
+  so a crash mid-write leaves a `.tmp` file (removed at the next start), never a short `.kv`.
+  Every read checks the magic, the version, the model's fingerprint, the sizes and a CRC of the
+  whole file; a file that fails is logged, deleted and treated as a miss.
+- At start the directory is scanned: files written for this very model (the fingerprint: the
+  decoder's configuration, file sizes and first and last bytes, the KV encoding) are indexed
+  and served, so a worker restart (a crash, the watchdog) or a container restart on a mounted
+  volume keeps its users' conversations; every other file is deleted. Chosen over wiping the
+  directory because a restart is exactly when every user would otherwise re-read their chat.
+- Bounded: PROMPT_CACHE_DISK_MB; the least recently used files go first.
+- A write that fails (a full disk, a read-only or vanished directory) turns the tier off with
+  one log line: the cache goes on in RAM only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sidecar.model.kv_compact import Block, CompactKv, Encoding
+
+log = logging.getLogger("sidecar.model.kv_disk")
+
+MAGIC = b"P3KV"
+VERSION = 1
+_HEAD = struct.Struct("<4sII")  # magic, version, header length
+_CRC = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What every file of this model holds: the KV layout and the encoding."""
+
+    layers: int
+    kv_heads: int
+    head_size: int
+    encoding: Encoding
+
+
+@dataclass
+class Stored:
+    """What the index knows of one file (read from its header)."""
+
+    path: Path
+    tokens: list[int]  # the conversation's tokens whose K/V the file holds
+    cache_scope: str | None
+    sampling: bool
+    prompt_end: int
+    nbytes: int  # the file's size
+    last_used: int = 0
+
+
+def model_fingerprint(folder: Path, decoder_file: str, extra: str) -> str:
+    """Which model (and KV encoding) a file was written for: the configuration, the decoder's
+    files' sizes and first and last MiB (cheap, and it tells two exports apart)."""
+    digest = hashlib.sha256(extra.encode())
+    digest.update((folder / "genai_config.json").read_bytes())
+    for path in sorted(folder.glob(decoder_file + "*")):
+        size = path.stat().st_size
+        digest.update(f"{path.name}:{size}".encode())
+        with path.open("rb") as file:
+            digest.update(file.read(2**20))
+            file.seek(max(0, size - 2**20))
+            digest.update(file.read(2**20))
+    return digest.hexdigest()
+
+
+class DiskTier:
+    """The files of one directory, indexed; `budget_bytes` bounds their sum."""
+
+    def __init__(self, directory: Path, budget_bytes: int, fingerprint: str, shape: Shape) -> None:
+        self.directory = directory
+        self.budget_bytes = budget_bytes
+        self.fingerprint = fingerprint
+        self.shape = shape
+        self.enabled = True
+        self.files: dict[Path, Stored] = {}
+        self.writes = self.reads = self.failures = 0
+        self._clock = 0
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(directory, 0o700)
+        except OSError as exc:
+            self._off("the directory cannot be made", exc)
+
+    def scan(self) -> list[Stored]:
+        """Index the files written for this model; delete the rest (logged). Oldest first."""
+        if not self.enabled:
+            return []
+        kept, removed = [], 0
+        for path in sorted(self.directory.iterdir(), key=_mtime):
+            if not path.is_file() or path.suffix != ".kv":
+                removed += _remove(path)
+                continue
+            stored = self._read_header(path)
+            if stored is None:
+                removed += _remove(path)
+                continue
+            self._clock += 1
+            stored.last_used = self._clock
+            self.files[path] = stored
+            kept.append(stored)
+        fields = {"directory": str(self.directory), "kept": len(kept), "removed": removed}
+        log.info("conversation cache disk tier", extra={"fields": fields})
+        self._trim()
+        return [s for s in kept if s.path in self.files]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(stored.nbytes for stored in self.files.values())
+
+    def write(
+        self,
+        kv: CompactKv,
+        tokens: list[int],
+        cache_scope: str | None,
+        sampling: bool,
+        prompt_end: int,
+        replaces: Stored | None = None,
+    ) -> Stored | None:
+        """Write a conversation; None when the tier is off or the write failed (then off)."""
+        if not self.enabled or kv.tokens != len(tokens):
+            return None
+        header = {
+            "model": self.fingerprint,
+            "encoding": kv.encoding,
+            "tokens": len(tokens),
+            "cache_scope": cache_scope,
+            "sampling": sampling,
+            "prompt_end": prompt_end,
+        }
+        head = json.dumps(header).encode()
+        path = self.directory / f"{secrets.token_hex(16)}.kv"
+        temporary = path.with_suffix(".tmp")
+        crc = 0
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as file:
+                for chunk in (
+                    _HEAD.pack(MAGIC, VERSION, len(head)),
+                    head,
+                    np.asarray(tokens, dtype=np.int32).tobytes(),
+                    *(_contiguous(kv, self.shape)),
+                ):
+                    crc = zlib.crc32(chunk, crc)
+                    file.write(chunk)
+                file.write(_CRC.pack(crc))
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except OSError as exc:
+            _remove(temporary)
+            self._off("a write failed", exc)
+            return None
+        self.writes += 1
+        if replaces is not None:
+            self.forget(replaces)
+        self._clock += 1
+        stored = Stored(path, list(tokens), cache_scope, sampling, prompt_end, _size(path))
+        stored.last_used = self._clock
+        self.files[path] = stored
+        return stored
+
+    def read(self, stored: Stored) -> CompactKv | None:
+        """The file's KV, whole and checked; None (logged, file deleted) if it is not."""
+        try:
+            data = stored.path.read_bytes()
+        except OSError as exc:
+            self._bad(stored, f"unreadable: {type(exc).__name__}")
+            return None
+        if (
+            len(data) < _HEAD.size + _CRC.size
+            or zlib.crc32(data[: -_CRC.size]) != (_CRC.unpack(data[-_CRC.size :])[0])
+        ):
+            self._bad(stored, "truncated or corrupt (CRC)")
+            return None
+        try:
+            header, offset = _parse_header(data)
+            if header.get("model") != self.fingerprint or int(header["tokens"]) != len(
+                stored.tokens
+            ):
+                raise ValueError("not the file the index knows")
+            kv = self._arrays(data, offset + 4 * int(header["tokens"]), int(header["tokens"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            self._bad(stored, f"malformed: {type(exc).__name__}")
+            return None
+        self.reads += 1
+        self._clock += 1
+        stored.last_used = self._clock
+        return kv
+
+    def forget(self, stored: Stored) -> None:
+        """Delete a file (its conversation left the cache, or a newer file replaced it)."""
+        self.files.pop(stored.path, None)
+        _remove(stored.path)
+
+    def evictions(self) -> list[Stored]:
+        """The files to delete to fit the budget, least recently used first (deleted here; the
+        caller drops their entries)."""
+        return self._trim()
+
+    def _trim(self) -> list[Stored]:
+        gone: list[Stored] = []
+        by_age = sorted(self.files.values(), key=lambda s: s.last_used)
+        total = self.total_bytes
+        while by_age and total > self.budget_bytes:
+            stored = by_age.pop(0)
+            total -= stored.nbytes
+            self.forget(stored)
+            gone.append(stored)
+        return gone
+
+    def _read_header(self, path: Path) -> Stored | None:
+        """The index entry of a file written for this model, or None (logged)."""
+        try:
+            with path.open("rb") as file:
+                start = file.read(_HEAD.size)
+                magic, version, length = _HEAD.unpack(start)
+                if magic != MAGIC or version != VERSION or length > 2**20:
+                    raise ValueError("not a file of this version")
+                header = json.loads(file.read(length))
+                if header.get("model") != self.fingerprint:
+                    raise ValueError("written for another model or encoding")
+                count = int(header["tokens"])
+                tokens = np.frombuffer(file.read(4 * count), dtype=np.int32)
+            expected = _HEAD.size + length + 4 * count + self._payload(count) + _CRC.size
+            if len(tokens) != count or _size(path) != expected:
+                raise ValueError("truncated")
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            fields = {"file": path.name, "why": str(exc) if isinstance(exc, ValueError) else ""}
+            fields["error"] = type(exc).__name__
+            log.warning("conversation cache file ignored", extra={"fields": fields})
+            return None
+        scope = header.get("cache_scope")
+        return Stored(
+            path,
+            [int(t) for t in tokens],
+            scope if isinstance(scope, str) else None,
+            bool(header.get("sampling")),
+            int(header.get("prompt_end", 0)),
+            _size(path),
+        )
+
+    def _payload(self, tokens: int) -> int:
+        shape = self.shape
+        if shape.encoding == "int8":
+            per_head = shape.head_size + 4  # the values, and one float32 scale
+        else:
+            per_head = shape.head_size * np.dtype(_FLOATS[shape.encoding]).itemsize
+        return 2 * shape.layers * shape.kv_heads * per_head * tokens
+
+    def _arrays(self, data: bytes, offset: int, tokens: int) -> CompactKv:
+        shape = self.shape
+        values = np.int8 if shape.encoding == "int8" else _FLOATS[shape.encoding]
+        blocks: list[list[Block]] = []
+        for _ in range(2 * shape.layers):
+            count = shape.kv_heads * tokens * shape.head_size
+            array = np.frombuffer(data, dtype=values, count=count, offset=offset)
+            offset += array.nbytes
+            scale = None
+            if shape.encoding == "int8":
+                scale_array = np.frombuffer(
+                    data, np.float32, count=shape.kv_heads * tokens, offset=offset
+                )
+                offset += scale_array.nbytes
+                scale = scale_array.reshape(shape.kv_heads, tokens)
+            blocks.append([Block(array.reshape(shape.kv_heads, tokens, shape.head_size), scale)])
+        if offset != len(data) - _CRC.size:
+            raise ValueError("sizes do not add up")
+        return CompactKv(shape.encoding, tokens, blocks)
+
+    def _bad(self, stored: Stored, why: str) -> None:
+        self.failures += 1
+        log.warning(
+            "conversation cache file ignored",
+            extra={"fields": {"file": stored.path.name, "why": why}},
+        )
+        self.forget(stored)
+
+    def _off(self, why: str, exc: OSError) -> None:
+        if self.enabled:
+            fields = {"why": why, "error": f"{type(exc).__name__} errno {exc.errno}"}
+            log.error("conversation cache disk tier off: RAM only", extra={"fields": fields})
+        self.enabled = False
+
+
+_FLOATS: dict[str, Any] = {"fp16": np.float16, "fp32": np.float32}
+
+
+def _contiguous(kv: CompactKv, shape: Shape) -> Iterable[bytes]:
+    """Each tensor's runs joined: [kv_heads, tokens, head_size] values, then int8's scales."""
+    for runs in kv.blocks:
+        yield np.concatenate([b.data for b in runs], axis=1).tobytes()
+        if shape.encoding == "int8":
+            yield np.concatenate([b.scale for b in runs if b.scale is not None], axis=1).tobytes()
+
+
+def _parse_header(data: bytes) -> tuple[dict[str, Any], int]:
+    magic, version, length = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError("not a file of this version")
+    header = json.loads(data[_HEAD.size : _HEAD.size + length])
+    if not isinstance(header, dict):
+        raise ValueError("header")
+    return header, _HEAD.size + length
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _remove(path: Path) -> int:
+    try:
+        path.unlink()
+        return 1
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return 0

@@ -1,0 +1,234 @@
+"""Where each kept conversation's KV lives on the batched path, and the one bound on all KV memory.
+
+Tiers, fastest first (docs/conversation-cache.md):
+- `ram`: its pool slot (batch_decoder.KvPool), in the model's KV type (fp32 on the CPU): the
+  next turn continues it in place;
+- `compact`: encoded in RAM (kv_compact.py, KV_COMPACT: int8 by default, 3.8x smaller), its
+  slot freed; the next turn decodes it back into a slot (restore: a copy, not a re-read);
+- `disk`: a file of the disk tier (kv_disk.py, PROMPT_CACHE_DIR), its RAM freed; the next turn
+  reads and decodes it.
+The conversation cache (prompt_cache.py) keeps its books and rules; when it must make room it
+asks this module to move its least recently used idle entries down a tier (`compact`, `spill`)
+before anything is dropped, and every entry's `nbytes` is the RAM it really holds: its idle
+slot's written positions, plus its compact copy. PROMPT_CACHE_MB bounds that RAM.
+
+The bound (KV_MEMORY_MB, `Memory`): every running reply reserves the KV of its whole length
+(prompt and max_new_tokens, in the pool's type) when it starts; reservations plus the kept
+conversations' RAM never exceed the bound. A request that does not fit makes the cache move
+idle conversations down (compact, then disk, then drop) and, if the running replies alone
+leave no room, waits in the worker (`NoRoom`) until one ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from sidecar.model import kv_compact
+from sidecar.model.kv_compact import CompactKv, Encoding
+from sidecar.model.kv_disk import DiskTier, Stored
+
+if TYPE_CHECKING:
+    from sidecar.model.batch_decoder import KvPool
+    from sidecar.model.prompt_cache import Entry, PromptCache
+
+log = logging.getLogger("sidecar.model.kv_tiers")
+
+Tier = Literal["ram", "compact", "disk"]
+
+
+class NoRoom(Exception):
+    """The running replies' reservations leave no room for this one: it waits (worker.py)."""
+
+
+@dataclass
+class Memory:
+    """The bound on all KV memory (KV_MEMORY_MB) and what the running replies reserved."""
+
+    bound_bytes: int
+    reserved_bytes: int = 0
+    waits: int = 0  # requests that had to wait for room, since start
+
+    def room(self) -> int:
+        """What the kept conversations may hold now."""
+        return max(0, self.bound_bytes - self.reserved_bytes)
+
+
+@dataclass
+class Restored:
+    """Where a lent conversation's tokens came from, and what restoring it cost."""
+
+    tier: Tier | None  # None: nothing reused
+    seconds: float = 0.0
+
+
+@dataclass(eq=False)
+class Holding:
+    """What a kept conversation holds besides its slot (batch_scheduler.SlotHolder has one)."""
+
+    compact: CompactKv | None = None  # a copy of its first positions, encoded
+    stored: Stored | None = None  # its disk tier file
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class KvTiers:
+    """Moves kept conversations between their slot, compact RAM and disk (see above)."""
+
+    def __init__(
+        self,
+        pool: KvPool,
+        cache: PromptCache,
+        memory: Memory,
+        encoding: Encoding | None,
+        disk: DiskTier | None,
+        release_slot: Any,  # (SlotHolder) -> None: frees the holder's slot
+    ) -> None:
+        self.pool = pool
+        self.cache = cache
+        self.memory = memory
+        self.encoding = encoding  # None: no compact tier (KV_COMPACT=off)
+        self.disk = disk
+        self._release_slot = release_slot
+        self.restores: dict[Tier, int] = {"compact": 0, "disk": 0}
+        self.spills = 0
+        self.compactions = 0
+
+    # -- moving down (PromptCache.shrink calls these, least recently used first) -------------
+
+    def compact(self, entry: Entry) -> bool:
+        """Encode an idle entry's slot into compact RAM and free the slot; False if it has no
+        slot or there is no compact tier."""
+        holder = entry.generator
+        if holder.slot is None or self.encoding is None:
+            return False
+        self._encode(holder)
+        self._release_slot(holder)
+        self.compactions += 1
+        self.account(entry)
+        return True
+
+    def spill(self, entry: Entry) -> bool:
+        """Write an idle entry to the disk tier and free its RAM; False if there is no disk
+        tier (or the write failed): the caller drops the entry."""
+        holder = entry.generator
+        disk = self.disk
+        if disk is None or not disk.enabled or self.encoding is None:
+            return False
+        if holder.slot is not None:
+            self._encode(holder)
+        kv = holder.holding.compact
+        if kv is None or kv.tokens < holder.kv_len:
+            return False
+        tokens = holder.tokens[: holder.kv_len]
+        previous = holder.holding.stored
+        if previous is not None and previous.tokens == tokens:
+            stored: Stored | None = previous  # already on disk as it is
+        else:
+            stored = disk.write(
+                kv, tokens, entry.cache_scope, entry.sampling, entry.prompt_end, previous
+            )
+        if stored is None:
+            return False
+        holder.holding.stored = stored
+        holder.holding.compact = None
+        if holder.slot is not None:
+            self._release_slot(holder)
+        self.spills += 1
+        self.account(entry)
+        for gone in disk.evictions():
+            self._drop_stored(gone)
+        return True
+
+    def forget(self, entry: Entry) -> None:
+        """The entry left the cache: its slot, compact copy and file go."""
+        holder = entry.generator
+        holder.holding.compact = None
+        if holder.holding.stored is not None and self.disk is not None:
+            self.disk.forget(holder.holding.stored)
+        holder.holding.stored = None
+        if holder.slot is not None and not holder.busy:
+            self._release_slot(holder)
+
+    # -- moving up ---------------------------------------------------------------------------
+
+    def restore(self, entry: Entry, slot: int, tokens: int) -> Restored:
+        """Copy a lent entry's first `tokens` positions into `slot` (from compact RAM, or from
+        its file first); raises LookupError if its file is gone or bad (the caller treats the
+        turn as a miss)."""
+        holder = entry.generator
+        began = time.perf_counter()
+        tier: Tier = "compact"
+        kv = holder.holding.compact
+        if kv is None or kv.tokens < tokens:
+            stored = holder.holding.stored
+            kv = self.disk.read(stored) if self.disk is not None and stored else None
+            if kv is None:
+                raise LookupError("the conversation's file is gone")
+            tier = "disk"
+            holder.holding.compact = kv
+        kv_compact.restore(kv, self.pool, slot, tokens)
+        kv.truncate(tokens)  # the slot goes on from here: later positions will differ
+        if kv.encoding != "fp32":
+            entry.exact_end = 0  # decoded K/V are not a fresh prefill's, bit for bit
+        self.restores[tier] += 1
+        return Restored(tier, time.perf_counter() - began)
+
+    def account(self, entry: Entry) -> None:
+        """Set an entry's RAM bytes from what it holds now (its idle slot's written positions,
+        its compact copy); a lent entry's slot belongs to its running reply's reservation."""
+        holder = entry.generator
+        held = 0
+        if holder.slot is not None and not entry.lent:
+            held = holder.touched * self.pool.bytes_per_token
+        if holder.holding.compact is not None:
+            held += holder.holding.compact.nbytes
+        entry.nbytes = held
+
+    def tier_of(self, entry: Entry) -> Tier:
+        holder = entry.generator
+        if holder.slot is not None:
+            return "ram"
+        return "compact" if holder.holding.compact is not None else "disk"
+
+    def stats(self) -> dict[str, int]:
+        counts = {"compact_entries": 0, "compact_bytes": 0, "disk_entries": 0, "disk_bytes": 0}
+        for entry in self.cache.entries:
+            holder = entry.generator
+            if holder.holding.compact is not None and holder.slot is None:
+                counts["compact_entries"] += 1
+            if holder.holding.compact is not None:
+                counts["compact_bytes"] += holder.holding.compact.nbytes
+            if holder.slot is None and holder.holding.compact is None:
+                counts["disk_entries"] += 1
+        counts["disk_bytes"] = self.disk.total_bytes if self.disk is not None else 0
+        return counts
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _encode(self, holder: Any) -> None:
+        """Make the holder's compact copy cover its slot's cached positions (only the
+        positions past the copy are encoded: tokens are encoded independently)."""
+        assert self.encoding is not None and holder.slot is not None
+        kv = holder.holding.compact
+        if kv is not None and (kv.encoding != self.encoding or kv.tokens > holder.kv_len):
+            kv = None
+        start = kv.tokens if kv is not None else 0
+        if start < holder.kv_len or kv is None:
+            more = kv_compact.encode(self.pool, holder.slot, start, holder.kv_len, self.encoding)
+            if kv is None:
+                kv = more
+            else:
+                kv.extend(more)
+        holder.holding.compact = kv
+
+    def _drop_stored(self, stored: Stored) -> None:
+        """The disk tier deleted this file for its budget: its entry leaves the cache, unless
+        the entry still holds its conversation in RAM."""
+        for entry in list(self.cache.entries):
+            holder = entry.generator
+            if holder.holding.stored is stored:
+                holder.holding.stored = None
+                if holder.slot is None and holder.holding.compact is None and not entry.lent:
+                    self.cache.drop(entry)

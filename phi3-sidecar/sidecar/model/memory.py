@@ -1,0 +1,72 @@
+"""How much memory the KV cache may take (KV_MEMORY_MB): what the container may use, less the
+loaded model and a margin, chosen at start like the thread count (cpus.py).
+
+What the container may use is its cgroup's memory limit (v2 `memory.max`, v1
+`memory.limit_in_bytes`), else the machine's memory (App Service's sidecar containers share
+the instance's). The loaded model is what the processes of this service hold once it is loaded
+and warmed up (the worker's resident memory, the web process's). The margin (a tenth of the
+limit, at least 1 GiB) covers the rest: the chat app's container on the same instance,
+onnxruntime's working memory while it reads prompts, the page cache the model's file needs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MIB = 2**20
+GIB = 2**30
+_CGROUP = Path("/sys/fs/cgroup")
+_UNLIMITED_V1 = 2**60  # cgroup v1 reports "no limit" as a huge number
+
+
+def memory_limit(cgroup: Path = _CGROUP) -> tuple[int, str]:
+    """The bytes this container may use, and where that came from."""
+    for path, source in (
+        (cgroup / "memory.max", "cgroup v2 memory.max"),
+        (cgroup / "memory" / "memory.limit_in_bytes", "cgroup v1 memory.limit_in_bytes"),
+    ):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < _UNLIMITED_V1:
+            return int(text), source
+    return _total_memory(), "the machine's memory (no cgroup limit)"
+
+
+def resident_bytes(pid: int | str = "self") -> int:
+    """A process's resident memory (VmRSS); 0 where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def margin(limit: int) -> int:
+    return max(GIB, limit // 10)
+
+
+def default_kv_bytes(limit: int, loaded: int) -> int:
+    """The KV bound for a container of `limit` bytes whose service holds `loaded` bytes once
+    the model is loaded: the rest less the margin, at least 256 MiB (a machine too small for
+    that runs short replies one at a time, and says so in its start log)."""
+    return max(256 * MIB, limit - loaded - margin(limit))
+
+
+def service_resident_bytes() -> int:
+    """This worker's resident memory and its parent's (the web process)."""
+    return resident_bytes() + resident_bytes(os.getppid())
+
+
+def _total_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 8 * GIB
