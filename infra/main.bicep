@@ -30,9 +30,10 @@ param location string = resourceGroup().location
 ])
 param planSku string = 'P1v3'
 
-// Scale out: every instance runs its own pair (app + sidecar with its own model in memory). The
-// chat is stateless (the browser sends the whole conversation each time), so any instance can
-// answer any message.
+// Scale out: every instance runs its own pair (app + sidecar with its own model in memory). Any
+// instance can answer any message (the browser sends the whole conversation each time), but
+// each sidecar keeps its conversations' KV caches in its own memory: ARR affinity (below)
+// keeps a browser on one instance, so a chat's next turn finds its cache there.
 @description('Number of instances; each one runs the app and its own Phi-3 sidecar.')
 @minValue(1)
 @maxValue(30)
@@ -90,6 +91,12 @@ var appPort = '8080'
 // limit is ten times that, in whole minutes: room for a slower plan CPU and for /home being
 // network storage. It only delays the restart of a start that truly hangs.
 var containerStartTimeLimit = '360'
+// Consecutive failed health check pings (one a minute) before App Service takes an instance out
+// of the load balancer (its default 10, at least 2). A worker restart (a back-off of 1 to 30 s,
+// then a load of tens of seconds) misses two pings at most, so it never takes an instance out;
+// an instance that cannot serve for three minutes (a model that failed to load, a worker that
+// keeps dying) stops getting chats then, not after ten. With one instance nothing is removed.
+var healthCheckMaxPingFailures = '3'
 // Built-in role "AcrPull".
 var acrPullRoleId = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
 
@@ -178,6 +185,7 @@ var appSettings = concat(
     // Mount the persistent /home share into the containers (the downloaded model lives there).
     { name: 'WEBSITES_ENABLE_APP_SERVICE_STORAGE', value: 'true' }
     { name: 'WEBSITES_CONTAINER_START_TIME_LIMIT', value: containerStartTimeLimit }
+    { name: 'WEBSITE_HEALTHCHECK_MAXPINGFAILURES', value: healthCheckMaxPingFailures }
     { name: 'APP_PORT', value: appPort }
     { name: 'SIDECAR_URL', value: 'http://localhost:${sidecarPort}' }
     { name: 'SIDECAR_PORT', value: sidecarPort }
@@ -210,15 +218,21 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   properties: {
     serverFarmId: plan.id
     httpsOnly: true
-    clientAffinityEnabled: false // stateless: any instance may answer any message
+    // ARR affinity: the front end's ARRAffinity cookie sends a browser back to the instance
+    // that answered it, whose sidecar holds the chat's KV cache (the page's same-origin fetches
+    // carry the cookie). If that instance goes away the front end picks another one; the chat
+    // goes on there, its first turn reading the whole conversation again.
+    clientAffinityEnabled: true
     siteConfig: {
       linuxFxVersion: 'SITECONTAINERS'
       acrUseManagedIdentityCreds: true
       acrUserManagedIdentityID: pullIdentity.properties.clientId
       alwaysOn: true
-      // The app's /healthz answers 200 while it runs, also while the sidecar still loads or
-      // downloads the model, so a first start is not mistaken for a broken instance.
-      healthCheckPath: '/healthz'
+      // The app's /readyz: 200 only when this instance can serve a chat (its sidecar reachable,
+      // the model loaded, this app's key accepted), else 503. App Service pings it to decide
+      // when a new instance joins the load balancer and when a broken one leaves it. (The
+      // app's /healthz stays 200 while the model loads: the page reads it.)
+      healthCheckPath: '/readyz'
       http20Enabled: true
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'

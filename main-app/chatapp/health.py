@@ -1,13 +1,21 @@
-"""`GET /healthz`: this app is alive (always 200 while it runs) and how the sidecar is doing.
+"""The app's probes: `GET /healthz` (alive, and how the sidecar is doing) and `GET /readyz`
+(this instance can serve a chat now).
 
-Body: `{"status": "ok", "model": str | null, "sidecar": {"reachable": bool, "ready": bool,
-"error"?: "upstream_unauthorized", "detail"?: {"ready", "phase", "phase_seconds", "model"}}}`
-(`error`: the model service refuses this app's key, so no chat can work: not ready, phase
-`failed`, though its own open /readyz says ready); `detail` is the part of the
+`/healthz` body: `{"status": "ok", "model": str | null, "sidecar": {"reachable": bool, "ready":
+bool, "error"?: "upstream_unauthorized", "detail"?: {"ready", "phase", "phase_seconds",
+"model"}}}` (`error`: the model service refuses this app's key, so no chat can work: not ready,
+phase `failed`, though its own open /readyz says ready); `detail` is the part of the
 sidecar's own `/readyz` JSON that a browser may see (its load phase and the model's name; not
 the reason text, which can name folders and library errors: that stays in the sidecar's log
-and its own /readyz). The page polls it to show "model loading" before the first message and
-to name the model.
+and its own /readyz). Always 200 while the app runs: the page polls it to show "model loading"
+before the first message and to name the model, and a liveness probe must not restart the app
+because the model is still loading.
+
+`/readyz` is for load balancers (App Service's health check path, a Kubernetes readiness
+probe): 200 `{"status": "ready", "model"}` only when the sidecar is reachable, ready and
+accepts this app's key; else 503 with `Retry-After` and the app's error envelope, whose `type`
+says why (`upstream_unavailable`, `loading`, `restarting`, `model_failed`,
+`upstream_unauthorized`). It says no more than `/healthz` does: no reason text, no folders.
 """
 
 from __future__ import annotations
@@ -15,6 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
+
+from chatapp.errors import error_response
+from chatapp.upstream import DEFAULT_RETRY_AFTER, NOT_REACHABLE
 
 bp = Blueprint("health", __name__)
 
@@ -39,3 +50,39 @@ def healthz() -> Response:
     response = jsonify({"status": "ok", "model": _model_name(sidecar), "sidecar": sidecar})
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+# The sidecar's phases on the way to ready (its /readyz): all of them are "loading" here.
+LOADING_PHASES = ("starting", "downloading", "loading", "warming_up")
+
+
+def _not_ready(sidecar: dict[str, Any]) -> tuple[str, str]:
+    """(type, sentence) for a sidecar that cannot take a chat now."""
+    if not sidecar.get("reachable"):
+        return "upstream_unavailable", NOT_REACHABLE
+    if sidecar.get("error") == "upstream_unauthorized":
+        return "upstream_unauthorized", (
+            "The model service refuses this app's key (set UPSTREAM_API_KEY, or "
+            "SIDECAR_API_KEY, to a key it accepts)."
+        )
+    detail = sidecar.get("detail")
+    phase = detail.get("phase") if isinstance(detail, dict) else None
+    if phase == "failed":
+        return "model_failed", "The model service could not load the model; see its log."
+    if phase == "restarting":
+        return "restarting", "The model is restarting."
+    if phase in LOADING_PHASES:
+        return "loading", f"The model is still loading (phase {phase})."
+    return "loading", "The model is not ready yet."
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    sidecar = current_app.extensions["upstream"].readiness()
+    if sidecar.get("ready"):
+        response = jsonify({"status": "ready", "model": _model_name(sidecar)})
+        response.headers["Cache-Control"] = "no-store"
+        return response
+    type, sentence = _not_ready(sidecar)
+    # A probe retries on its own schedule; the header is for people and scripts polling it.
+    return error_response(503, sentence, type, {"Retry-After": str(DEFAULT_RETRY_AFTER)})

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 # Polled by health checks and scrapers: no spans.
-UNTRACED_PATHS = frozenset({"/healthz", "/metrics"})
+UNTRACED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # What ChatRecord.finish reports: (status, outcome, seconds).
 ChatObserver = Callable[[int, str, float], None]
 

@@ -218,7 +218,7 @@ def test_site_runs_sitecontainers_with_home_storage_and_health_check() -> None:
     (site,) = of_type("Microsoft.Web/sites")
     body = site["body"]
     assert resolve(value(body, "linuxFxVersion")) == "SITECONTAINERS"
-    assert resolve(value(body, "healthCheckPath")) == "/healthz"
+    assert resolve(value(body, "healthCheckPath")) == "/readyz"  # the next test says why
     assert value(body, "acrUseManagedIdentityCreds") == "true"
     settings = app_settings()
     assert resolve(settings["WEBSITES_ENABLE_APP_SERVICE_STORAGE"]) == "true"
@@ -229,6 +229,50 @@ def test_site_runs_sitecontainers_with_home_storage_and_health_check() -> None:
         == "/home/models/phi3-mini-4k-instruct-int4"
     )
     assert resolve(settings["MODEL_DOWNLOAD"]) == "1"
+
+
+def test_the_health_check_path_is_200_only_when_the_instance_can_serve_a_chat() -> None:
+    """App Service pings healthCheckPath to decide when a new instance gets chats and when a
+    broken one stops getting them: the app's route there answers 503 while its sidecar is
+    down, loading or refusing the app's key, and 200 once a chat can be served. (/healthz,
+    which the page polls, is 200 in all of these: it made a loading instance take chats.)"""
+    from chatapp import create_app
+    from scripts.services import free_port
+    from tests.chatapp.fake_sidecar import FakeSidecar
+
+    (site,) = of_type("Microsoft.Web/sites")
+    path = resolve(value(site["body"], "healthCheckPath"))
+    config = {"TESTING": True, "SIDECAR_CONNECT_TIMEOUT": 1.0}
+    down = create_app({**config, "SIDECAR_URL": f"http://127.0.0.1:{free_port()}"})
+    assert down.test_client().get(path).status_code == 503
+    with FakeSidecar() as fake:
+        client = create_app({**config, "SIDECAR_URL": fake.url}).test_client()
+        assert client.get(path).status_code == 200
+        fake.readyz = (503, {"ready": False, "phase": "loading"})
+        assert client.get(path).status_code == 503
+        assert client.get("/healthz").status_code == 200
+        fake.readyz = (503, {"ready": False, "phase": "restarting"})
+        assert client.get(path).status_code == 503
+        fake.readyz, fake.models = (200, {"ready": True, "phase": "ready"}), (401, {})
+        assert client.get(path).status_code == 503  # every chat would be refused 401
+
+
+def test_arr_affinity_keeps_a_browser_on_the_instance_that_holds_its_cache() -> None:
+    """Each sidecar keeps its conversations' KV caches in its own memory: with affinity off,
+    each turn of a chat on two or more instances landed anywhere and missed its cache."""
+    (site,) = of_type("Microsoft.Web/sites")
+    assert value(site["body"], "clientAffinityEnabled") == "true"
+    assert "clientAffinityEnabled: false" not in SOURCE
+
+
+def test_health_check_ping_failures_are_set_and_documented() -> None:
+    """WEBSITE_HEALTHCHECK_MAXPINGFAILURES: within App Service's range (2 to 10), more than the
+    pings a worker restart can miss (two: it lasts under two minutes), and stated in
+    docs/deploy.md."""
+    failures = int(resolve(app_settings()["WEBSITE_HEALTHCHECK_MAXPINGFAILURES"]))
+    assert 2 < failures <= 10
+    deploy = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    assert f"`WEBSITE_HEALTHCHECK_MAXPINGFAILURES` = `{failures}`" in deploy
 
 
 def test_images_are_pulled_with_a_user_assigned_identity_not_passwords() -> None:

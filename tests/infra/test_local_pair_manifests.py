@@ -104,6 +104,9 @@ def test_k8s_pod_holds_both_containers_with_probes(k8s: list[dict[str, Any]]) ->
         assert "readinessProbe" in container
     sidecar, app = containers["sidecar"], containers["app"]
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": SIDECAR_PORT}
+    # The app's /readyz: ready only when a chat can be served (its /healthz is 200 whatever the
+    # sidecar does, and the sidecar's own open /readyz cannot see that it refuses the app's key).
+    assert app["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": APP_PORT}
     assert sidecar["livenessProbe"]["httpGet"]["port"] == SIDECAR_PORT
     assert app["livenessProbe"]["httpGet"]["port"] == APP_PORT
     assert [p["containerPort"] for p in app["ports"]] == [APP_PORT]

@@ -7,6 +7,8 @@ settings that do that are `faulty()` and `paced()`.
 - PacedEngine: waits before each token (and optionally before loading), so that a test, or a
   person, can stop, kill or crowd a reply while it is being written; the tiny model would
   otherwise finish in milliseconds.
+- `gated()`: the faulty engine, each worker's load held until the test opens its gate, so that
+  "still loading" and "restarting" last exactly as long as a test needs them (no timing).
 """
 
 from __future__ import annotations
@@ -41,6 +43,21 @@ def paced(pace: float = 0.05, load_delay: float = 0.0) -> dict[str, str]:
         "PACE_S": str(pace),
         "LOAD_DELAY_S": str(load_delay),
     }
+
+
+def gated(gate_dir: Path) -> dict[str, str]:
+    """Sidecar settings for the gated faulty engine: the Nth worker's load (the first, then each
+    replacement's) waits until the file `gate_dir/load-N` exists (`open_gate`)."""
+    return {
+        "ENGINE_FACTORY": "tests.support.engines:load_gated_engine",
+        "PYTHONPATH": str(REPO),
+        "LOAD_GATE_DIR": str(gate_dir),
+    }
+
+
+def open_gate(gate_dir: Path, load: int) -> None:
+    """Let the `load`th worker of a `gated()` sidecar finish loading."""
+    (gate_dir / f"load-{load}").touch()
 
 
 RAISE = "[[fault:raise]]"  # the second token step raises (an error after the first byte)
@@ -167,4 +184,16 @@ def load_faulty_hanging_replacement(settings: Settings) -> FaultyEngine:
     counter.write_text(str(loads + 1))
     if loads >= 1:
         time.sleep(3600)  # the watchdog kills this process
+    return load_faulty_engine(settings)
+
+
+def load_gated_engine(settings: Settings) -> FaultyEngine:
+    """The faulty engine once this worker's gate is open (`gated`); loads counted in the gate's
+    folder, as the web process starts one worker at a time."""
+    gate = Path(os.environ["LOAD_GATE_DIR"])
+    counter = gate / "loads"
+    load = int(counter.read_text() or "0") + 1 if counter.exists() else 1
+    counter.write_text(str(load))
+    while not (gate / f"load-{load}").exists():
+        time.sleep(0.05)
     return load_faulty_engine(settings)
