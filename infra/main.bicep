@@ -175,6 +175,17 @@ var downloadSettings = [
   { name: 'MODEL_REPO_ID', value: modelRepoId }
   { name: 'MODEL_SUBFOLDER', value: modelSubfolder }
 ]
+// The conversation cache's disk tier (docs/conversation-cache.md): conversations pushed out of
+// the sidecar's RAM are written to the container's local /tmp (instance-local disk, not the
+// /home share, which is network storage) and read back when their users return.
+var kvCacheSettings = [
+  { name: 'PROMPT_CACHE_DIR', value: '/tmp/phi3-kv-cache' }
+  { name: 'PROMPT_CACHE_DISK_MB', value: '4096' }
+]
+var sidecarKvCacheVariables = [for setting in kvCacheSettings: {
+  name: setting.name
+  value: setting.name
+}]
 var telemetrySettings = useApplicationInsights
   ? [
       { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: appInsights.properties.ConnectionString }
@@ -191,6 +202,7 @@ var appSettings = concat(
     { name: 'SIDECAR_PORT', value: sidecarPort }
   ],
   modelSource == 'download' ? downloadSettings : [],
+  kvCacheSettings,
   telemetrySettings
 )
 // In the sidecar, each model variable takes the value of the app setting of the same name.
@@ -281,6 +293,7 @@ resource sidecarContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
         { name: 'PORT', value: 'SIDECAR_PORT' }
       ],
       modelSource == 'download' ? sidecarModelVariables : [],
+      sidecarKvCacheVariables,
       telemetryVariables
     )
   }

@@ -130,8 +130,9 @@ def name_value_pairs(text: str) -> list[tuple[str, str]]:
 def app_settings() -> dict[str, str]:
     start = SOURCE.index("var appSettings = ")
     settings = dict(name_value_pairs(block(SOURCE, SOURCE.index("(", start))))
-    start = SOURCE.index("var downloadSettings = ")
-    settings.update(name_value_pairs(block(SOURCE, SOURCE.index("[", start))))
+    for listed in ("downloadSettings", "kvCacheSettings"):  # concatenated into appSettings
+        start = SOURCE.index(f"var {listed} = ")
+        settings.update(name_value_pairs(block(SOURCE, SOURCE.index("[", start))))
     return settings
 
 
@@ -212,6 +213,19 @@ def test_container_variables_are_settings_the_code_reads_and_the_app_defines() -
     assert "name: setting.name" in SOURCE and "value: setting.name" in SOURCE
     for name in ("MODEL_PATH", "MODEL_DOWNLOAD", "MODEL_REPO_ID", "MODEL_SUBFOLDER"):
         assert name in SIDECAR_VARIABLES and name in settings
+
+
+def test_the_sidecar_writes_its_disk_tier_to_local_tmp() -> None:
+    """Conversations pushed out of the sidecar's RAM go to the container's own /tmp (local
+    disk), not to the /home share (network storage), within a size the docs state."""
+    settings = app_settings()
+    assert resolve(settings["PROMPT_CACHE_DIR"]).startswith("/tmp/")
+    disk_mb = int(resolve(settings["PROMPT_CACHE_DISK_MB"]))
+    assert 0 < disk_mb <= 8192
+    assert "sidecarKvCacheVariables" in containers()["phi3"]["body"]
+    for name in ("PROMPT_CACHE_DIR", "PROMPT_CACHE_DISK_MB"):
+        assert name in SIDECAR_VARIABLES
+    Settings(prompt_cache_dir=resolve(settings["PROMPT_CACHE_DIR"]), prompt_cache_disk_mb=disk_mb)
 
 
 def test_site_runs_sitecontainers_with_home_storage_and_health_check() -> None:
