@@ -133,6 +133,7 @@ def _load(settings: Settings, outbox: Connection) -> Backend | None:
         outbox.send(ipc.Phase("failed", reason))
         return None
     outbox.send(ipc.Phase("ready", context_length=engine.max_length))
+    outbox.send(engine.cache_stats())  # the KV bound chosen, before any request
     return engine
 
 

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from fastapi import Request, Response
 from pydantic import BaseModel, ValidationError
@@ -110,11 +110,22 @@ class Pipeline:
             deadline = record.started_at + self._time_limit_s
             generate = dataclasses.replace(generate, deadline=deadline)
         reply = model.submit(generate)
+        # The worker starts it at once, or keeps it until the KV memory it needs is free
+        # (model/kv_tiers.py): a client that leaves meanwhile takes its request with it.
+        gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
         try:
-            start = await reply.start
+            waited: set[asyncio.Future[Any]] = {reply.start, gone}
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the server is stopping
             model.cancel(reply.key)
             raise not_ready("stopping", None) from None
+        finally:
+            gone.cancel()
+        if not reply.start.done():
+            model.cancel(reply.key)
+            record.outcome = "cancelled"
+            return Response(status_code=204)
+        start = reply.start.result()
         if isinstance(start, ipc.Rejected):
             if start.reason == "overloaded":  # it waited for KV memory until its deadline
                 raise ApiError(start.reason, start.message, headers=overloaded().headers)

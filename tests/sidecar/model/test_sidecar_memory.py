@@ -1,0 +1,48 @@
+"""The KV bound's default (model/memory.py): the memory this process may use is the smallest
+limit of its own cgroup and those above it (v1 or v2, as /proc/self/cgroup names them), else
+the machine's; the bound is that less the loaded service and a margin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sidecar.model.memory import GIB, MIB, default_kv_bytes, memory_limit
+
+
+def test_a_v1_cgroup_limit_is_the_smallest_on_the_way_up(tmp_path: Path) -> None:
+    own = tmp_path / "self-cgroup"
+    own.write_text("5:devices:/\n4:memory:/outer/inner\n0::/\n")
+    memory = tmp_path / "memory"
+    (memory / "outer" / "inner").mkdir(parents=True)
+    (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # none
+    (memory / "outer" / "memory.limit_in_bytes").write_text(f"{6 * GIB}\n")
+    (memory / "outer" / "inner" / "memory.limit_in_bytes").write_text(f"{8 * GIB}\n")
+    assert memory_limit(tmp_path, own) == (6 * GIB, "cgroup v1 memory.limit_in_bytes")
+
+
+def test_a_v2_cgroup_limit_and_max_meaning_none(tmp_path: Path) -> None:
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/app.slice/sidecar\n")
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "app.slice" / "sidecar").mkdir(parents=True)
+    (tmp_path / "app.slice" / "memory.max").write_text("max\n")
+    (tmp_path / "app.slice" / "sidecar" / "memory.max").write_text(f"{8 * GIB}\n")
+    assert memory_limit(tmp_path, own) == (8 * GIB, "cgroup v2 memory.max")
+    (tmp_path / "app.slice" / "sidecar" / "memory.max").write_text("max\n")
+    limit, source = memory_limit(tmp_path, own)
+    assert source == "the machine's memory (no cgroup limit)" and limit > 0
+
+
+def test_inside_a_container_the_mounted_root_is_its_own(tmp_path: Path) -> None:
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/\n")
+    (tmp_path / "cgroup.controllers").write_text("memory\n")
+    (tmp_path / "memory.max").write_text(f"{4 * GIB}\n")
+    assert memory_limit(tmp_path, own)[0] == 4 * GIB
+
+
+def test_the_default_bound_leaves_the_model_and_a_margin() -> None:
+    loaded = 3300 * MIB  # Phi-3-mini int4, worker and web process
+    assert default_kv_bytes(8 * GIB, loaded) == 8 * GIB - loaded - GIB
+    assert default_kv_bytes(32 * GIB, loaded) == 32 * GIB - loaded - 32 * GIB // 10
+    assert default_kv_bytes(4 * GIB, loaded) == 256 * MIB  # the floor

@@ -1,0 +1,194 @@
+"""The one bound on all KV memory (KV_MEMORY_MB) through a real sidecar: the context is capped
+to what the bound holds, a request whose KV does not fit beside the running replies waits in the
+worker (and starts when one ends) instead of exceeding it, a client that leaves while waiting
+takes its request with it, and the log line and /metrics say where each turn's tokens came
+from."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from scripts import services
+from scripts.services import SIDECAR_DIR, Service
+from tests.sidecar.support import metrics, predict, request_line
+from tests.support.engines import paced
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+def long_message(seed: int, words: int = 60) -> str:
+    return " ".join(WORDS[(seed + i) % len(WORDS)] for i in range(words))
+
+
+@pytest.fixture(scope="module")
+def bounded(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """1 MiB of KV (1,024 tokens of the tiny model's fp32 KV), tokens paced so that a reply
+    is still running when the next request arrives."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-kv-memory.log"
+    with services.sidecar(
+        tiny_model_dir, log, env=paced(0.01), KV_MEMORY_MB="1", MAX_CONCURRENCY="4"
+    ) as service:
+        yield service
+
+
+def body(seed: int, request_new: int = 300) -> dict[str, object]:
+    return {
+        "messages": [{"role": "user", "content": long_message(seed)}],
+        "max_new_tokens": request_new,
+        "min_new_tokens": request_new,
+        "cache_scope": f"memory-{seed}",
+    }
+
+
+def test_the_context_is_capped_to_what_the_bound_holds(bounded: Service) -> None:
+    (line,) = [json.loads(x) for x in bounded.log_lines() if '"msg": "kv memory"' in x]
+    assert line["kv_memory_bytes"] == 2**20 and line["chosen"] == "KV_MEMORY_MB"
+    assert line["context_tokens"] == 2**20 // line["kv_memory_bytes"] * 1024
+    assert metrics(bounded.url)["sidecar_kv_memory_bytes"] == 2**20
+    too_long = {"messages": [{"role": "user", "content": "a " * 1200}], "max_new_tokens": 8}
+    response = predict(bounded.url, too_long)
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["limit_tokens"] == 1024
+
+
+def test_a_request_that_does_not_fit_waits_for_a_running_reply(bounded: Service) -> None:
+    waits = metrics(bounded.url).get("sidecar_kv_memory_waits_total", 0)
+    results: dict[int, httpx.Response] = {}
+
+    def send(seed: int) -> None:
+        results[seed] = httpx.post(
+            bounded.url + "/predict",
+            json=body(seed),
+            headers={"X-Request-Id": f"kv-wait-{seed}"},
+            timeout=120,
+        )
+
+    first = threading.Thread(target=send, args=(1,))
+    first.start()
+    time.sleep(0.5)  # the first reply is decoding: its ~560 tokens are reserved
+    send(2)
+    first.join()
+    for seed in (1, 2):
+        assert results[seed].status_code == 200
+        assert request_line(bounded, f"kv-wait-{seed}")["generated_tokens"] == 300
+    assert metrics(bounded.url)["sidecar_kv_memory_waits_total"] == waits + 1
+    assert any('"msg": "request waits for KV memory"' in x for x in bounded.log_lines())
+    assert metrics(bounded.url)["sidecar_kv_reserved_bytes"] == 0
+
+
+def test_a_client_that_leaves_while_waiting_takes_its_request_along(bounded: Service) -> None:
+    def send_long() -> None:
+        httpx.post(
+            bounded.url + "/predict",
+            json=body(3),
+            headers={"X-Request-Id": "kv-holder"},
+            timeout=120,
+        )
+
+    holder = threading.Thread(target=send_long)
+    holder.start()
+    time.sleep(0.5)
+    with pytest.raises(httpx.ReadTimeout):  # it waits for memory: nothing comes back in time
+        httpx.post(
+            bounded.url + "/predict",
+            json=body(4),
+            headers={"X-Request-Id": "kv-leaver"},
+            timeout=0.5,
+        )
+    holder.join()
+    line = request_line(bounded, "kv-leaver")
+    assert line["outcome"] == "cancelled" and "generated_tokens" not in line
+    assert request_line(bounded, "kv-holder")["generated_tokens"] == 300
+
+
+def test_the_log_line_and_metrics_say_where_the_tokens_came_from(bounded: Service) -> None:
+    before = metrics(bounded.url)
+    first = {"messages": [{"role": "user", "content": long_message(5)}], "max_new_tokens": 4}
+    response = predict(bounded.url, {**first, "cache_scope": "sources"})
+    assert response.status_code == 200
+    history = [
+        *first["messages"],  # type: ignore[misc]
+        {"role": "assistant", "content": response.text},
+        {"role": "user", "content": "and then?"},
+    ]
+    second = predict(
+        bounded.url,
+        {"messages": history, "max_new_tokens": 4, "cache_scope": "sources"},
+    )
+    assert second.status_code == 200
+    cached = int(second.headers["x-cached-tokens"])
+    assert cached > 0
+    lines = [json.loads(x) for x in bounded.log_lines() if '"msg": "request"' in x]
+    assert lines[-1]["cache_tier"] == "ram" and lines[-1]["cached_tokens"] == cached
+    assert lines[-2].get("cache_tier") is None
+    after = metrics(bounded.url)
+    ram = 'sidecar_prompt_tokens_by_source_total{source="ram"}'
+    recomputed = 'sidecar_prompt_tokens_by_source_total{source="recomputed"}'
+    assert after[ram] - before[ram] == cached
+    prompts = lines[-1]["prompt_tokens"] + lines[-2]["prompt_tokens"]
+    assert after[recomputed] - before[recomputed] == prompts - cached
+
+
+def own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory directory, where a child cgroup can be made (root on a
+    machine with the v1 memory controller mounted writable), else None."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            directory = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if os.access(directory, os.W_OK):
+                return directory
+    return None
+
+
+def test_the_default_bound_comes_from_the_containers_memory_limit(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Started inside a cgroup with a memory limit (as a container with --memory is), the
+    sidecar chooses its KV bound from that limit, not the machine's memory."""
+    parent = own_memory_cgroup()
+    if parent is None:
+        pytest.skip("no writable cgroup v1 memory controller here")
+    group = parent / f"phi3-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    limit = 3 * 2**30
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        port = services.free_port()
+        environ = {
+            "MODEL_PATH": str(tiny_model_dir.resolve()),
+            "HOST": "127.0.0.1",
+            "PORT": str(port),
+        }
+        command = f"echo $$ > {group / 'cgroup.procs'} && exec {sys.executable} -m sidecar"
+        with services.run_service(
+            ["sh", "-c", command],
+            cwd=SIDECAR_DIR,
+            env=environ,
+            ready_path="/readyz",
+            port=port,
+            log_path=tmp_path / "sidecar.log",
+        ) as service:
+            (line,) = [json.loads(x) for x in service.log_lines() if '"msg": "kv memory"' in x]
+            assert line["memory_limit_bytes"] == limit
+            assert line["limit_source"] == "cgroup v1 memory.limit_in_bytes"
+            expected = limit - line["loaded_bytes"] - 2**30  # the margin: 1 GiB at 3 GiB
+            assert line["kv_memory_bytes"] == expected
+            assert predict(service.url, body(7, 16)).status_code == 200
+    finally:
+        for _ in range(50):  # the processes leave the group as they exit
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
