@@ -225,7 +225,9 @@ def test_the_sidecar_writes_its_disk_tier_to_local_tmp() -> None:
     assert "sidecarKvCacheVariables" in containers()["phi3"]["body"]
     for name in ("PROMPT_CACHE_DIR", "PROMPT_CACHE_DISK_MB"):
         assert name in SIDECAR_VARIABLES
-    Settings(prompt_cache_dir=resolve(settings["PROMPT_CACHE_DIR"]), prompt_cache_disk_mb=disk_mb)
+    Settings(
+        prompt_cache_dir=Path(resolve(settings["PROMPT_CACHE_DIR"])), prompt_cache_disk_mb=disk_mb
+    )
 
 
 def test_site_runs_sitecontainers_with_home_storage_and_health_check() -> None:

@@ -23,7 +23,20 @@ from sidecar.model.engine import Engine
 from sidecar.model.kv_compact import bytes_per_token
 from sidecar.model.kv_tiers import NoRoom
 
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+]
 NEW = 8
 
 

@@ -23,7 +23,20 @@ from scripts.services import SIDECAR_DIR, Service
 from tests.sidecar.support import metrics, predict, request_line
 from tests.support.engines import paced
 
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+]
 
 
 def long_message(seed: int, words: int = 60) -> str:
