@@ -111,17 +111,23 @@ def sidecar(
     port: int | None = None,
     wait: bool = True,
     env: Mapping[str, str] | None = None,
+    cgroup: Path | None = None,
     **settings: str,
 ) -> contextlib.AbstractContextManager[Service]:
     """`python -m sidecar` on `port` (default: a free one); waits for /readyz unless wait=False.
-    Its environment: this one's, then `env`, then `settings` (MAX_CONCURRENCY="2", ...)."""
+    Its environment: this one's, then `env`, then `settings` (MAX_CONCURRENCY="2", ...).
+    `cgroup`: a cgroup directory (memory_cgroup) the sidecar starts in, as in a container."""
     port = port or free_port()
     # Absolute: the sidecar runs in its own folder, where a relative path means something else.
     model_path = str(Path(model_dir).resolve())
     environ = {"MODEL_PATH": model_path, "HOST": "127.0.0.1", "PORT": str(port)}
     environ |= {**(env or {}), **settings}
+    command = [sys.executable, "-m", "sidecar"]
+    if cgroup is not None:  # in the group before anything runs: its worker is born there
+        procs = cgroup / "cgroup.procs"
+        command = ["sh", "-c", f'echo $$ > "{procs}" && exec "{sys.executable}" -m sidecar']
     return run_service(
-        [sys.executable, "-m", "sidecar"],
+        command,
         cwd=SIDECAR_DIR,
         env=environ,
         ready_path="/readyz",
@@ -159,3 +165,37 @@ def chatapp(
         log_path=log_path,
         timeout=30,
     )
+
+
+def own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory directory where a child group can be made (root, with
+    the v1 memory controller mounted writable), else None."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            directory = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if os.access(directory / "cgroup.procs", os.W_OK):
+                return directory
+    return None
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
+    """A fresh cgroup with a memory limit (what `podman run --memory` gives a container), for
+    sidecar(cgroup=...); removed at the end, once its processes are gone. RuntimeError where
+    none can be made."""
+    parent = own_memory_cgroup()
+    if parent is None:
+        raise RuntimeError("no writable cgroup v1 memory controller (run as root)")
+    group = parent / f"phi3-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        yield group
+    finally:
+        for _ in range(100):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

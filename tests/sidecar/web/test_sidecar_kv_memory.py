@@ -7,11 +7,8 @@ from."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import httpx
 import pytest
 
 from scripts import services
-from scripts.services import SIDECAR_DIR, Service
+from scripts.services import Service
 from tests.sidecar.support import metrics, predict, request_line
 from tests.support.engines import paced
 
@@ -152,56 +149,22 @@ def test_the_log_line_and_metrics_say_where_the_tokens_came_from(bounded: Servic
     assert after[recomputed] - before[recomputed] == prompts - cached
 
 
-def own_memory_cgroup() -> Path | None:
-    """This process's cgroup v1 memory directory, where a child cgroup can be made (root on a
-    machine with the v1 memory controller mounted writable), else None."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            directory = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            if os.access(directory, os.W_OK):
-                return directory
-    return None
-
-
 def test_the_default_bound_comes_from_the_containers_memory_limit(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Started inside a cgroup with a memory limit (as a container with --memory is), the
     sidecar chooses its KV bound from that limit, not the machine's memory."""
-    parent = own_memory_cgroup()
-    if parent is None:
+    if services.own_memory_cgroup() is None:
         pytest.skip("no writable cgroup v1 memory controller here")
-    group = parent / f"phi3-test-{uuid.uuid4().hex[:8]}"
-    group.mkdir()
     limit = 3 * 2**30
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(limit))
-        port = services.free_port()
-        environ = {
-            "MODEL_PATH": str(tiny_model_dir.resolve()),
-            "HOST": "127.0.0.1",
-            "PORT": str(port),
-        }
-        command = f"echo $$ > {group / 'cgroup.procs'} && exec {sys.executable} -m sidecar"
-        with services.run_service(
-            ["sh", "-c", command],
-            cwd=SIDECAR_DIR,
-            env=environ,
-            ready_path="/readyz",
-            port=port,
-            log_path=tmp_path / "sidecar.log",
-        ) as service:
-            (line,) = [json.loads(x) for x in service.log_lines() if '"msg": "kv memory"' in x]
-            assert line["memory_limit_bytes"] == limit
-            assert line["limit_source"] == "cgroup v1 memory.limit_in_bytes"
-            expected = limit - line["loaded_bytes"] - 2**30  # the margin: 1 GiB at 3 GiB
-            assert line["kv_memory_bytes"] == expected
-            assert predict(service.url, body(7, 16)).status_code == 200
-    finally:
-        for _ in range(50):  # the processes leave the group as they exit
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    log = tmp_path / "sidecar.log"
+    with (
+        services.memory_cgroup(limit) as group,
+        services.sidecar(tiny_model_dir, log, cgroup=group) as service,
+    ):
+        (line,) = [json.loads(x) for x in service.log_lines() if '"msg": "kv memory"' in x]
+        assert line["memory_limit_bytes"] == limit
+        assert line["limit_source"] == "cgroup v1 memory.limit_in_bytes"
+        expected = limit - line["loaded_bytes"] - 2**30  # the margin: 1 GiB at 3 GiB
+        assert line["kv_memory_bytes"] == expected
+        assert predict(service.url, body(7, 16)).status_code == 200
