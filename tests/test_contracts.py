@@ -51,6 +51,11 @@ def test_roles_are_the_same() -> None:
     assert set(app_wire.ROLES) == set(get_args(ipc.Role))
 
 
+def test_the_greedy_temperature_floor_is_the_same() -> None:
+    """/chat sends a temperature below it as 0; the sidecar treats one below it as greedy."""
+    assert app_wire.MIN_TEMPERATURE == ipc.MIN_TEMPERATURE
+
+
 @pytest.mark.parametrize(
     "fields", [None, {"request_id": "r1", "status": 200, "ratio": 0.5, "text": "é — 你好"}]
 )
