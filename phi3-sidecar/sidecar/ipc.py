@@ -194,6 +194,10 @@ class End:
     tokens_per_s: float | None
     tokens_after_cancel: int | None = None
     drafts: Drafts | None = None  # None: the reply was generated without drafts
+    # finish "error" from a fault in this reply's own step (an exception, logits that hold
+    # NaN, a grammar that left no token): the exception's type name, never its message. The
+    # replies beside it went on. None for any other end (a dead worker's too).
+    fault: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
