@@ -51,6 +51,11 @@ def test_roles_are_the_same() -> None:
     assert set(app_wire.ROLES) == set(get_args(ipc.Role))
 
 
+def test_the_greedy_temperature_floor_is_the_same() -> None:
+    """/chat sends a temperature below it as 0; the sidecar treats one below it as greedy."""
+    assert app_wire.MIN_TEMPERATURE == ipc.MIN_TEMPERATURE
+
+
 @pytest.mark.parametrize(
     "fields", [None, {"request_id": "r1", "status": 200, "ratio": 0.5, "text": "é — 你好"}]
 )
@@ -134,3 +139,23 @@ def test_both_services_read_the_same_trace_settings(tmp_path: Path) -> None:
             sidecar({"OTEL_EXPORTER_OTLP_PROTOCOL": bad})
         with pytest.raises(app_settings.SettingsError):
             app_settings.from_environ({"OTEL_EXPORTER_OTLP_PROTOCOL": bad})
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_logged_exceptions_keep_their_messages_out_alike(shown: bool) -> None:
+    """Both services log an exception's type and frames, not its message (it may quote a
+    prompt); the sidecar's model worker shows messages with LOG_PROMPTS only."""
+    quoted = "the prompt was: door code 7431"  # a variable: the raise lines are logged
+    try:
+        try:
+            raise KeyError(quoted)
+        except KeyError:
+            raise ValueError(quoted) from None
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("x.y", logging.ERROR, __file__, 1, "failed", (), exc_info)
+    sidecar_line = sidecar_jsonlog.JsonFormatter(exception_messages=shown).format(record)
+    assert ("door code" in sidecar_line) is shown
+    assert "ValueError" in sidecar_line and "KeyError" not in sidecar_line  # from None
+    if not shown:
+        assert app_logs.JsonFormatter().format(record) == sidecar_line

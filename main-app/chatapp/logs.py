@@ -5,7 +5,8 @@ then the fields passed as `extra={"fields": {...}}`; the sidecar's lines have th
 (phi3-sidecar/sidecar/jsonlog.py). Each chat gets a request id: the browser's `X-Request-Id` when
 it is a sane token (the sidecar's rule), else a new one. The app sends it to the sidecar and
 back to the browser, and logs one `chatapp.request` line when the chat ends (`ChatRecord`).
-Message and reply text are never logged.
+Message and reply text are never logged, nor an exception's message (it may quote them): a
+traceback shows each exception's type and frames (without_messages, as the sidecar's).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import re
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,13 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 class JsonFormatter(logging.Formatter):
+    """`exception_messages` False (the default): a logged exception shows its type and where it
+    was raised, not its message (without_messages)."""
+
+    def __init__(self, *, exception_messages: bool = False) -> None:
+        super().__init__()
+        self.exception_messages = exception_messages
+
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
@@ -40,8 +49,35 @@ class JsonFormatter(logging.Formatter):
         if isinstance(fields, dict):
             data.update(fields)
         if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
+            exc = record.exc_info
+            shown = self.exception_messages or exc[1] is None
+            data["exc"] = self.formatException(exc) if shown else without_messages(exc[1])
         return json.dumps(data, ensure_ascii=False, default=str)
+
+
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def without_messages(exc: BaseException | None) -> str:
+    """A traceback with each exception's type and frames (its cause and context too), without
+    their messages and notes: a library's message may quote the text it was given (a
+    tokenizer's "Invoked with: '<the whole prompt>'", a grammar library's last tokens)."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    lines: list[str] = []
+    previous: BaseException | None = None
+    for current in reversed(chain):  # the first one raised first, as Python prints them
+        if previous is not None:
+            lines.append(_CAUSE if current.__cause__ is previous else _CONTEXT)
+        lines.append("Traceback (most recent call last):\n")
+        lines.extend(traceback.format_tb(current.__traceback__))
+        kind = type(current)
+        lines.append(f"{kind.__module__}.{kind.__qualname__}: (message not logged)\n")
+        previous = current
+    return "".join(lines).rstrip("\n")
 
 
 def configure_logging(level: str) -> None:

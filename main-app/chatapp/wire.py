@@ -10,10 +10,10 @@ The last message is the user's new turn. Only the first message may be a system 
 system and user messages must not be blank; no message may contain control characters other
 than tab, newline and carriage return. Optional: `"max_new_tokens"` (a positive integer),
 `"min_new_tokens"` (a whole number, at most `max_new_tokens`: the end of the reply is held off
-until then; benchmarks use it to pin the length) and `"temperature"` (0 to 2; 0 or absent
-means greedy), passed on to the model service; both token counts are at most the app's
-`MAX_NEW_TOKENS_LIMIT`. The page keeps the history and sends all of it each time; the app
-keeps nothing between requests.
+until then; benchmarks use it to pin the length) and `"temperature"` (0 to 2; 0, absent or
+below 1e-5 means greedy, and is sent as 0), passed on to the model service; both token counts
+are at most the app's `MAX_NEW_TOKENS_LIMIT`. The page keeps the history and sends all of it
+each time; the app keeps nothing between requests.
 
 Optional `"conversation_id"`: 1 to 64 characters of `A-Z a-z 0-9 _ -`, the same for every
 request of one chat and new for a new chat (the page makes a random one per chat). It names the
@@ -105,6 +105,9 @@ ROLES = ("system", "user", "assistant")
 # return; DEL and C1 controls; lone surrogates (possible through JSON \\ud800 escapes).
 FORBIDDEN_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A temperature below this is greedy: sent as 0, so no model service divides by it (the
+# sidecar's ipc.MIN_TEMPERATURE; tests/test_contracts.py keeps them equal).
+MIN_TEMPERATURE = 1e-5
 
 
 def _invalid(message: str) -> ApiError:
@@ -160,7 +163,7 @@ def parse_chat_request(
     if temperature is not None:
         if type(temperature) not in (int, float) or not 0 <= temperature <= 2:
             raise _invalid("temperature must be a number from 0 to 2.")
-        payload["temperature"] = float(temperature)
+        payload["temperature"] = float(temperature) if temperature >= MIN_TEMPERATURE else 0.0
     conversation_id = body.get("conversation_id")
     if conversation_id is not None:
         if not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id):

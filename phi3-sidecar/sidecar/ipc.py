@@ -55,6 +55,12 @@ Refusal = Literal[
 CacheTier = Literal["ram", "compact", "disk"]
 GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
 
+# A temperature below this is greedy, as 0 or none is (vLLM's bound, _SAMPLING_EPS): dividing
+# logits by less only overflows (1.8e-307 made inf, then NaN) and samples nothing greedy would
+# not pick. Both APIs accept 0 to 2 (web/messages.py); the chat app applies the same floor
+# before it sends (chatapp/wire.py; tests/test_contracts.py keeps the two equal).
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True, slots=True)
 class Guidance:
@@ -96,6 +102,12 @@ class Generate:
     # with finish "time_limit", between two steps; None: no deadline.
     deadline: float | None = None
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
+
+    @property
+    def sampling(self) -> bool:
+        """Whether the reply is sampled: the one rule every path reads (the sampler, the
+        Generator's do_sample, the conversation cache's sampling mode)."""
+        return self.temperature is not None and self.temperature >= MIN_TEMPERATURE
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +204,10 @@ class End:
     tokens_per_s: float | None
     tokens_after_cancel: int | None = None
     drafts: Drafts | None = None  # None: the reply was generated without drafts
+    # finish "error" from a fault in this reply's own step (an exception, logits that hold
+    # NaN, a grammar that left no token): the exception's type name, never its message. The
+    # replies beside it went on. None for any other end (a dead worker's too).
+    fault: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,7 +236,10 @@ class Settings(BaseSettings):
     )
     log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
     log_prompts: bool = Field(
-        default=False, description="Put prompt and reply text in the logs (debugging only)."
+        default=False,
+        description="Put prompt and reply text in the logs (debugging only), and the model "
+        "worker's exception messages, which may quote them; off, a failure is logged by its "
+        "exception's type.",
     )
     model_download: bool = Field(
         default=False,

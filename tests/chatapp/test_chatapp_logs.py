@@ -105,15 +105,23 @@ def test_a_record_is_one_json_object_on_one_line() -> None:
     assert data["request_id"] == "abc" and data["pieces"] == 3
 
 
-def test_an_exception_stays_on_the_line() -> None:
+def test_an_exception_stays_on_the_line_without_its_message() -> None:
+    """Its type, cause and frames; not its message, which may quote a message or a reply."""
+    first, second = f"cannot read {SECRET}", f"boom {SECRET}"  # the raise lines are logged
     try:
-        raise RuntimeError("boom")
+        try:
+            raise ValueError(first)
+        except ValueError as exc:
+            raise RuntimeError(second) from exc
     except RuntimeError:
         record = logging.LogRecord(
             "chatapp", logging.ERROR, __file__, 1, "unhandled error", (), sys.exc_info()
         )
     data = json.loads(JsonFormatter().format(record))
-    assert data["level"] == "error" and "RuntimeError: boom" in data["exc"]
+    assert data["level"] == "error"
+    assert "builtins.ValueError" in data["exc"] and "builtins.RuntimeError" in data["exc"]
+    assert "direct cause" in data["exc"] and "test_chatapp_logs.py" in data["exc"]
+    assert SECRET not in data["exc"]
 
 
 def test_configure_logging_writes_json_from_the_level_up(

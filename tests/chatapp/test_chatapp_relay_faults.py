@@ -58,6 +58,17 @@ def test_sends_generation_options(make_app: Callable[..., Flask], fake: FakeSide
     assert fake.requests[2]["max_new_tokens"] == 40  # the default of 32 would undercut it
 
 
+def test_a_temperature_below_the_floor_is_sent_as_greedy(
+    client: FlaskClient, fake: FakeSidecar
+) -> None:
+    """No model service behind the app divides logits by 1.8e-307 (issue 38): below
+    MIN_TEMPERATURE the chat is greedy, sent as 0; the floor itself is sent as it is."""
+    for temperature in (5e-324, 1.8e-307, 9e-6, 1e-5, 0.7):
+        lines(client.post("/chat", json={**CONVERSATION, "temperature": temperature}))
+        expected = temperature if temperature >= 1e-5 else 0.0
+        assert fake.requests[-1]["temperature"] == expected, temperature
+
+
 def test_tokens_is_the_models_count_not_the_pieces(client: FlaskClient, fake: FakeSidecar) -> None:
     # A fast model's twelve tokens can reach the relay as one piece of text.
     fake.predict = lambda h: fs.reply(h, ["twelve tokens of text, at once"], tokens=12)

@@ -9,17 +9,24 @@ settings that do that are `faulty()` and `paced()`.
   otherwise finish in milliseconds.
 - `gated()`: the faulty engine, each worker's load held until the test opens its gate, so that
   "still loading" and "restarting" last exactly as long as a test needs them (no timing).
+- PoisonedEngine: the real batched path, left to the worker as it is (one model call for all
+  decoding rows), each batched step paced, and one row poisoned on a marker (logits that hold
+  NaN, a sampler or stop filter that raises, a model call that fails whenever it holds the
+  row, a grammar in error): what one row can do to the others.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sidecar import ipc
-from sidecar.model.batch_scheduler import BatchGeneration
+from sidecar.model.batch_scheduler import BatchGeneration, BatchScheduler
 from sidecar.model.engine import Engine
 from sidecar.model.engine import load_engine as load_real_engine
 from sidecar.model.generation import Generation
@@ -61,6 +68,9 @@ def open_gate(gate_dir: Path, load: int) -> None:
 
 
 RAISE = "[[fault:raise]]"  # the second token step raises (an error after the first byte)
+# Starting the reply raises as onnxruntime-genai's tokenizer does on text it cannot take: a
+# TypeError whose message quotes the whole text (with the newest user message here)
+START = "[[fault:start]]"
 EXIT = "[[fault:exit]]"  # the worker process dies at the second token step
 SECRET = "secret-internal-detail-1234"  # in the exception text; must never reach a client
 
@@ -81,6 +91,10 @@ class FaultyGeneration:
     @property
     def finish(self) -> ipc.Finish | None:
         return self._real.finish
+
+    @property
+    def fault(self) -> Exception | None:
+        return self._real.fault
 
     @property
     def cached_tokens(self) -> int:
@@ -121,6 +135,8 @@ class FaultyEngine:
 
     def start(self, request: ipc.Generate) -> FaultyGeneration:
         newest = request.messages[-1][1]
+        if START in newest:
+            raise TypeError(f"encode(): incompatible function arguments. Invoked with: {newest!r}")
         fault = next((f for f in (RAISE, EXIT) if f in newest), None)
         return FaultyGeneration(self._real.start(request), fault)
 
@@ -197,3 +213,128 @@ def load_gated_engine(settings: Settings) -> FaultyEngine:
     while not (gate / f"load-{load}").exists():
         time.sleep(0.05)
     return load_faulty_engine(settings)
+
+
+def poisoned(pace: float = 0.02) -> dict[str, str]:
+    """Sidecar settings for the poisoned engine: `pace` seconds before each batched step."""
+    return {
+        "ENGINE_FACTORY": "tests.support.engines:load_poisoned_engine",
+        "PYTHONPATH": str(REPO),
+        "PACE_S": str(pace),
+    }
+
+
+# Each poisons its row from the reply's third token on (it has joined the decoding rows by
+# then); each exception's message holds SECRET and the row's newest user message, which must
+# reach no log line (LOG_PROMPTS off).
+NAN_ROW = "[[fault:nan]]"  # the row's logits are NaN (a model that overflowed)
+SAMPLER_BUG = "[[fault:sampler]]"  # choosing the row's token raises
+STOPS_BUG = "[[fault:stops]]"  # the row's stop filter raises
+CALL_BUG = "[[fault:call]]"  # every decode call that holds the row raises, a call of it alone too
+DEAD_GRAMMAR = "[[fault:grammar]]"  # llguidance's matcher is in error: the grammar allows nothing
+POISONS = (NAN_ROW, SAMPLER_BUG, STOPS_BUG, CALL_BUG, DEAD_GRAMMAR)
+_POISONED_AFTER = 2  # tokens
+
+
+class PoisonedEngine:
+    """The real engine; its batch is the worker's (the scheduler steps it, as in production)."""
+
+    def __init__(self, real: Engine, pace: float) -> None:
+        assert real.batch is not None, "the poisoned engine needs the batched path"
+        self._real = real
+        self.batch: BatchScheduler = real.batch
+        self.max_length = real.max_length
+        self._failing: dict[int, str] = {}  # id(generation) -> its message: CALL_BUG rows
+        step, run = self.batch.step, self.batch.decoder.run
+
+        def paced_step() -> list[tuple[BatchGeneration, str | None]]:
+            time.sleep(pace)  # so that replies started one after another decode together
+            return step()
+
+        def failing_run(first: int, ids: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+            held = self.batch.decoding[first : first + len(ids)]
+            for generation in held:
+                message = self._failing.get(id(generation))
+                if message is not None and generation.generated >= _POISONED_AFTER:
+                    raise RuntimeError(f"injected model call failure: {SECRET} {message}")
+            return run(first, ids, lengths)
+
+        self.batch.step = paced_step  # type: ignore[method-assign]
+        self.batch.decoder.run = failing_run  # type: ignore[method-assign]
+
+    def start(self, request: ipc.Generate) -> Generation | BatchGeneration:
+        generation = self._real.start(request)
+        newest = request.messages[-1][1]
+        poison = next((p for p in POISONS if p in newest), None)
+        if poison is not None:
+            assert isinstance(generation, BatchGeneration), "poisons are for batched rows"
+            self._poison(generation, poison, f"{SECRET} {newest}")
+        return generation
+
+    def _poison(self, generation: BatchGeneration, poison: str, message: str) -> None:
+        def poisoned() -> bool:
+            return generation.generated >= _POISONED_AFTER
+
+        if poison == CALL_BUG:
+            self._failing[id(generation)] = message
+            return
+        if poison == STOPS_BUG:
+            generation._stops = _BrokenStops(generation._stops, poisoned, message)  # type: ignore[assignment]
+            return
+        if poison == SAMPLER_BUG:
+            pick = generation._sampler.pick
+
+            def broken_pick(logits: np.ndarray, banned: Any = ()) -> int:
+                if poisoned():
+                    raise IndexError(f"injected sampler bug: {message}")
+                return pick(logits, banned)
+
+            generation._sampler.pick = broken_pick  # type: ignore[method-assign]
+            return
+        take = generation.take
+
+        def poisoned_take(logits: np.ndarray) -> str:
+            if poisoned() and poison == NAN_ROW:
+                logits = np.full_like(logits, np.nan)
+            if poisoned() and poison == DEAD_GRAMMAR and generation.guide is not None:
+                _break_matcher(generation.guide, len(logits))
+            return take(logits)
+
+        generation.take = poisoned_take  # type: ignore[method-assign]
+
+    def warm_up(self) -> None:
+        self._real.warm_up()
+
+    def cache_stats(self) -> ipc.CacheStats:
+        return self._real.cache_stats()
+
+
+def _break_matcher(guide: Any, vocab_size: int) -> None:
+    """Feed llguidance's real matcher a token its grammar forbids: it is in error from then on
+    (its error quotes the grammar's state and the reply's last tokens)."""
+    allowed = guide.masked(np.zeros(vocab_size, dtype=np.float32))
+    if allowed is not None:
+        guide.consume(int(np.flatnonzero(np.isneginf(allowed))[0]))
+
+
+class _BrokenStops:
+    """A stop filter that raises once its reply is poisoned."""
+
+    def __init__(self, real: Any, poisoned: Any, message: str) -> None:
+        self._real, self._poisoned, self._message = real, poisoned, message
+
+    def __bool__(self) -> bool:
+        return True
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if self._poisoned():
+            raise ValueError(f"injected stop filter failure: {self._message}")
+        return self._real.feed(text) if self._real else (text, False)
+
+    def flush(self) -> str:
+        return str(self._real.flush())
+
+
+def load_poisoned_engine(settings: Settings) -> PoisonedEngine:
+    real = load_real_engine(settings)
+    return PoisonedEngine(real, float(os.environ.get("PACE_S", "0.02")))

@@ -18,7 +18,6 @@ model's configuration); an evicted entry's slot gives its memory back.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Collection
@@ -37,7 +36,10 @@ from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 from sidecar.model.sampling import Sampler, penalize_repeats
 from sidecar.model.stops import StopFilter
 
-log = logging.getLogger("sidecar.model.batch")
+
+class GrammarDeadEnd(RuntimeError):
+    """A guided reply's grammar left no token, or refused the one chosen (llguidance's words,
+    which quote the grammar and the reply's last tokens)."""
 
 
 class TokenStream(Protocol):
@@ -228,23 +230,22 @@ class BatchScheduler:
         """One decode call per DECODE_BATCH_ROWS replies past their prompt, the first token
         of each reply whose prompt the previous step finished reading, and one chunk of a
         prompt still being read (next_prompt says which): each touched
-        generation with its new text (None: a chunk, no token). A failed model call ends its
-        generations with finish "error"."""
+        generation with its new text (None: a chunk, or no token).
+
+        Each row is isolated: whatever fails for one reply (its logits, its sampler, its
+        grammar, its stop filter, a model call it is part of) ends that reply alone, with
+        finish "error" and the exception as its `fault` (the worker logs and counts it); the
+        others go on."""
         results: list[tuple[BatchGeneration, str | None]] = []
         decoding = list(self.decoding)
         for first in range(0, len(decoding), self.rows):
             group = decoding[first : first + self.rows]
-            try:
-                texts: list[str | None] = list(self._decode(first, group))
-            except Exception as exc:
-                self._failed(group, exc)
-                texts = [None] * len(group)
-            results.extend(zip(group, texts, strict=True))
+            results.extend(zip(group, self._decode_isolated(first, group), strict=True))
         for generation in list(self.ready):
             try:
                 first_text: str | None = self._first_token(generation)
             except Exception as exc:
-                self._failed([generation], exc)
+                self._failed(generation, exc)
                 first_text = None
             results.append((generation, first_text))
         if self.prefilling:
@@ -252,7 +253,7 @@ class BatchScheduler:
             try:
                 self._prefill(generation)
             except Exception as exc:
-                self._failed([generation], exc)
+                self._failed(generation, exc)
                 self.prefilling.remove(generation)
             results.append((generation, None))
         return results
@@ -299,19 +300,51 @@ class BatchScheduler:
         return text
 
     def _decode(self, first: int, group: list[BatchGeneration]) -> list[str]:
-        """One decode call for the generations in slots first..first+len(group)-1."""
-        ids = np.array([[g.holder.tokens[-1]] for g in group], dtype=np.int64)
-        logits = self.decoder.run(first, ids, [g.holder.kv_len for g in group])
+        """One decode call for the generations in slots first..first+len(group)-1; raises
+        what the model or a row raises (step_one)."""
+        logits = self._run(first, group)
         texts = []
         for generation, row in zip(group, logits, strict=True):
             generation.wrote(1)
             texts.append(generation.take(row))
         return texts
 
-    def _failed(self, generations: list[BatchGeneration], exc: Exception) -> None:
-        log.error("batched model call failed", extra={"fields": {"error": f"{exc!r}"}})
-        for generation in generations:
-            generation.finish = "error"
+    def _decode_isolated(self, first: int, group: list[BatchGeneration]) -> list[str | None]:
+        """_decode, where a failure ends only the reply it belongs to. A failed model call is
+        run again one row at a time (each writes the same KV position again), so only a row
+        that fails alone ends; a row whose token cannot be taken ends, the others keep
+        theirs."""
+        try:
+            logits = self._run(first, group)
+        except Exception as exc:
+            if len(group) == 1:
+                self._failed(group[0], exc)
+                return [None]
+            return [
+                self._decode_isolated(first + i, [generation])[0]
+                for i, generation in enumerate(group)
+            ]
+        texts: list[str | None] = []
+        for generation, row in zip(group, logits, strict=True):
+            generation.wrote(1)
+            try:
+                texts.append(generation.take(row))
+            except Exception as exc:
+                self._failed(generation, exc)
+                texts.append(None)
+        return texts
+
+    def _run(self, first: int, group: list[BatchGeneration]) -> np.ndarray:
+        """The model call: each generation's last token, at its own length."""
+        ids = np.array([[g.holder.tokens[-1]] for g in group], dtype=np.int64)
+        return self.decoder.run(first, ids, [g.holder.kv_len for g in group])
+
+    @staticmethod
+    def _failed(generation: BatchGeneration, exc: Exception) -> None:
+        """End one reply with finish "error"; the worker logs `fault` (its type only, unless
+        LOG_PROMPTS: a message may quote the prompt, the grammar or the reply)."""
+        generation.finish = "error"
+        generation.fault = exc
 
     # -- moving and leaving --------------------------------------------------------------------
 
@@ -367,6 +400,7 @@ class BatchGeneration:
         self.cached_tokens = lease.reused
         self.cache_reason: str = lease.reason
         self.finish: Finish | None = None
+        self.fault: Exception | None = None  # what ended it with finish "error" (step)
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.holder = holder
@@ -380,7 +414,9 @@ class BatchGeneration:
         top_k = request.top_k
         if top_k is not None and scheduler._vocab_size:
             top_k = min(top_k, scheduler._vocab_size)
-        self._sampler = Sampler(request.temperature, top_k, request.top_p, request.seed)
+        # One rule for greedy (ipc.Generate.sampling): a temperature below the floor is greedy
+        temperature = request.temperature if request.sampling else None
+        self._sampler = Sampler(temperature, top_k, request.top_p, request.seed)
         self._penalty = request.repetition_penalty or 1.0
         self._stream: TokenStream = scheduler._new_stream()
         self._stops = StopFilter(request.stop)
@@ -435,16 +471,11 @@ class BatchGeneration:
         if guide is not None:
             allowed = guide.masked(logits, banned)
             if allowed is None:  # never a token outside the grammar (batch_guidance.py)
-                fields = {"error": guide.error}
-                log.error("guided reply has no allowed token", extra={"fields": fields})
-                self.finish = "error"
-                return ""
+                raise GrammarDeadEnd(guide.error)  # its text quotes the grammar and the reply
             logits, banned = allowed, ()
         token = self._sampler.pick(logits, banned)
         if guide is not None and token not in eos and not guide.consume(token):
-            log.error("guided token refused", extra={"fields": {"error": guide.error}})
-            self.finish = "error"
-            return ""
+            raise GrammarDeadEnd(guide.error)
         self.generated += 1
         self.last_token_at = time.monotonic()
         if self.first_token_at is None:

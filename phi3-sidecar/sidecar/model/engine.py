@@ -184,7 +184,7 @@ class Engine:
     ) -> tuple[og.Generator, og.GeneratorParams]:
         """A generator of `capacity` tokens for `request` (its sampling mode, seed, grammar and
         drafts are fixed for the generator's life), and its params."""
-        sampling = bool(request.temperature)
+        sampling = request.sampling
         params = og.GeneratorParams(self.model)
         options = {"max_length": capacity, **turn_options(request, prompt, self.vocab_size)}
         options |= {"do_sample": sampling}

@@ -32,10 +32,11 @@ class Generation:
         self.prompt = prompt
         self.generated = 0
         self.finish: Finish | None = None
+        self.fault: Exception | None = None  # a failed step raises instead (worker.py)
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self._eos = engine.eos_ids
-        sampling = bool(request.temperature)
+        sampling = request.sampling  # below ipc.MIN_TEMPERATURE: greedy
         needed = len(prompt.ids) + prompt.max_new_tokens
         guidance = fitted(request.guidance, needed, engine.max_length)
         needed += room(guidance)  # forced tokens may run past the reply's budget (guidance.py)
@@ -177,7 +178,7 @@ def turn_options(request: Generate, prompt: Prompt, vocab_size: int) -> dict[str
     options: dict[str, Any] = {"min_length": len(prompt.ids) + min_new if min_new else 0}
     # Applies to greedy and sampled replies alike; 1.0 clears a previous turn's penalty.
     options["repetition_penalty"] = request.repetition_penalty or 1.0
-    if request.temperature:
+    if request.sampling:  # a temperature below ipc.MIN_TEMPERATURE is greedy
         options |= {
             "temperature": request.temperature,
             "top_p": request.top_p if request.top_p is not None else 1.0,

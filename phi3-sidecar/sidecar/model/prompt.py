@@ -53,7 +53,8 @@ class PromptTooLong(Exception):
 
 
 class UnsafePrompt(Exception):
-    """The content could not be encoded without special token ids (never seen in practice)."""
+    """The content could not be encoded: not without special token ids (never seen in
+    practice), or not at all (a lone surrogate)."""
 
 
 class TemplateRefused(Exception):
@@ -114,6 +115,12 @@ class PromptBuilder:
         room for max_new_tokens, the reply budget shrinks to what is left; with no room for a
         single token the request is refused (PromptTooLong).
         """
+        for _, content in messages:
+            if not _is_utf8(content):
+                # A lone surrogate (the APIs refuse one in a message, but a tool's parameters
+                # written into the prompt may hold one): the tokenizer would fail, quoting
+                # the whole text in its error.
+                raise UnsafePrompt("a message holds a lone surrogate")
         system = [m for m in messages[:1] if m[0] == "system"]
         rest = list(messages[len(system) :])
         cuts = [0] + [i for i in range(1, len(rest)) if rest[i][0] == "user"]
@@ -251,6 +258,14 @@ class PromptBuilder:
                 at = match.start() + 1  # "<|end|>" -> "<" + "|end|>"
                 todo += [piece[at:], piece[:at]]
         return pieces
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def added_tokens_of(config_files: Collection[object]) -> dict[str, int]:

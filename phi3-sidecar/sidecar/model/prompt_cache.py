@@ -235,7 +235,7 @@ class PromptCache:
         `grow` False: a new generator gets exactly `needed` (a batched slot's bytes are what
         it writes), else room to grow (capacity_for); `min_capacity`: the least a new one may
         have (a sliding window)."""
-        sampling = bool(request.temperature)
+        sampling = request.sampling  # the generator's mode (ipc.Generate.sampling)
         reason: Reason | None = None
         if not (wanted and request.use_cache):
             reason = "declined"

@@ -1,22 +1,34 @@
 """Choosing the next token from a row of logits, for the batched path (batch_scheduler.py).
 
-The documented meaning of the request fields: no temperature (or 0) is greedy, the first of
-the highest logits (onnxruntime-genai's greedy search picks the same one). Otherwise the
-logits are divided by the temperature; top_k keeps the k most likely tokens (0 or absent: all);
+The documented meaning of the request fields: no temperature (or 0, or one below
+ipc.MIN_TEMPERATURE: the caller passes None then) is greedy, the first of the highest logits
+(onnxruntime-genai's greedy search picks the same one). Otherwise the logits, less the highest
+one, are divided by the temperature (so every value is 0 or below: no temperature overflows
+them, and exp() never sees inf - inf); top_k keeps the k most likely tokens (0 or absent: all);
 top_p keeps the most likely ones until their probability adds up to top_p (at least one);
 one token is drawn from what is left. Each request has its own random generator, seeded with
 its seed, so a seeded request gets the same reply whatever else runs at the same time.
 
 A repetition penalty (onnxruntime-genai's `repetition_penalty`, llama.cpp's `repeat_penalty`)
 is applied first, with the usual meaning: the logit of every token already in the sequence
-(prompt included) is divided by the penalty if positive, multiplied by it if negative.
+(prompt included) is divided by the penalty if positive, multiplied by it if negative. It runs in
+float32, the logits' type; the APIs bound it to 0.1-10 (web/llamacpp_fields.py), so a finite
+logit stays finite.
+
+Logits that hold NaN or +inf (a model that overflowed, a penalty beyond those bounds), or none
+that is finite, give no token: NonFiniteLogits, which ends that reply alone (batch_scheduler.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 
 import numpy as np
+
+
+class NonFiniteLogits(ArithmeticError):
+    """A row's logits hold NaN or +inf, or nothing but -inf: no token can be chosen."""
 
 
 class Sampler:
@@ -38,14 +50,19 @@ class Sampler:
         if banned:
             logits = logits.copy()
             logits[list(banned)] = -np.inf
+        top = float(np.max(logits))  # NaN if any logit is NaN
+        if not math.isfinite(top):
+            raise NonFiniteLogits(f"the highest logit is {top}")
         if not self.temperature:
             return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / self.temperature
+        # The highest logit first: every value is then 0 or below (-inf for a banned token),
+        # whatever the temperature divides, and the first of the order is exp(0) = 1.
+        scaled = (logits.astype(np.float64) - top) / self.temperature
         order = np.argsort(-scaled, kind="stable")
         if 0 < self.top_k < len(order):
             order = order[: self.top_k]
         chosen = scaled[order]
-        probabilities = np.exp(chosen - chosen[0])
+        probabilities = np.exp(chosen)
         probabilities /= probabilities.sum()
         if self.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probabilities), self.top_p)) + 1

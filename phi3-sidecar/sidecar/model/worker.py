@@ -50,6 +50,9 @@ class Stepper(Protocol):
     cache_reason: str  # the conversation cache's lease.reason (prompt_cache.REASONS)
     restored: Restored  # where the reused tokens came from (kv_tiers.py) and what it cost
     finish: ipc.Finish | None
+    # What ended it with finish "error" inside a step that went on for the others (the batched
+    # path isolates each row, batch_scheduler.py); None otherwise.
+    fault: Exception | None
 
     def step(self) -> str | None:
         """Append the next chunk of the prompt and return None while the prompt is not all
@@ -106,11 +109,11 @@ def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
     # Ctrl+C for the service's process group must not end replies before the web process's
     # graceful shutdown does, so this process leaves that group.
     os.setpgid(0, 0)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, exception_messages=settings.log_prompts)
     try:
         engine = _load(settings, outbox)
         if engine is not None:
-            Scheduler(engine, inbox, outbox).run()
+            Scheduler(engine, inbox, outbox, log_prompts=settings.log_prompts).run()
     except (EOFError, OSError):
         pass  # the web process is gone: so is the reason to run
 
@@ -138,10 +141,15 @@ def _load(settings: Settings, outbox: Connection) -> Backend | None:
 
 
 class Scheduler:
-    def __init__(self, engine: Backend, inbox: Connection, outbox: Connection) -> None:
+    def __init__(
+        self, engine: Backend, inbox: Connection, outbox: Connection, *, log_prompts: bool = False
+    ) -> None:
         self._engine = engine
         self._inbox = inbox
         self._outbox = outbox
+        # An exception's message may quote the prompt, the schema or the reply (a tokenizer's
+        # "Invoked with: '<the whole prompt>'", llguidance's last tokens): logged only then.
+        self._log_prompts = log_prompts
         self._jobs: dict[int, _Job] = {}
         # Requests whose KV does not fit beside the running replies (kv_tiers.NoRoom), in
         # arrival order: retried when a reply ends (its reservation is free again).
@@ -261,15 +269,7 @@ class Scheduler:
             )
             return True
         except Exception as exc:
-            log.error(
-                "starting a generation failed",
-                extra={
-                    "fields": {
-                        "request_id": request.request_id,
-                        "error": f"{type(exc).__name__}: {exc}",
-                    }
-                },
-            )
+            self._log_failure("starting a generation failed", request.request_id, exc)
             self._outbox.send(
                 ipc.Rejected(request.key, "start_failed", "the model failed to start")
             )
@@ -309,19 +309,18 @@ class Scheduler:
         try:
             text = job.generation.step()
         except Exception as exc:
-            log.error(
-                "generation failed",
-                extra={
-                    "fields": {
-                        "request_id": job.request_id,
-                        "error": f"{type(exc).__name__}: {exc}",
-                    }
-                },
-            )
             del self._jobs[key]
-            self._end(key, job, "error")
+            self._end(key, job, "error", fault=exc)
             return
         self._after(key, job, text)
+
+    def _log_failure(self, message: str, request_id: str, exc: BaseException) -> None:
+        """One line: the request id and the exception's type; its message only with
+        LOG_PROMPTS."""
+        fields = {"request_id": request_id, "error_type": type(exc).__name__}
+        if self._log_prompts:
+            fields["error"] = str(exc)
+        log.error(message, extra={"fields": fields})
 
     def _after(self, key: int, job: _Job, text: str | None) -> None:
         """Send what a step made, and end the job if its reply is over."""
@@ -332,13 +331,24 @@ class Scheduler:
                 self._outbox.send(ipc.Piece(key, text, job.generation.generated, now))
         if job.generation.finish is not None:
             del self._jobs[key]
-            self._end(key, job, job.generation.finish)
+            fault = job.generation.fault if job.generation.finish == "error" else None
+            self._end(key, job, job.generation.finish, fault=fault)
 
     def _end(
-        self, key: int, job: _Job, finish: ipc.Finish, tokens_after_cancel: int | None = None
+        self,
+        key: int,
+        job: _Job,
+        finish: ipc.Finish,
+        tokens_after_cancel: int | None = None,
+        *,
+        fault: Exception | None = None,
     ) -> None:
+        """Release the generation and report its end; a fault (an exception of its own step)
+        is logged here, once, and its type goes with End (sidecar_reply_faults)."""
         generation = job.generation
         self._retry = bool(self._waiting)  # its KV reservation is free again
+        if fault is not None:
+            self._log_failure("generation failed", job.request_id, fault)
         # A cancelled reply's tokens stay cached (the next turn resends what the user saw);
         # a failed generation's state is not trusted.
         generation.release(reusable=finish != "error")
@@ -350,6 +360,7 @@ class Scheduler:
                 generation.tokens_per_s(),
                 tokens_after_cancel,
                 generation.drafts(),
+                type(fault).__name__ if fault is not None else None,
             )
         )
         self._outbox.send(self._engine.cache_stats())

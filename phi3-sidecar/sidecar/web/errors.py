@@ -93,13 +93,15 @@ WHEN: dict[str, str] = {
     "overloaded": "the queue is full (`QUEUE_SIZE`; `Retry-After: 2`)",
     "context_length_exceeded": "the newest turn alone does not fit the context; `limit_tokens` "
     "says the limit (older turns are dropped first)",
-    "unencodable_prompt": "the messages cannot be encoded by the model's tokenizer",
+    "unencodable_prompt": "the messages cannot be encoded by the model's tokenizer (or hold a "
+    "lone surrogate, which a tool's `parameters` can bring into the prompt)",
     "invalid_guidance": "a `response_format` schema or a tool's `parameters` that the grammar "
     "engine cannot compile (an unknown type, a bad `pattern`, a `$ref` it cannot resolve); "
     "`param` names the field",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
-    "cut off instead)",
+    "cut off instead); a fault of one reply's own (logits that hold NaN, a grammar that leaves no "
+    "token) ends that reply alone, never the others decoded with it",
     "internal_error": "anything unexpected (logged with the request id; no detail reaches the "
     "client)",
 }
@@ -219,7 +221,12 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unexpected error", exc_info=exc)
+    # The traceback without messages (jsonlog.without_messages): one may quote the request.
+    record = request.scope.get("state", {}).get("record")
+    fields = {"error_type": type(exc).__name__}
+    if record is not None:
+        fields["request_id"] = record.request_id
+    log.error("unexpected error", exc_info=exc, extra={"fields": fields})
     error = ApiError("internal_error", "internal error; see the sidecar log")
     return await _api_error(request, error)
 

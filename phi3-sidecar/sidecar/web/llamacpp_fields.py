@@ -17,7 +17,8 @@ With llama.cpp's meaning (the fields are declared in openai_schemas.py, in one b
                   the end). true, llama.cpp's default, is as absent.
   repeat_penalty  onnxruntime-genai's repetition_penalty: each token already in the sequence
                   (prompt and reply; llama.cpp looks at the last 64 only) has its score divided
-                  by it (multiplied, if negative); 1.0 is off. Greedy and sampled alike.
+                  by it (multiplied, if negative); 1.0 is off, 0.1 to 10 (float32 arithmetic).
+                  Greedy and sampled alike.
   top_k 0, seed -1   llama.cpp's "no top-k cut" and "a random seed": as absent.
   stop, top_k, seed  as before (OpenAI's or /predict's meaning; they agree with llama.cpp's).
 
@@ -35,7 +36,14 @@ from pydantic import Field
 
 # n_predict: -1 means "no limit of its own" (llama.cpp's default); 0 is refused with a reason.
 PredictLimit = Annotated[int, Field(ge=-1, le=131072)]
-RepeatPenalty = Annotated[float, Field(gt=0.0, le=10.0, description="1.0: off")]
+# It runs in float32, the logits' type (model/sampling.py): bounded both ways, so that dividing
+# or multiplying a logit by it changes the logit tenfold at most and never overflows (7e-39
+# made an inf logit, then a NaN probability).
+MIN_REPEAT_PENALTY, MAX_REPEAT_PENALTY = 0.1, 10.0
+RepeatPenalty = Annotated[
+    float,
+    Field(ge=MIN_REPEAT_PENALTY, le=MAX_REPEAT_PENALTY, description="1.0: off; 0.1 to 10"),
+]
 
 # llama.cpp's "off" values of fields that this API also has: the same as leaving them out.
 _OFF = {"top_k": 0, "seed": -1, "n_predict": -1}

@@ -12,7 +12,7 @@ from typing import Annotated, Self
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from sidecar.ipc import Role
+from sidecar.ipc import MIN_TEMPERATURE, Role
 
 # C0 controls except tab, newline and carriage return; DEL and C1 controls; lone surrogates
 # (possible through JSON \ud800 escapes, and not encodable as UTF-8).
@@ -38,7 +38,10 @@ NonBlankText = Annotated[Text, AfterValidator(not_blank)]
 
 # The generation options, shared with /v1/chat/completions (openai_schemas.py).
 NewTokens = Annotated[int, Field(ge=1, le=131072)]
-Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 or absent: greedy")]
+# Below ipc.MIN_TEMPERATURE (1e-5) a temperature is greedy, as 0 is: accepted, not refused.
+Temperature = Annotated[
+    float, Field(ge=0.0, le=2.0, description=f"0, absent or below {MIN_TEMPERATURE:g}: greedy")
+]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 TopK = Annotated[int, Field(ge=1, le=1_000_000)]
 Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]

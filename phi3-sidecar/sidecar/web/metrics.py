@@ -89,6 +89,11 @@ class Metrics:
         )
         for outcome in OUTCOMES:
             self.requests.labels(outcome)
+        self.reply_faults = counter(
+            "sidecar_reply_faults",
+            "Replies ended (outcome error) by a fault of their own step: an exception, logits "
+            "that hold NaN, a grammar that left no token. The replies beside them went on.",
+        )
         self.generated_tokens = counter("sidecar_generated_tokens", "Tokens generated.")
         self.prompt_tokens = counter("sidecar_prompt_tokens", "Prompt tokens processed.")
         self.tokens_after_disconnect = counter(
@@ -171,6 +176,8 @@ class Metrics:
             return
         outcome = record.outcome or "unknown"
         self.requests.labels(outcome).inc()
+        if record.fault is not None:
+            self.reply_faults.inc()
         self.generated_tokens.inc(record.generated_tokens or 0)
         self.prompt_tokens.inc(record.prompt_tokens or 0)
         self.tokens_after_disconnect.inc(record.tokens_after_disconnect or 0)

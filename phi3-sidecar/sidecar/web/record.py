@@ -24,6 +24,9 @@ class RequestRecord:
     structured: str | None = None
     outcome: str | None = None  # eos, stop, length, time_limit, cancelled, error, ...
     error_type: str | None = None
+    # outcome "error" from a fault of this reply's own step (ipc.End.fault): its exception's
+    # type, never its message
+    fault: str | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
     cache_reason: str | None = None  # why (model/prompt_cache.py, REASONS)

@@ -173,6 +173,7 @@ class ReplyResponse(Response):
         if end.tokens_per_s is not None:
             record.tokens_per_s = round(end.tokens_per_s, 1)
         record.tokens_after_disconnect = end.tokens_after_cancel
+        record.fault = end.fault
         if end.drafts is not None:
             record.draft_tokens = end.drafts.checked
             record.accepted_draft_tokens = end.drafts.accepted

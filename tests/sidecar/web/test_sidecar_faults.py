@@ -1,5 +1,7 @@
 """Faults the real engine cannot produce on demand (tests/support/engines.py injects them):
-an error after the first byte, and the model worker dying mid-reply."""
+an error after the first byte, a library error when a reply starts, and the model worker dying
+mid-reply. None of them puts the text of the request (or of an exception, which may quote it)
+in a log line unless LOG_PROMPTS=1."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import pytest
 
 from scripts import services
 from scripts.services import Service
-from tests.sidecar.support import metrics, predict, request_line
-from tests.support.engines import EXIT, RAISE, SECRET
+from tests.sidecar.support import assert_error, metrics, predict, request_line
+from tests.support.engines import EXIT, RAISE, SECRET, START, faulty
 
 
 def stream_until_broken(url: str, body: dict[str, object]) -> tuple[httpx.Response, bytes]:
@@ -38,14 +40,51 @@ def test_an_error_after_the_first_byte_aborts_the_stream(faulty_service: Service
     rid = response.headers["x-request-id"]
     line = request_line(faulty_service, rid)
     assert (line["status"], line["outcome"]) == (200, "error")
-    worker_lines = [
-        json.loads(text)
-        for text in faulty_service.log_lines()
-        if text.startswith("{") and '"generation failed"' in text
-    ]
+    assert line["fault"] == "RuntimeError"
+    worker_lines = worker_log(faulty_service, "generation failed")
     assert [w["request_id"] for w in worker_lines] == [rid]
+    # The exception's type, not its message (it may quote the prompt): LOG_PROMPTS is off
+    assert worker_lines[0]["error_type"] == "RuntimeError" and "error" not in worker_lines[0]
+    assert SECRET not in faulty_service.log() and "Tell me a story" not in faulty_service.log()
     # The service keeps serving.
     assert predict(faulty_service.url, {"input_text": "Hi"}).status_code == 200
+
+
+def worker_log(service: Service, message: str) -> list[dict[str, object]]:
+    return [
+        json.loads(text)
+        for text in service.log_lines()
+        if text.startswith("{") and f'"{message}"' in text
+    ]
+
+
+def test_a_library_error_at_the_start_logs_its_type_not_the_prompt(
+    faulty_service: Service,
+) -> None:
+    """onnxruntime-genai's tokenizer refuses text with a TypeError that quotes all of it (the
+    whole rendered prompt, issue 38): a 500 whose log lines hold the type alone."""
+    question = f"{START} my door code is 4471, what is yours?"
+    response = predict(faulty_service.url, {"input_text": question})
+    assert_error(response, 500, "internal_error")
+    rid = response.headers["x-request-id"]
+    assert request_line(faulty_service, rid)["status"] == 500
+    (line,) = [w for w in worker_log(faulty_service, "starting a generation failed")]
+    assert (line["request_id"], line["error_type"]) == (rid, "TypeError")
+    assert "door code" not in faulty_service.log() and "Invoked with" not in faulty_service.log()
+
+
+def test_log_prompts_puts_the_exception_message_in_the_line(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """LOG_PROMPTS=1 (debugging): the worker's line has the message too."""
+    with services.sidecar(
+        tiny_model_dir, tmp_path / "sidecar.log", env=faulty(), LOG_PROMPTS="1"
+    ) as service:
+        response, _ = stream_until_broken(service.url, {"input_text": f"{RAISE} Go on."})
+        request_line(service, response.headers["x-request-id"])
+        (line,) = worker_log(service, "generation failed")
+        assert line["error_type"] == "RuntimeError"
+        assert line["error"] == f"injected failure: {SECRET}"
 
 
 def test_a_worker_that_dies_mid_reply_is_replaced(faulty_service: Service) -> None:

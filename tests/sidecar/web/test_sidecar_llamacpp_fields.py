@@ -167,6 +167,9 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "cache-prompt-a-string": ({"cache_prompt": "false"}, "cache_prompt"),
     "repeat-penalty-zero": ({"repeat_penalty": 0}, "repeat_penalty"),
     "repeat-penalty-too-large": ({"repeat_penalty": 11}, "repeat_penalty"),
+    # float32 arithmetic: 7e-39 divided a logit into inf (issue 38); bounded at 0.1 to 10
+    "repeat-penalty-tiny": ({"repeat_penalty": 7e-39}, "repeat_penalty"),
+    "repeat-penalty-below-a-tenth": ({"repeat_penalty": 0.05}, "repeat_penalty"),
     "ignored-with-a-wrong-type": ({"min_p": "0.05"}, "min_p"),
     "ignored-flag-not-a-bool": ({"return_tokens": 1}, "return_tokens"),
     "unknown-llamacpp-field": ({"grammar": "root ::= [a-z]+"}, "grammar"),

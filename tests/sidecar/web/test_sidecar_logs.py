@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from fastapi.testclient import TestClient
 from scripts.services import Service
 from sidecar.settings import Settings
 from sidecar.web.app import create_app
-from tests.sidecar.support import metrics, predict, request_line, request_lines
+from tests.sidecar.support import assert_error, metrics, predict, request_line, request_lines
 
 MARKER = "zebra-marker-7781"
 
@@ -90,3 +91,40 @@ def test_log_prompts_puts_prompt_and_reply_in_the_line(
     fields = record.fields  # type: ignore[attr-defined]
     assert fields["prompt"] == (("user", f"Hi {MARKER}"),)
     assert fields["reply"] == response.text
+
+
+def test_a_prompt_the_tokenizer_cannot_take_is_a_400_that_logs_no_prompt_text(
+    sidecar_service: Service,
+) -> None:
+    """A lone surrogate in a tool's parameters reached the tokenizer inside the rendered
+    prompt: a 500 whose log line held the whole prompt (issue 38). Refused before the
+    tokenizer, and no part of the prompt is logged."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "open_door",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "pin \ud800"}},
+            },
+        },
+    }
+    body = {
+        "messages": [
+            {"role": "system", "content": f"The door code is {MARKER}."},
+            {"role": "user", "content": "What is the door code, zebra?"},
+        ],
+        "tools": [tool],
+        "max_tokens": 8,
+    }
+    response = httpx.post(
+        sidecar_service.url + "/v1/chat/completions",
+        content=json.dumps(body),  # ASCII: the lone surrogate as the escape \ud800
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert_error(response, 400, "invalid_request_error")
+    line = request_line(sidecar_service, response.headers["x-request-id"])
+    assert line["status"] == 400
+    log = sidecar_service.log()
+    assert MARKER not in log and "door code" not in log and "open_door" not in log
