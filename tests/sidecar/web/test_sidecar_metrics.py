@@ -24,6 +24,8 @@ LABELS = {
     "api": {"predict", "v1"},
     "outcome": {"eos", "stop", "length", "time_limit", "cancelled", "error", "rejected"},
     "le": None,  # bucket bounds
+    "source": {"ram", "compact", "disk", "recomputed"},  # where prompt tokens came from
+    "tier": {"compact", "disk"},  # where a restored conversation came from
 }
 
 
