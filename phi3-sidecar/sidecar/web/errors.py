@@ -65,6 +65,8 @@ REFUSALS: dict[str, Answer] = {
     "invalid_guidance": Answer(422, "invalid_request", 400, "invalid_schema"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
+    # a finished structured reply that fails its final check (reply_check.py)
+    "invalid_reply": Answer(500, "invalid_reply", 500, "invalid_reply", "server_error"),
     # anything unexpected
     "internal_error": Answer(500, "internal_error", 500, None, "server_error"),
 }
@@ -95,13 +97,21 @@ WHEN: dict[str, str] = {
     "says the limit (older turns are dropped first)",
     "unencodable_prompt": "the messages cannot be encoded by the model's tokenizer (or hold a "
     "lone surrogate, which a tool's `parameters` can bring into the prompt)",
-    "invalid_guidance": "a `response_format` schema or a tool's `parameters` that the grammar "
-    "engine cannot compile (an unknown type, a bad `pattern`, a `$ref` it cannot resolve); "
-    "`param` names the field",
+    "invalid_guidance": "a `response_format` schema or a tool's `parameters` that no reply can be "
+    "held to: not valid JSON Schema, one the grammar engine cannot compile (an unknown type, a "
+    "bad `pattern`, a `$ref` it cannot resolve), one with a value that can only nest itself for "
+    "ever (a `$ref` loop, a required property that recurses), or more than 480 properties that "
+    "may come next at one place; `param` names the field. Refused before anything is sent, "
+    "streamed or not",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
     "cut off instead); a fault of one reply's own (logits that hold NaN, a grammar that leaves no "
     "token) ends that reply alone, never the others decoded with it",
+    "invalid_reply": "a structured reply (`response_format`, tool calls) ended but fails its "
+    "final check: it is not JSON with each key once, or does not validate against its schema "
+    "(what the grammar cannot prevent, such as a key repeated in an object open to other "
+    "properties); streamed, an error event ends the stream instead of the final chunk and "
+    "`[DONE]`",
     "internal_error": "anything unexpected (logged with the request id; no detail reaches the "
     "client)",
 }
@@ -138,15 +148,22 @@ class ApiError(Exception):
         """The answer: OpenAI's shape and status for /v1/..., the sidecar's own otherwise."""
         if not is_openai(path):
             return error_response(self.status, self.kind, self.message, self.headers, self.extra)
+        return JSONResponse(
+            {"error": self.openai_body()},
+            status_code=self.answer.openai_status,
+            headers=self.headers,
+        )
+
+    def openai_body(self) -> dict[str, Any]:
+        """OpenAI's error object: {"message", "type", "param", "code"}."""
         answer = self.answer
-        body = {
+        return {
             "message": self.message,
             "type": answer.openai_type,
             "param": self.param,
             "code": answer.openai_code,
             **self.extra,
         }
-        return JSONResponse({"error": body}, status_code=answer.openai_status, headers=self.headers)
 
 
 def not_ready(phase: str, reason: str | None, retry_after: int = RETRY_NOT_READY_S) -> ApiError:

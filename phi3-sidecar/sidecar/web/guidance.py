@@ -1,30 +1,43 @@
 """From a request's `response_format`, `tools` and `tool_choice` to the grammar its reply must
-follow (ipc.Guidance, which the model worker hands to onnxruntime-genai's llguidance: every
-token outside the grammar is masked, so the reply is valid by construction).
+follow (ipc.Guidance, which the model worker hands to llguidance: every token outside the
+grammar is masked), and the JSON Schemas the finished reply is then checked against
+(reply_check.py: the grammar engine is not a validator, see below).
 
-- json_schema: the user's JSON Schema, with two changes that only narrow what is produced
-  (every reply still validates against the schema as given): `x-guidance`
-  `whitespace_flexible: false` (compact JSON; with free whitespace a small model can run on in
-  spaces until the length limit), and every `pattern` anchored as `^(?:...)$` (JSON Schema's
-  pattern matches anywhere in the string, so "[A-Z]{3}" alone would allow any string holding
-  three capitals; a user means the whole string).
+- json_schema: the user's JSON Schema, with changes that only narrow what is produced (every
+  reply still validates against the schema as given), in `prepared`: llguidance's option
+  `x-guidance` `whitespace_flexible: false` (compact JSON; with free whitespace a small model
+  can run on in spaces until the length limit; a client's own `x-guidance` is refused,
+  openai_tools.py); every `pattern` anchored as `^(?:...)$` (JSON Schema's pattern matches
+  anywhere in the string, so "[A-Z]{3}" alone would allow any string holding three capitals;
+  a user means the whole string); and numeric bounds beyond 2^53 rounded inward to a double
+  (llguidance compares bounds as doubles: a maximum of 9007199254740999 allowed
+  9007199254741000).
 - json_object: any JSON object, compact.
 - tools: a Lark grammar over tool_protocol.py's text protocol: `auto` is a text reply or a
   call (`start: answer | calls`), `required` and a named function only a call, `none` only a
   text reply (TEXT_RULE: one that does not start like a call nor hold the marker). A call
   is MARKER and a JSON array of {"name", "arguments"} objects, each tool's arguments held to
-  its `parameters`;
+  its `parameters` (an object: "type": "object" is added where the schema has no type);
   `parallel_tool_calls: false` allows one call, else up to MAX_PARALLEL_CALLS (a small model
   can otherwise go on listing calls until the length limit).
+
+What the grammar cannot hold to the final check catches (`Grammar.answer` and
+`Grammar.arguments` are the schemas a finished reply must validate against): an object open to
+other properties may repeat a key, also spelled with escapes ("\\u0061" for "a", which would
+override a `const`: parsers keep the last; llguidance's `json_allowed_escapes`, which could
+forbid that spelling, is unknown to onnxruntime-genai's copy on the Generator path), and
+whatever else llguidance reads differently from a validator.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
 from sidecar.ipc import Guidance
 from sidecar.web.openai_tools import (
@@ -38,6 +51,7 @@ from sidecar.web.openai_tools import (
 from sidecar.web.tool_protocol import MARKER
 
 COMPACT = {"whitespace_flexible": False}
+EXACT = 2**53  # every integer up to this is a double; llguidance holds bounds as doubles
 MAX_PARALLEL_CALLS = 8
 # A text reply (tool_choice auto or none): anything that does not start like a call (the
 # marker, or a JSON object or array written as text) and never holds the marker, so a call can
@@ -52,6 +66,48 @@ _ONE = (
 )
 _MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a request's reply is held to: the grammar, and the schemas (`meant`) of what it
+    may end as."""
+
+    guidance: Guidance
+    # The JSON reply's schema (response_format); None: a text reply, if any.
+    answer: dict[str, Any] | None
+    # Each callable tool's arguments (each with its own $defs); empty: no calls.
+    arguments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_calls: int = 0
+
+
+def held_to(
+    response_format: ResponseFormat | None,
+    tools: Sequence[ToolSpec],
+    tool_choice: ToolChoice | None,
+    parallel_tool_calls: bool,
+) -> Grammar | None:
+    """The grammar of a request; None for a free text reply."""
+    given = _answer_schema(response_format)
+    answer = None if given is None else prepared(given)
+    checked = None if given is None else meant(given)
+    choice = tool_choice or "auto"
+    if not tools:
+        return None if answer is None else Grammar(Guidance("json_schema", _dump(answer)), checked)
+    if isinstance(choice, NamedToolChoice):
+        tools = [t for t in tools if t.function.name == choice.function.name]
+    if choice == "none":
+        rows = ["start: answer", _answer_rule(answer)]
+        return Grammar(Guidance("lark_grammar", "\n".join(rows)), checked)
+    calls = _calls_rule(tools, parallel_tool_calls)
+    if choice == "auto":
+        rows = ["start: answer | calls", _answer_rule(answer), calls]
+    else:
+        rows = ["start: calls", calls]
+    arguments = {t.function.name: meant(_parameters(t)) for t in tools}
+    max_calls = MAX_PARALLEL_CALLS if parallel_tool_calls else 1
+    return Grammar(Guidance("lark_grammar", "\n".join(rows)), checked, arguments, max_calls)
 
 
 def for_request(
@@ -61,37 +117,37 @@ def for_request(
     parallel_tool_calls: bool,
 ) -> Guidance | None:
     """The guidance of a request; None for a free text reply."""
-    answer = _answer_schema(response_format)
-    choice = tool_choice or "auto"
-    if not tools:
-        return None if answer is None else Guidance("json_schema", _dump(answer))
-    if isinstance(choice, NamedToolChoice):
-        tools = [t for t in tools if t.function.name == choice.function.name]
-    if choice == "none":
-        rows = ["start: answer", _answer_rule(answer)]
-    elif choice == "auto":
-        calls = _calls_rule(tools, parallel_tool_calls)
-        rows = ["start: answer | calls", _answer_rule(answer), calls]
-    else:
-        rows = ["start: calls", _calls_rule(tools, parallel_tool_calls)]
-    return Guidance("lark_grammar", "\n".join(rows))
+    grammar = held_to(response_format, tools, tool_choice, parallel_tool_calls)
+    return None if grammar is None else grammar.guidance
 
 
 def prepared(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema as llguidance gets it: compact, every pattern anchored (see above)."""
+    """The schema as llguidance gets it: compact, every pattern anchored, bounds a double
+    holds (see above)."""
+    schema = meant(schema)
+    for subschema in _subschemas(schema):
+        exact_bounds(subschema)
+    schema["x-guidance"] = dict(COMPACT)
+    return schema
+
+
+def meant(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema as the client means it, every pattern anchored: what a finished reply is
+    checked against (the grammar's narrower bounds are the grammar's business)."""
     schema = copy.deepcopy(schema)
-    _anchor_patterns(schema)
-    own = schema.get("x-guidance")
-    schema["x-guidance"] = COMPACT | (own if isinstance(own, dict) else {})
+    for subschema in _subschemas(schema):
+        pattern = subschema.get("pattern")
+        if isinstance(pattern, str):
+            subschema["pattern"] = anchored(pattern)
     return schema
 
 
 def _answer_schema(response_format: ResponseFormat | None) -> dict[str, Any] | None:
     if isinstance(response_format, JsonObjectFormat):
-        return prepared({"type": "object"})
+        return {"type": "object"}
     if isinstance(response_format, JsonSchemaFormat):
         schema = response_format.json_schema.json_schema
-        return prepared({"type": "object"} if schema is None else schema)
+        return {"type": "object"} if schema is None else schema
     return None
 
 
@@ -105,7 +161,7 @@ def _calls_rule(tools: Sequence[ToolSpec], parallel: bool) -> str:
     definitions: dict[str, Any] = {}
     calls: dict[str, Any] = {
         "type": "array",
-        "items": {"anyOf": [_call_schema(t, definitions) for t in tools]},
+        "items": {"anyOf": [_call_schema(t, i, definitions) for i, t in enumerate(tools)]},
         "minItems": 1,
         "maxItems": MAX_PARALLEL_CALLS if parallel else 1,
         "x-guidance": COMPACT,
@@ -115,23 +171,22 @@ def _calls_rule(tools: Sequence[ToolSpec], parallel: bool) -> str:
     return f"calls: {json.dumps(MARKER)} %json {_dump(calls)}"
 
 
-def _call_schema(tool: ToolSpec, definitions: dict[str, Any]) -> dict[str, Any]:
-    """One tool's call; its parameters' own definitions ($defs, as the SDK's
-    pydantic_function_tool writes nested models) move to the root as `<tool>.<name>`, where
-    their `#/$defs/...` references then point."""
-    parameters = tool.function.parameters
-    if parameters is None:  # no arguments: {}
-        parameters = {"type": "object", "properties": {}, "additionalProperties": False}
-    arguments = prepared(parameters)
+def _call_schema(tool: ToolSpec, index: int, definitions: dict[str, Any]) -> dict[str, Any]:
+    """One tool's call, the `index`th of the array's items; its parameters' own definitions
+    ($defs, as the SDK's pydantic_function_tool writes nested models) move to the root as
+    `<tool>.<name>`, where their `#/$defs/...` references then point; its other references
+    (`#` itself, `#/properties/...`) point into its arguments where they now are."""
+    arguments = prepared(_parameters(tool))
     arguments.pop("x-guidance")  # the whole array's applies
     prefix = tool.function.name + "."
     for key in ("$defs", "definitions"):
         moved = arguments.pop(key, None)
         for name, definition in moved.items() if isinstance(moved, dict) else ():
             definitions[prefix + name] = definition
-    _move_references(arguments, prefix)
+    here = f"#/items/anyOf/{index}/properties/arguments"
+    _move_references(arguments, prefix, here)
     for name in [n for n in definitions if n.startswith(prefix)]:
-        _move_references(definitions[name], prefix)
+        _move_references(definitions[name], prefix, here)
     return {
         "type": "object",
         "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
@@ -140,44 +195,105 @@ def _call_schema(tool: ToolSpec, definitions: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _anchor_patterns(schema: object) -> None:
-    """Anchor every `pattern` of this schema and its subschemas, in place."""
+def _parameters(tool: ToolSpec) -> dict[str, Any]:
+    """A tool's arguments schema: always an object (openai_tools.py refuses another type; one
+    with none would allow any JSON)."""
+    parameters = tool.function.parameters
+    if parameters is None:  # no arguments: {}
+        parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+    return {"type": "object"} | parameters
+
+
+def _subschemas(schema: object) -> Iterator[dict[str, Any]]:
+    """This schema and every subschema in it (values of `const`, `enum`, `default`, ... are
+    not schemas), each once."""
     if not isinstance(schema, dict):
         return
-    pattern = schema.get("pattern")
-    if isinstance(pattern, str):
-        schema["pattern"] = anchored(pattern)
+    yield schema
     for key in _ONE:
-        _anchor_patterns(schema.get(key))
+        yield from _subschemas(schema.get(key))
     for key in _MANY:
         subs = schema.get(key)
         for sub in subs if isinstance(subs, list) else ():
-            _anchor_patterns(sub)
+            yield from _subschemas(sub)
     for key in _MAP:
         subs = schema.get(key)
         if isinstance(subs, dict):
             for sub in subs.values():
-                _anchor_patterns(sub)
+                yield from _subschemas(sub)
     items = schema.get("items")
     if isinstance(items, list):  # the older tuple form
         for sub in items:
-            _anchor_patterns(sub)
+            yield from _subschemas(sub)
 
 
-def _move_references(schema: object, prefix: str) -> None:
-    """Point `#/$defs/x` and `#/definitions/x` references at `#/$defs/<prefix>x`, in place."""
+def exact_bounds(schema: dict[str, Any]) -> None:
+    """Numeric bounds beyond 2^53 (in size) as the nearest double inside them, in place:
+    llguidance reads a bound as a double, rounded to nearest, so a maximum of 2^53 + 1 allowed
+    2^53 + 2; an exclusive bound becomes an inclusive one a whole number inside it (llguidance
+    subtracts 1 from the double, which at that size changes nothing)."""
+    lows: list[int] = []
+    highs: list[int] = []
+    for key in _BOUNDS:
+        value = schema.get(key)
+        if not _is_number(value) or abs(value) <= EXACT:
+            continue
+        del schema[key]
+        if key == "minimum":
+            lows.append(_double_at_least(value))
+        elif key == "exclusiveMinimum":
+            lows.append(_double_at_least(math.floor(value) + 1))
+        elif key == "maximum":
+            highs.append(_double_at_most(value))
+        else:
+            highs.append(_double_at_most(math.ceil(value) - 1))
+    own = schema.get("minimum")  # a small bound of the schema's own still applies
+    if lows:
+        schema["minimum"] = max([*lows, own] if _is_number(own) else lows)
+    own = schema.get("maximum")
+    if highs:
+        schema["maximum"] = min([*highs, own] if _is_number(own) else highs)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _double_at_least(value: float) -> int:
+    """The least whole number a double holds exactly that is >= value."""
+    exact = math.ceil(value)
+    double = float(exact)
+    if double < exact:
+        double = math.nextafter(double, math.inf)
+    return int(double)
+
+
+def _double_at_most(value: float) -> int:
+    """The greatest whole number a double holds exactly that is <= value."""
+    exact = math.floor(value)
+    double = float(exact)
+    if double > exact:
+        double = math.nextafter(double, -math.inf)
+    return int(double)
+
+
+def _move_references(schema: object, prefix: str, here: str) -> None:
+    """Point `#/$defs/x` and `#/definitions/x` references at `#/$defs/<prefix>x`, and the
+    document's others (`#`, `#/...`) below `here`, in place."""
     if isinstance(schema, list):
         for item in schema:
-            _move_references(item, prefix)
+            _move_references(item, prefix, here)
     if not isinstance(schema, dict):
         return
     for key, value in schema.items():
         if key == "$ref" and isinstance(value, str):
-            for root in ("#/$defs/", "#/definitions/"):
-                if value.startswith(root):
-                    schema[key] = "#/$defs/" + prefix + value.removeprefix(root)
+            moved = [r for r in ("#/$defs/", "#/definitions/") if value.startswith(r)]
+            if moved:
+                schema[key] = "#/$defs/" + prefix + value.removeprefix(moved[0])
+            elif value == "#" or value.startswith("#/"):
+                schema[key] = here + value[1:]
         else:
-            _move_references(value, prefix)
+            _move_references(value, prefix, here)
 
 
 def anchored(pattern: str) -> str:

@@ -24,8 +24,9 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
                 only with it (no obfuscation padding is sent)
   response_format  {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
                 {"name", "description", "schema", "strict"}}: the reply is held to the schema
-                by a grammar (guidance.py), so it parses and validates unless finish_reason is
-                "length"
+                by a grammar (guidance.py) and checked when it ends (reply_check.py), so it
+                parses and validates unless finish_reason is "length"; a schema no reply can
+                be held to is refused before the reply (structured.py, schema_rules.py)
   tools, tool_choice ("none" | "auto" | "required" | {"type": "function", "function":
                 {"name"}}), parallel_tool_calls   function tools through tool_protocol.py's
                 text protocol, held to by a grammar; messages may then hold an assistant's
@@ -57,7 +58,8 @@ Reply, stream false: 200 application/json once the reply is complete:
   draft tokens the model accepted and rejected.
   completion_tokens counts every generated token, the end token included (the log line's
   generated_tokens). Nothing is sent before the end, so a generation that fails gets a status:
-  500 internal_error, or 503 not_ready when the model worker died.
+  500 internal_error, or 503 not_ready when the model worker died; a structured reply that
+  fails its final check, 500 invalid_reply.
 
 Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the text comes:
   chat.completion.chunk objects (id, created and model as above, "choices": [{"index": 0,
@@ -68,7 +70,9 @@ Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the
   {"name", "arguments"}}]} per call); with
   include_usage every chunk has "usage": null and one more chunk follows with "choices": []
   and the usage; the last event is `data: [DONE]`. An error after the first byte ends the
-  response without [DONE] and without its final chunk (as /predict), logged with the id.
+  response without [DONE] and without its final chunk (as /predict), logged with the id; a
+  structured reply that fails its final check ends with an error event instead,
+  `data: {"error": {...}}` (code invalid_reply), and no [DONE].
 
 Errors before the reply: OpenAI's {"error": {"message", "type", "param", "code"}} with OpenAI's
 statuses (errors.py REFUSALS, its openai columns): 400 invalid_request_error (code
@@ -81,6 +85,7 @@ while it waits for a non-streamed reply.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -90,11 +95,13 @@ from fastapi import APIRouter, Request, Response
 
 from sidecar import ipc
 from sidecar.settings import Settings
+from sidecar.web import structured
 from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
 from sidecar.web.errors import ApiError
 from sidecar.web.openai_schemas import ChatCompletionRequest
 from sidecar.web.pipeline import read_body
 from sidecar.web.reply import ReplyFormat
+from sidecar.web.reply_check import ReplyCheck
 from sidecar.web.tool_protocol import Call, ReplySplitter, read_calls
 
 router = APIRouter()
@@ -133,9 +140,11 @@ async def chat_completions(
     body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
     record.stream = body.stream
     guidance = body.guidance
-    if guidance is not None:  # for the log line
+    check = None
+    if guidance is not None:
         held_to = body.response_format.type if body.response_format is not None else None
-        record.structured = "tools" if body.tools else held_to
+        record.structured = "tools" if body.tools else held_to  # for the log line
+        check = await asyncio.to_thread(structured.admit, body)  # 400 invalid_schema
     generate = ipc.Generate(
         record.request_id,
         body.conversation(),
@@ -155,9 +164,9 @@ async def chat_completions(
     tools = body.calls_tools
     reply_format: ReplyFormat
     if body.stream:
-        reply_format = EventStream(ids, body.include_usage, tools)
+        reply_format = EventStream(ids, body.include_usage, tools, check)
     else:
-        reply_format = Completion(ids, tools)
+        reply_format = Completion(ids, tools, check)
     try:
         return await pipeline.run(request, record, generate, reply_format)
     except ApiError as error:
@@ -229,18 +238,42 @@ def _json(data: dict[str, Any]) -> bytes:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-class Completion(ReplyFormat):
+class _Checked(ReplyFormat):
+    """A reply format whose finished structured reply is checked (reply_check.py) before it
+    is delivered as valid; None: nothing to check."""
+
+    def __init__(self, check: ReplyCheck | None, tools: bool) -> None:
+        self._check = check
+        self._whole: list[str] = []  # the reply as written, kept only to be checked
+        self._splitter = ReplySplitter() if tools else None
+
+    def _keep(self, text: str) -> None:
+        if self._check is not None:
+            self._whole.append(text)
+
+    def refusal(self, end: ipc.End) -> ApiError | None:
+        if self._check is None or end.finish != "eos":  # cut off by a limit: says so itself
+            return None
+        calling = self._splitter is not None and self._splitter.calling
+        problem = self._check.problem("".join(self._whole), calling)
+        if problem is None:
+            return None
+        return ApiError("invalid_reply", f"the finished reply fails its final check: {problem}")
+
+
+class Completion(_Checked):
     """stream false: one chat.completion object when the reply is complete."""
 
     media_type = "application/json"
     buffered = True
 
-    def __init__(self, ids: Ids, tools: bool = False) -> None:
+    def __init__(self, ids: Ids, tools: bool = False, check: ReplyCheck | None = None) -> None:
+        super().__init__(check, tools)
         self._ids = ids
         self._text: list[str] = []
-        self._splitter = ReplySplitter() if tools else None
 
     def piece(self, text: str) -> bytes:
+        self._keep(text)
         self._text.append(self._splitter.feed(text) if self._splitter else text)
         return b""
 
@@ -261,15 +294,21 @@ class Completion(ReplyFormat):
         return _json(self._ids.object("chat.completion", choices=[choice], usage=usage))
 
 
-class EventStream(ReplyFormat):
+class EventStream(_Checked):
     """stream true: server-sent events, one chat.completion.chunk each, then [DONE]."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, ids: Ids, include_usage: bool, tools: bool = False) -> None:
+    def __init__(
+        self,
+        ids: Ids,
+        include_usage: bool,
+        tools: bool = False,
+        check: ReplyCheck | None = None,
+    ) -> None:
+        super().__init__(check, tools)
         self._ids = ids
         self._include_usage = include_usage
-        self._splitter = ReplySplitter() if tools else None
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -280,9 +319,15 @@ class EventStream(ReplyFormat):
         return self._chunk({"role": "assistant"})
 
     def piece(self, text: str) -> bytes:
+        self._keep(text)
         if self._splitter is not None:
             text = self._splitter.feed(text)  # a call is held until it is complete
         return self._chunk({"content": text}) if text else b""
+
+    def refused(self, error: ApiError) -> bytes:
+        # An error event, as llama.cpp's server and vLLM send one mid-stream (the SDK raises
+        # it as an APIError); no final chunk, no [DONE]: the reply is not complete.
+        return _event({"error": error.openai_body()})
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
         rest, calls = _calls(self._splitter, end)

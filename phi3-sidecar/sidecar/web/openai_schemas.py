@@ -162,7 +162,7 @@ class ChatCompletionRequest(BaseModel):
     tools: Annotated[list[ToolSpec], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    _guidance: ipc.Guidance | None = PrivateAttr(default=None)
+    _grammar: guidance.Grammar | None = PrivateAttr(default=None)
     # llama.cpp server fields, sent by apps written for App Service's built-in model sidecar
     # extension; what each means here (and the ones accepted and ignored): llamacpp_fields.py.
     n_predict: PredictLimit | None = None
@@ -223,13 +223,13 @@ class ChatCompletionRequest(BaseModel):
             response_format = None
         parallel = self.parallel_tool_calls is not False
         try:
-            self._guidance = guidance.for_request(
+            self._grammar = guidance.held_to(
                 response_format, self.tools or (), self.tool_choice, parallel
             )
         except RecursionError:
             field = "tools" if self.tools else "response_format"
             raise ValueError(f"{field}: the schema is nested too deeply") from None
-        if self.stop and self._guidance is not None:
+        if self.stop and self._grammar is not None:
             raise ValueError(
                 "stop: stop sequences cannot be combined with response_format or tools "
                 "(they would cut the structure)"
@@ -262,10 +262,14 @@ class ChatCompletionRequest(BaseModel):
         return bool(self.tools) and self.tool_choice != "none"
 
     @property
+    def grammar(self) -> guidance.Grammar | None:
+        """What the reply is held to (guidance.py, built while validating); None: free text."""
+        return self._grammar
+
+    @property
     def guidance(self) -> ipc.Guidance | None:
-        """The grammar the reply is held to (guidance.py, built while validating); None: free
-        text."""
-        return self._guidance
+        """The grammar the reply is held to, as the worker gets it; None: free text."""
+        return None if self._grammar is None else self._grammar.guidance
 
     @property
     def cache_scope(self) -> str | None:

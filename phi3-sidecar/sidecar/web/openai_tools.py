@@ -9,12 +9,47 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 # OpenAI's rule for function and schema names.
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 Description = Annotated[str, Field(max_length=4096)]
 MAX_TOOLS = 128  # OpenAI's limit
+
+
+def _schema(value: dict[str, Any]) -> dict[str, Any]:
+    """A JSON Schema as a client may send it: valid Unicode throughout (a lone surrogate, which
+    JSON's \\u escapes can write, reaches neither the tokenizer nor the grammar engine), and
+    without llguidance's own `x-guidance` options (guidance.py sets them: a client's could
+    switch off keywords, `lenient`, or make the reply not JSON, its separators)."""
+    if "x-guidance" in value:
+        raise ValueError("x-guidance is not accepted: the sidecar sets the grammar's options")
+    stack: list[object] = [value]
+    while stack:  # not recursive: a deeply nested schema is refused later, with its own message
+        item = stack.pop()
+        strings = [item] if isinstance(item, str) else []
+        if isinstance(item, dict):
+            strings = [key for key in item if isinstance(key, str)]
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        for text in strings:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("strings in a schema must be valid Unicode") from None
+    return value
+
+
+def _object_schema(value: dict[str, Any]) -> dict[str, Any]:
+    """A function's arguments are a JSON object (as OpenAI requires): a schema of another type
+    would let the model write arguments that are no call at all."""
+    if value.get("type", "object") != "object":
+        raise ValueError('a function\'s parameters must be a JSON Schema of "type": "object"')
+    return value
+
+
+Schema = Annotated[dict[str, Any], AfterValidator(_schema)]
 
 
 class _Strict(BaseModel):
@@ -35,7 +70,7 @@ class JsonSchemaSpec(_Strict):
     name: Name
     description: Description | None = None
     # Absent: any JSON object (as json_object). The reply is held to it whatever `strict` says.
-    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    json_schema: Schema | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -52,8 +87,9 @@ ResponseFormat = Annotated[
 class FunctionSpec(_Strict):
     name: Name
     description: Description | None = None
-    # A JSON Schema of the arguments object; absent: the function takes no arguments.
-    parameters: dict[str, Any] | None = None
+    # A JSON Schema of the arguments object (no `type`: "object" is implied); absent: the
+    # function takes no arguments.
+    parameters: Annotated[Schema, AfterValidator(_object_schema)] | None = None
     strict: bool | None = None
 
 

@@ -10,6 +10,8 @@ How the text is written is a ReplyFormat: /predict's plain text (predict_api.py)
 OpenAI formats (openai_api.py): server-sent events, or one JSON body sent when the reply is
 complete (`buffered`: nothing goes out before the end, so a failed generation gets an error
 status instead, and a client that left gets nothing; the disconnect is watched all the same).
+A format may refuse a reply that ended normally (a structured reply that fails its final
+check, reply_check.py): an error status when buffered, else its `refused` ending.
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ class ReplyFormat:
     def failure(self) -> bytes:
         """Sent last when the generation failed after the first byte; b"": end the stream
         without its final chunk instead, so that the client sees it cut off."""
+        return b""
+
+    def refusal(self, end: ipc.End) -> ApiError | None:
+        """Why a reply that ended normally is not to be delivered as such; None: it is."""
+        return None
+
+    def refused(self, error: ApiError) -> bytes:
+        """Sent last, instead of the tail, when `refusal` refused the reply after the first
+        byte; b"": end the stream without its final chunk."""
         return b""
 
 
@@ -115,8 +126,17 @@ class ReplyResponse(Response):
             gone.cancel()
             pump.cancel()
         self._finish(end, outcome)
+        refusal = None
+        if outcome != "cancelled" and end.finish != "error":
+            refusal = self._format.refusal(end)
+        if refusal is not None:
+            self._record.outcome = "error"
+            self._record.error_type = refusal.kind
         if buffered:
-            await self._send_whole(end, outcome, scope, receive, send)
+            await self._send_whole(end, outcome, refusal, scope, receive, send)
+        elif refusal is not None:
+            if body := self._format.refused(refusal):  # else: cut off, as below
+                await send({"type": "http.response.body", "body": body, "more_body": False})
         elif end.finish != "error":
             tail = self._format.tail(end, self._started) if outcome != "cancelled" else b""
             await send({"type": "http.response.body", "body": tail, "more_body": False})
@@ -125,10 +145,19 @@ class ReplyResponse(Response):
         # else: return without the final chunk; the server closes the connection.
 
     async def _send_whole(
-        self, end: ipc.End, outcome: str, scope: Scope, receive: Receive, send: Send
+        self,
+        end: ipc.End,
+        outcome: str,
+        refusal: ApiError | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
         if outcome == "cancelled":
             return  # nobody is listening
+        if refusal is not None:
+            await self._error(refusal, scope, receive, send)
+            return
         if end.finish == "error":  # logged by the worker (or the worker died): nothing was sent
             phase = self._model.phase
             if not phase.ready:

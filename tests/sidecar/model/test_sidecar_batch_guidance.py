@@ -3,7 +3,9 @@ tiny model: every kind of grammar is followed without loading onnxruntime-genai'
 second copy of the weights), greedy guided replies are the Generator path's, guided and
 unguided users decode together and every guided reply validates, a grammar that cannot be
 built is the Generator path's 400, a guided reply may continue a cached prefix, and a tokenizer
-llguidance cannot read sends guided requests to a Generator."""
+llguidance cannot read sends guided requests to a Generator. And, token by token through the
+matcher the worker uses, what a grammar let the model write that did not validate (issue 38),
+and that now it cannot, or the finished reply is not reported as valid."""
 
 from __future__ import annotations
 
@@ -12,14 +14,16 @@ import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 import jsonschema_rs
+import llguidance
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from scripts import services
 from scripts.services import Service
@@ -28,8 +32,9 @@ from sidecar.model.batch_guidance import Grammars
 from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine, Generation
 from sidecar.model.guidance import GuidanceRefused
-from sidecar.web.guidance import for_request, prepared
-from sidecar.web.openai_tools import ToolSpec
+from sidecar.web.guidance import for_request, meant, prepared
+from sidecar.web.openai_tools import JsonSchemaSpec, ToolSpec
+from sidecar.web.reply_check import ReplyCheck, validator
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -233,6 +238,147 @@ def test_a_tokenizer_llguidance_cannot_read_sends_guided_requests_to_a_generator
         text += guided.step() or ""
     guided.release(reusable=False)
     jsonschema_rs.validate(SCHEMA, json.loads(text))
+
+
+# -- what a grammar allowed that did not validate, and now ----------------------------------
+
+
+def as_before(schema: dict[str, Any]) -> Guidance:
+    """The grammar a json_schema request got before issue 38: the schema as sent (bounds as
+    they were), compact, with the client's own x-guidance merged in."""
+    own = schema.get("x-guidance", {})
+    return Guidance(
+        "json_schema", json.dumps(schema | {"x-guidance": {"whitespace_flexible": False} | own})
+    )
+
+
+@dataclass(frozen=True)
+class Matching:
+    """The tiny model's grammars (the worker's), its tokenizer and its end token."""
+
+    grammars: Grammars
+    tokenizer: llguidance.LLTokenizer
+    eos_token: int
+
+
+def allows(model: Matching, guidance: Guidance, text: str) -> bool:
+    """Whether the worker's matcher lets a reply be `text`, tokenized by the model's own
+    tokenizer, and then end: each token consumed as the batched path does, the end token in
+    the last mask."""
+    grammars = model.grammars
+    tokens = model.tokenizer.tokenize_bytes(text.encode())
+    guide = grammars.matcher(guidance)
+    logits = np.zeros(grammars.vocab_size, dtype=np.float32)
+    for token in tokens:
+        allowed = guide.masked(logits)
+        if allowed is None or not np.isfinite(allowed[token]) or not guide.consume(token):
+            return False
+    if guide.stopped:
+        return True
+    allowed = guide.masked(logits)
+    return allowed is not None and bool(np.isfinite(allowed[model.eos_token]))
+
+
+CONST = {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}
+# name: (schema, a text the grammar let the model finish with that does not validate, what now)
+#   impossible: the grammar no longer allows it; not-valid: the grammar does, the final check
+#   (reply_check.py) refuses it; refused: the request is a 400 (the schema's x-guidance)
+DIFFERENTIAL: dict[str, tuple[dict[str, Any], str, str]] = {
+    "const-overridden-by-an-escaped-key": (CONST, '{"a":1,"\\u0061":"x"}', "not-valid"),
+    "a-key-repeated": ({"type": "object"}, '{"b":1,"b":2}', "not-valid"),
+    "above-a-maximum-past-2^53": (
+        {"type": "integer", "maximum": 9007199254740999},
+        "9007199254741000",
+        "impossible",
+    ),
+    "below-a-minimum-past-2^53": (
+        {"type": "integer", "minimum": 2**53 + 1},
+        str(2**53),
+        "impossible",
+    ),
+    "at-an-exclusive-maximum": (
+        {"type": "integer", "exclusiveMaximum": 2**60},
+        str(2**60),
+        "impossible",
+    ),
+    "lenient-drops-uniqueItems": (
+        {"type": "array", "uniqueItems": True, "x-guidance": {"lenient": True}},
+        "[1,1]",
+        "refused",
+    ),
+    "lenient-drops-not": (
+        {"type": "string", "not": {"const": "no"}, "x-guidance": {"lenient": True}},
+        '"no"',
+        "refused",
+    ),
+    "lenient-drops-dependentRequired": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentRequired": {"a": ["b"]},
+            "x-guidance": {"lenient": True},
+        },
+        '{"a":1}',
+        "refused",
+    ),
+    "separators-that-are-not-json": (
+        CONST | {"x-guidance": {"key_separator": "=", "item_separator": ";"}},
+        '{"a"=1}',
+        "refused",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path) -> Matching:
+    config = json.loads((tiny_model_dir / "genai_config.json").read_text())["model"]
+    eos = config["eos_token_id"]
+    eos = eos[0] if isinstance(eos, list) else eos
+    tokenizer = tiny_model_dir / "tokenizer.json"
+    grammars = Grammars(tokenizer, config["vocab_size"], eos)
+    assert grammars.unavailable is None
+    return Matching(grammars, llguidance.LLTokenizer(str(tokenizer)), eos)
+
+
+@pytest.mark.parametrize(("schema", "text", "now"), DIFFERENTIAL.values(), ids=DIFFERENTIAL.keys())
+def test_what_a_grammar_allowed_that_does_not_validate_is_no_longer_a_valid_reply(
+    model: Matching, schema: dict[str, Any], text: str, now: str
+) -> None:
+    assert allows(model, as_before(schema), text)  # before: a reply, finish "stop"
+    # and it breaks the schema (a repeated key: a parser keeps one of them, so it may not)
+    assert ReplyCheck(validator(meant(schema)), {}, 0).problem(text, calling=False)
+    if now == "refused":
+        with pytest.raises(ValidationError, match="x-guidance"):
+            JsonSchemaSpec.model_validate({"name": "x", "schema": schema})
+        return
+    guidance = Guidance("json_schema", json.dumps(prepared(schema)))
+    assert allows(model, guidance, text) == (now == "not-valid")
+
+
+def test_a_tool_whose_parameters_are_not_an_object_could_not_be_called(model: Matching) -> None:
+    """Before: parameters of another type (or none) let the call's arguments be any JSON, which
+    no call can be read from: the call was dropped, finish "stop". Now such a tool is refused,
+    and one whose parameters have no type takes an object."""
+    text = '<tool_call>[{"name":"f","arguments":"Paris"}]'
+    kinds: list[dict[str, Any]] = [{"type": "string"}, {"properties": {"city": {}}}]
+    for parameters in kinds:
+        call: dict[str, Any] = {"type": "object"}
+        call["properties"] = {"name": {"const": "f"}, "arguments": parameters}
+        call |= {"required": ["name", "arguments"], "additionalProperties": False}
+        calls: dict[str, Any] = {"type": "array", "items": {"anyOf": [call]}}  # as main's
+        calls |= {"minItems": 1, "maxItems": 1, "x-guidance": {"whitespace_flexible": False}}
+        before = Guidance(
+            "lark_grammar", f'start: calls\ncalls: "<tool_call>" %json {json.dumps(calls)}'
+        )
+        assert allows(model, before, text)
+        tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+        if "type" in parameters:
+            with pytest.raises(ValidationError, match='"type": "object"'):
+                ToolSpec.model_validate(tool)
+            continue
+        now = for_request(None, [ToolSpec.model_validate(tool)], "required", False)
+        assert now is not None and not allows(model, now, text)
+        assert allows(model, now, '<tool_call>[{"name":"f","arguments":{}}]')
 
 
 # -- through the sidecar ---------------------------------------------------------------------

@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import jsonschema_rs
 import openai
 import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
+from scripts import services
 from scripts.services import Service
 from tests.sidecar.support import request_line
 
@@ -419,6 +422,27 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
     "duplicate-tools": ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
     "bad-tool-name": (one_tool(name="bad name!"), "tools.0.function.name"),
     "bad-parameters": (one_tool(name="f", parameters={"type": "nope"}), "tools"),
+    # parameters that are not an object: a call could then not be read back (it was dropped,
+    # content null and finish "stop"); OpenAI refuses them too
+    **{
+        f"{kind}-parameters": (
+            one_tool(name="f", parameters={"type": kind}),
+            "tools.0.function.parameters",
+        )
+        for kind in ("array", "string", "integer")
+    },
+    # llguidance's own options: `lenient` drops keywords it cannot enforce (uniqueItems, not,
+    # dependentRequired), the separators make replies that are not JSON
+    "x-guidance-in-a-schema": (
+        schema_format(
+            {"type": "array", "uniqueItems": True, "x-guidance": {"lenient": True}}, **NAMED
+        ),
+        "response_format",
+    ),
+    "x-guidance-in-parameters": (
+        one_tool(name="f", parameters={"type": "object", "x-guidance": {"key_separator": "="}}),
+        "tools.0.function.parameters",
+    ),
     "nested-too-deeply": (schema_format(nested(300), **NAMED), "response_format"),
     "tool-nested-too-deeply": (one_tool(name="f", parameters=nested(300)), "tools"),
     "stop-with-a-format": ({"response_format": {"type": "json_object"}, "stop": ["}"]}, "stop"),
@@ -463,3 +487,151 @@ def test_a_tool_message_must_answer_an_earlier_call(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as raised:
         ask(client, "", messages=messages, tools=TOOLS)
     assert raised.value.param == "messages"
+
+
+# Schemas no reply can be held to: refused before anything is sent, streamed or not (before,
+# a 500, or a 200 with a role chunk and then a stream cut without [DONE]).
+SELF = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+UNHOLDABLE: dict[str, tuple[dict[str, Any], str]] = {
+    "ref-loop": (
+        schema_format({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}, **NAMED),
+        "response_format",
+    ),
+    "recursive-required": (schema_format(SELF, **NAMED), "response_format"),
+    "900-optional-properties": (
+        schema_format(
+            {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(900)}},
+            **NAMED,
+        ),
+        "response_format",
+    ),
+    "recursive-required-parameters": (
+        one_tool(name="f", parameters=SELF) | {"tool_choice": "required"},
+        "tools.0.function.parameters",
+    ),
+    "bounds-no-double-holds": (
+        schema_format({"type": "integer", "minimum": 2**53 + 1, "maximum": 2**53 + 1}, **NAMED),
+        "response_format",
+    ),
+    "not-json-schema": (
+        schema_format({"type": "object", "required": "a"}, **NAMED),
+        "response_format",
+    ),
+}
+
+
+def chat(url: str, body: dict[str, Any] | bytes, **extra: Any) -> httpx.Response:
+    if isinstance(body, dict):
+        body = json.dumps({"model": "any", "max_tokens": 60, **body, **extra}).encode()
+    headers = {"content-type": "application/json"}
+    return httpx.post(url + "/v1/chat/completions", content=body, headers=headers, timeout=120)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(("extra", "param"), UNHOLDABLE.values(), ids=UNHOLDABLE.keys())
+def test_a_schema_no_reply_can_be_held_to_is_refused_before_anything_is_sent(
+    sidecar_service: Service, extra: dict[str, Any], param: str, stream: bool
+) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    response = chat(sidecar_service.url, {"messages": messages, "stream": stream, **extra})
+    assert response.status_code == 400, response.text[:300]
+    assert response.headers["content-type"] == "application/json"  # no stream was started
+    error = response.json()["error"]
+    assert error["code"] == "invalid_schema" and error["param"].startswith(param), error
+
+
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [
+        (
+            '"tools":[{"type":"function","function":{"name":"f","parameters":'
+            '{"type":"object","properties":{"\\ud800":{"type":"string"}}}}}]',
+            "tools.0.function.parameters",
+        ),
+        (
+            '"tools":[{"type":"function","function":{"name":"f","parameters":'
+            '{"type":"object","description":"a\\udfffb"}}}]',
+            "tools.0.function.parameters",
+        ),
+        (
+            '"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":'
+            '{"enum":["\\ud83d"]}}}',
+            "response_format",
+        ),
+    ],
+    ids=["tool-key", "tool-value", "response-format"],
+)
+def test_strings_in_a_schema_must_be_valid_unicode(
+    sidecar_service: Service, field: str, param: str
+) -> None:
+    """A lone surrogate (JSON's \\u escapes can write one) reached the tokenizer, through the
+    tools' paragraph of the prompt: a 500."""
+    body = '{"model":"any","messages":[{"role":"user","content":"Hi"}],' + field + "}"
+    response = chat(sidecar_service.url, body.encode())
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["code"] == "invalid_value" and error["param"].startswith(param), error
+    assert "valid Unicode" in error["message"]
+
+
+# The grammar forces {"k":1,"k":1}: an object open to keys matching ^k$, at least and at most
+# two of them. Whatever the model does, the reply repeats a key (JSON parsers keep one: the
+# object then has one property, which minProperties refuses), and ends normally.
+REPEATS = schema_format(
+    {
+        "type": "object",
+        "patternProperties": {"^k$": {"const": 1}},
+        "additionalProperties": False,
+        "minProperties": 2,
+        "maxProperties": 2,
+    },
+    **NAMED,
+)
+
+
+@pytest.fixture(scope="module")
+def checking_sidecar(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """A sidecar of its own: the shared one never answers 500 (test_sidecar_errors.py)."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-reply-check.log"
+    with services.sidecar(tiny_model_dir, log) as service:
+        yield service
+
+
+@pytest.fixture
+def checking_client(checking_sidecar: Service) -> Iterator[OpenAI]:
+    url = checking_sidecar.url + "/v1"
+    with OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def test_a_finished_reply_that_fails_its_check_is_an_error_not_a_stop(
+    checking_client: OpenAI, checking_sidecar: Service
+) -> None:
+    with pytest.raises(openai.InternalServerError) as raised:
+        ask(checking_client, "Hi", **REPEATS, extra_headers={"X-Request-Id": "check-whole"})
+    assert raised.value.code == "invalid_reply"
+    assert "repeats a key" in raised.value.message
+    line = request_line(checking_sidecar, "check-whole")
+    assert (line["outcome"], line["error_type"]) == ("error", "invalid_reply")
+    assert '"k"' not in json.dumps(line)  # the reply is not logged (LOG_PROMPTS off)
+
+
+def test_a_streamed_reply_that_fails_its_check_ends_with_an_error_event(
+    checking_client: OpenAI, checking_sidecar: Service
+) -> None:
+    client = checking_client
+    messages = [{"role": "user", "content": "Hi"}]
+    response = chat(checking_sidecar.url, {"messages": messages, "stream": True, **REPEATS})
+    assert response.status_code == 200
+    events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e]
+    assert "[DONE]" not in events
+    *chunks, last = [json.loads(e) for e in events]
+    assert last["error"]["code"] == "invalid_reply", last
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == '{"k":1,"k":1}'  # what the client has seen
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)  # never "stop"
+    with pytest.raises(openai.APIError, match="repeats a key"):  # the SDK raises it
+        for _ in ask(client, "Hi", stream=True, **REPEATS):
+            pass
