@@ -84,6 +84,7 @@ class Score:
     prefix: int = 0
     reply_tokens: int = 0
     per_text: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # kept, compared
 
 
 @dataclass
@@ -280,6 +281,7 @@ def score_case(case: Case, a: Any, b: Any, score: Score) -> None:
         score.identical += prefix == len(along)
         text += f", {prefix} of {len(along)}"
     score.per_text[case.label] = text
+    score.sizes[case.label] = (len(case.kept), n)
 
 
 def nll(scores: Any, targets: list[int]) -> NDArray[np.float64]:
@@ -368,18 +370,19 @@ def table(
         ]
         for encoding, timing in timings.items():
             lines.append(f"| {encoding} | {timing.encode_ms:.2f} | {timing.restore_ms:.2f} |")
-    labels = list(next(iter(scores.values()))["passage"].per_text)
-    labels += list(next(iter(scores.values()))["chat"].per_text)
+    first = next(iter(scores.values()))
+    sizes = {**first["passage"].sizes, **first["chat"].sizes}
     lines += [
         "",
-        "Per text: top-1 agreement (chats: and greedy tokens equal before the first difference)",
+        "Per text: positions kept (read in fp32, then encoded) and compared; top-1 agreement "
+        "(chats: and greedy tokens equal before the first difference)",
         "",
-        "| text | " + " | ".join(scores) + " |",
-        "|---|" + "---:|" * len(scores),
+        "| text | kept | compared | " + " | ".join(scores) + " |",
+        "|---|---:|---:|" + "---:|" * len(scores),
     ]
-    for label in labels:
+    for label, (kept, compared) in sizes.items():
         cells = [{**k["passage"].per_text, **k["chat"].per_text}[label] for k in scores.values()]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {kept} | {compared} | " + " | ".join(cells) + " |")
     return lines
 
 

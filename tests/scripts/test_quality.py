@@ -64,9 +64,10 @@ def test_kv_restore_measures_each_encoding_and_fp32_is_lossless(tiny_model_dir: 
     timings = [r for r in rows if len(r) == 3 and r[0].strip() in ("int8", "fp16", "fp32")]
     assert [r[0].strip() for r in timings] == ["int8", "fp16", "fp32"]
     assert all(float(cell) > 0 for r in timings for cell in r[1:])  # ms per 1,000 tokens
-    per_text = [r for r in rows if len(r) == 4 and r[0].strip().startswith(("passage", "chat:"))]
+    per_text = [r for r in rows if len(r) == 6 and r[0].strip().startswith(("passage", "chat:"))]
     assert len(per_text) == 14  # six passages, eight chats
-    assert all(r[3].strip().startswith("100.0%") for r in per_text)  # fp32's column
+    assert all(int(r[1]) > 0 and int(r[2]) > 0 for r in per_text)  # positions kept, compared
+    assert all(r[5].strip().startswith("100.0%") for r in per_text)  # fp32's column
 
 
 def test_exact_fails_on_any_difference() -> None:
