@@ -2,6 +2,7 @@
 speed or memory variant of a model (another precision, a smaller KV cache, ...).
 
     python scripts/quality.py --model models/smollm2-int4 --reference models/smollm2-fp32
+    python scripts/quality.py --model models/smollm2-fp32 --kv-restore int8,fp16 [--exact]
 
 Two measures, both on scripts/quality_texts.json (committed, so figures compare over time):
 - passages: perplexity of each model on short English passages, and top-1 agreement: how
@@ -12,6 +13,13 @@ Two measures, both on scripts/quality_texts.json (committed, so figures compare 
   before the first difference.
 
 Both folders must share a tokenizer (the same model in two variants). Prints a Markdown table.
+
+--kv-restore ENCODINGS (no --reference): on one folder, a conversation restored from the
+compact encodings the conversation cache keeps (KV_COMPACT) against the same conversation
+kept in fp32, through the sidecar's own batched path (scripts/quality_kv.py says how).
+--exact adds fp32 and fails unless its round trip is lossless (100% agreement, no logit
+difference, every greedy reply identical).
+
 Exit status: 0 done, 1 failed (one line on stderr), 2 bad arguments.
 """
 
@@ -162,21 +170,65 @@ def compare(model: Loaded, reference: Loaded, texts: dict[str, Any]) -> list[str
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", type=Path, required=True, help="the model folder to judge")
-    p.add_argument("--reference", type=Path, required=True, help="the folder it is judged against")
+    p.add_argument("--reference", type=Path, help="the folder it is judged against")
     p.add_argument("--texts", type=Path, default=TEXTS, help="the text set (default: committed)")
+    p.add_argument(
+        "--kv-restore",
+        metavar="ENCODINGS",
+        help="compact KV encodings to judge on --model alone, e.g. int8,fp16 (of int8, fp16, fp32)",
+    )
+    p.add_argument(
+        "--exact", action="store_true", help="with the KV encodings: fp32's must be lossless"
+    )
+    p.add_argument(
+        "--timing-tokens",
+        type=int,
+        default=1024,
+        help="KV encodings: positions of the slot timed for encode and restore (0: no timing)",
+    )
     args = p.parse_args(argv)
+    kv_mode = bool(args.kv_restore or args.exact)
+    # Imported here: it loads onnxruntime, after ORT_DISABLE_TELEMETRY is set.
+    from scripts.quality_kv import exact_failure, measure, parse_encodings, table
+
+    encodings: list[Any] = []
+    if kv_mode:
+        if args.reference is not None:
+            p.error("--kv-restore and --exact judge one folder: leave out --reference")
+        try:
+            encodings = parse_encodings(args.kv_restore or "fp32")
+        except ValueError as error:
+            p.error(str(error))
+        if args.exact:
+            encodings = parse_encodings(",".join([*encodings, "fp32"]))
+        if args.timing_tokens < 0:
+            p.error("--timing-tokens must be 0 or more")
+    elif args.reference is None:
+        p.error("--reference is required (or --kv-restore to judge KV encodings)")
     for folder in (args.model, args.reference):
-        if not (folder / "genai_config.json").is_file():
+        if folder is not None and not (folder / "genai_config.json").is_file():
             p.error(f"{folder} has no genai_config.json: not a model folder")
     try:
         texts = json.loads(args.texts.read_text(encoding="utf-8"))
-        lines = compare(load(args.model), load(args.reference), texts)
+        failure = None
+        if kv_mode:
+            scores, timings, model = measure(
+                args.model, encodings, texts, timing_tokens=args.timing_tokens
+            )
+            lines = table(model, scores, timings, args.timing_tokens)
+            failure = exact_failure(scores) if args.exact else None
+        else:
+            assert args.reference is not None
+            lines = compare(load(args.model), load(args.reference), texts)
     except Exception as error:  # onnxruntime-genai's own errors: one line, not a trace
         sys.stderr.write(
             f"error: {str(error).strip().splitlines()[0] if str(error) else error!r}\n"
         )
         return 1
     print("\n".join(lines))
+    if failure is not None:
+        sys.stderr.write(f"error: {failure}\n")
+        return 1
     return 0
 
 

@@ -196,10 +196,13 @@ class BatchDecoder:
             raise Unsupported(f"the KV pool's address space cannot be mapped: {exc}") from exc
         self._bound: dict[tuple[int, int], list[ort.OrtValue]] = {}
 
-    def run(self, first: int, ids: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+    def run(
+        self, first: int, ids: np.ndarray, lengths: Sequence[int], *, every: bool = False
+    ) -> np.ndarray:
         """Feed `ids` [rows, tokens] to slots first..first+rows-1, whose caches hold
         `lengths` positions (each row's new K/V goes after them); the logits of each row's
-        last token [rows, vocab], as float32."""
+        last token [rows, vocab], as float32 (`every`: of every token [rows, tokens, vocab],
+        for scripts/quality.py's teacher forcing)."""
         rows, tokens = ids.shape
         binding = self.session.io_binding()
         binding.bind_cpu_input(self.spec.input_ids, np.ascontiguousarray(ids, self._ids_type))
@@ -220,7 +223,7 @@ class BatchDecoder:
             binding.bind_ortvalue_output(present_v, value)
         self.session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()
-        return np.asarray(logits[:, -1, :], dtype=np.float32)
+        return np.asarray(logits if every else logits[:, -1, :], dtype=np.float32)
 
     def _views(self, first: int, rows: int) -> list[tuple[ort.OrtValue, ort.OrtValue]]:
         key = (first, rows)
