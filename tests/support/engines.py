@@ -251,13 +251,15 @@ class PoisonedEngine:
             time.sleep(pace)  # so that replies started one after another decode together
             return step()
 
-        def failing_run(first: int, ids: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+        def failing_run(
+            first: int, ids: np.ndarray, lengths: Sequence[int], *, every: bool = False
+        ) -> np.ndarray:
             held = self.batch.decoding[first : first + len(ids)]
             for generation in held:
                 message = self._failing.get(id(generation))
                 if message is not None and generation.generated >= _POISONED_AFTER:
                     raise RuntimeError(f"injected model call failure: {SECRET} {message}")
-            return run(first, ids, lengths)
+            return run(first, ids, lengths, every=every)
 
         self.batch.step = paced_step  # type: ignore[method-assign]
         self.batch.decoder.run = failing_run  # type: ignore[method-assign]
