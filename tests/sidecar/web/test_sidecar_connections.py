@@ -10,6 +10,7 @@ hard one at start cannot undo them); every loop here is bounded in count and tim
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 import socket
@@ -274,34 +275,49 @@ def metrics_of(client: httpx.Client) -> dict[str, float]:
     return values
 
 
+def get_kept_alive(conn: io.BufferedRWPair[Any, Any], path: str) -> int:
+    """`GET path` on a kept-alive connection (a socket's file); its status, once the whole
+    response is read."""
+    conn.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+    conn.flush()
+    status = int(conn.readline().split(b" ", 2)[1])
+    length = 0
+    while (line := conn.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    conn.read(length)
+    return status
+
+
 def test_at_the_cap_the_connection_idle_longest_is_closed_for_a_new_one(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    with services.sidecar(
-        tiny_model_dir, tmp_path / "sidecar.log", env=PATIENT_HEADERS, MAX_CONNECTIONS="2"
-    ) as service:
-        port = int(service.url.rsplit(":", 1)[1])
-        idle_first, idle_then = socket.create_connection(("127.0.0.1", port)), None
-        try:
-            idle_first.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            assert b" 200 " in idle_first.recv(65536).split(b"\r\n")[0]  # now idle, kept alive
-            idle_then = socket.create_connection(("127.0.0.1", port))
-            idle_then.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            assert b" 200 " in idle_then.recv(65536).split(b"\r\n")[0]
-            # A third connection: the cap is reached, the one idle longest makes room.
-            third = httpx.get(service.url + "/v1/models", timeout=10)
-            idle_first.settimeout(10)
-            closed = idle_first.recv(1) == b""
-            after = metrics(service.url)
-        finally:
-            idle_first.close()
-            if idle_then is not None:
-                idle_then.close()
+    with (
+        services.sidecar(
+            tiny_model_dir, tmp_path / "sidecar.log", env=PATIENT_HEADERS, MAX_CONNECTIONS="2"
+        ) as service,
+        socket.create_connection(service_address(service), timeout=10) as first,
+        socket.create_connection(service_address(service), timeout=10) as then,
+        first.makefile("rwb") as idle_first,
+        then.makefile("rwb") as idle_then,
+    ):
+        # Two connections, each idle after an answer, kept alive: the cap is reached.
+        assert get_kept_alive(idle_first, "/v1/models") == 200
+        assert get_kept_alive(idle_then, "/v1/models") == 200
+        # A third: the one idle longest makes room, closed without an answer.
+        third = httpx.get(service.url + "/v1/models", timeout=10)
+        closed = idle_first.read(1) == b""
+        after = metrics(service.url)
 
     assert third.status_code == 200
-    assert closed  # the server closed the idle connection, without an answer
+    assert closed
     assert after["sidecar_idle_connections_closed_total"] >= 1
     assert after["sidecar_connections_refused_total"] == 0
+
+
+def service_address(service: Service) -> tuple[str, int]:
+    return "127.0.0.1", int(service.url.rsplit(":", 1)[1])
 
 
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one_at_start(
