@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,11 +76,19 @@ def run_service(
     log_path: Path,
     timeout: float = 60.0,
     wait: bool = True,
+    nofile: tuple[int, int] | None = None,
 ) -> Iterator[Service]:
+    """`nofile`: the process's open-files limit (soft, hard), set before it starts."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            cmd, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=cwd,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=None if nofile is None else _open_files_limit(nofile),
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -88,6 +97,13 @@ def run_service(
         yield Service(url=url, process=process, log_path=log_path)
     finally:
         stop(process)
+
+
+def _open_files_limit(nofile: tuple[int, int]) -> Callable[[], None]:
+    """For Popen's preexec_fn, which runs in the child between fork and exec. Python warns
+    that code there may deadlock when the parent has threads; this is one system call on
+    objects made before the fork (no import, no I/O)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
 
 def stop(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
@@ -112,11 +128,13 @@ def sidecar(
     wait: bool = True,
     env: Mapping[str, str] | None = None,
     cgroup: Path | None = None,
+    nofile: tuple[int, int] | None = None,
     **settings: str,
 ) -> contextlib.AbstractContextManager[Service]:
     """`python -m sidecar` on `port` (default: a free one); waits for /readyz unless wait=False.
-    Its environment: this one's, then `env`, then `settings` (MAX_CONCURRENCY="2", ...).
-    `cgroup`: a cgroup directory (memory_cgroup) the sidecar starts in, as in a container."""
+    Its environment: this one's, then `env`, then `settings` (MAX_CONCURRENCY="2", ...);
+    `nofile`: its open-files limit (soft, hard); `cgroup`: a cgroup directory (memory_cgroup)
+    the sidecar starts in, as in a container."""
     port = port or free_port()
     # Absolute: the sidecar runs in its own folder, where a relative path means something else.
     model_path = str(Path(model_dir).resolve())
@@ -134,6 +152,7 @@ def sidecar(
         port=port,
         log_path=log_path,
         wait=wait,
+        nofile=nofile,
     )
 
 
@@ -144,10 +163,11 @@ def chatapp(
     port: int | None = None,
     gunicorn: bool = True,
     env: Mapping[str, str] | None = None,
+    nofile: tuple[int, int] | None = None,
     **settings: str,
 ) -> contextlib.AbstractContextManager[Service]:
     """The Flask app as production runs it (gunicorn + its gevent config), on `port` (default: a
-    free one); waits for /healthz."""
+    free one); waits for /healthz. `nofile`: its open-files limit (soft, hard)."""
     port = port or free_port()
     environ = {"SIDECAR_URL": sidecar_url, "HOST": "127.0.0.1", "PORT": str(port)}
     environ |= {**(env or {}), **settings}
@@ -164,6 +184,7 @@ def chatapp(
         port=port,
         log_path=log_path,
         timeout=30,
+        nofile=nofile,
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+from pydantic import ValidationError
 
 from chatapp import logs as app_logs
 from chatapp import settings as app_settings
@@ -21,6 +22,7 @@ from chatapp import telemetry as app_telemetry
 from chatapp import upstream as app_upstream
 from chatapp import upstream_predict as app_upstream_predict
 from chatapp import wire as app_wire
+from chatapp.errors import ApiError
 from sidecar import ipc
 from sidecar import jsonlog as sidecar_jsonlog
 from sidecar.settings import Settings
@@ -45,6 +47,36 @@ def test_forbidden_characters_are_the_same() -> None:
             sidecar_messages.FORBIDDEN_CHARS.search(char)
         ):
             pytest.fail(f"U+{code:04X} is judged differently")
+
+
+def test_what_the_app_forwards_the_sidecar_accepts() -> None:
+    """The app refuses what the sidecar refuses in system and user turns, and makes it visible
+    in assistant turns (the replies the page sends back, which nobody can edit): either way,
+    the sidecar never receives a character its rule refuses."""
+    forbidden = [chr(c) for c in range(0x110000) if sidecar_messages.FORBIDDEN_CHARS.search(chr(c))]
+    assert len(forbidden) == 29 + 1 + 32 + 2048  # C0 but 3, DEL, C1, surrogates
+    reply = "".join(forbidden)
+    body = {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "Go on"},
+        ]
+    }
+    forwarded = app_wire.parse_chat_request(body, max_messages=10)["messages"]
+    assert forwarded[1]["content"] != reply
+    for message in forwarded:
+        sidecar_messages.ChatMessage.model_validate(message)  # raises if refused
+    with pytest.raises(ValidationError):
+        sidecar_messages.ChatMessage.model_validate({"role": "assistant", "content": reply})
+    for char in forbidden[::31]:
+        for role in ("system", "user"):
+            message = {"role": role, "content": f"typed {char}"}
+            with pytest.raises(ApiError, match="control characters"):
+                turns = [message, {"role": "user", "content": "x"}]
+                app_wire.parse_chat_request({"messages": turns}, max_messages=10)
+            with pytest.raises(ValidationError):
+                sidecar_messages.ChatMessage.model_validate(message)
 
 
 def test_roles_are_the_same() -> None:

@@ -7,7 +7,9 @@ threaded worker, a client that sent half a request's headers held a thread until
 deadline of `keepalive` seconds (REQUEST_HEADERS_TIMEOUT), so a client that stalls, or sends a
 byte a second, is closed after that; its body is read under REQUEST_BODY_TIMEOUT
 (chatapp/body_deadline.py), so a stalled or endless body is answered 408 and closed
-(scripts/measure_slow_clients.py; docs/benchmarks.md, "Slow clients"). HOST, PORT, LOG_LEVEL,
+(scripts/measure_slow_clients.py; docs/benchmarks.md, "Slow clients"). Past worker_connections
+a worker stops accepting until one of its connections closes, and the soft open-files limit is
+raised to the hard one at start (chatapp/open_files.py). HOST, PORT, LOG_LEVEL,
 WEB_CONCURRENCY, GUNICORN_CONNECTIONS and REQUEST_HEADERS_TIMEOUT are parsed by
 `chatapp.settings`.
 """
@@ -15,7 +17,7 @@ WEB_CONCURRENCY, GUNICORN_CONNECTIONS and REQUEST_HEADERS_TIMEOUT are parsed by
 import logging
 import os
 
-from chatapp import gunicorn_metrics, settings
+from chatapp import gunicorn_metrics, open_files, settings
 
 # Python warnings (gevent's, say) become JSON log lines like everything else on stderr.
 logging.captureWarnings(True)
@@ -36,10 +38,12 @@ control_socket_disable = True
 
 def on_starting(server: object) -> None:
     gunicorn_metrics.on_starting(server)
+    start_log = logging.getLogger("chatapp.start")
+    # In the master, before the workers fork: they inherit the raised open-files limit. What
+    # happens past worker_connections and past the limit: chatapp/open_files.py.
+    open_files.log_limits(start_log, open_files.raise_soft_limit(), worker_connections)
     # One line at start: whether the app sends a key to the model service, whom it answers.
-    logging.getLogger("chatapp.start").info(
-        "access", extra={"fields": settings.access_summary(os.environ)}
-    )
+    start_log.info("access", extra={"fields": settings.access_summary(os.environ)})
 
 
 child_exit = gunicorn_metrics.child_exit

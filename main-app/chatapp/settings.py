@@ -118,7 +118,11 @@ DESCRIPTIONS: dict[str, str] = {
     "WEB_CONCURRENCY": "gunicorn worker processes.",
     "GUNICORN_CONNECTIONS": "Connections each gunicorn process serves at once (gevent: one "
     "greenlet per connection, so long streams and slow clients hold no thread; a request's "
-    "headers must arrive within 5 s).",
+    "headers must arrive within 5 s). Past it a process stops accepting: new connections wait "
+    "in the kernel's queue, unanswered, until one of its connections closes. Each needs up to "
+    "two open files (its own, and a chat's call to the model service): the start line `open "
+    "files` warns when the open-files limit, raised to the hard limit at start, is below "
+    "2 x this + 64.",
 }
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -7,7 +7,9 @@ OpenAI-compatible server: our sidecar's `/v1`, App Service's built-in model side
 llama.cpp's `llama-server`, Foundry Local: `upstream_openai.py`). Each module turns every failure
 before the reply starts into an `ApiError` with one readable sentence, and the reply into the
 same events: `Text` as it comes, then `Done` (how it ended, the counts the server gave) or
-`Broken`.
+`Broken`. Whichever module read it, a `Text` holds no control character but tab, newline and
+carriage return (`ReplyStream` makes the others visible, `chatapp.wire.visible`): the page
+stores the reply and sends it back in the next turn, where the model service refuses them.
 
 A `ReplyStream` reads the reply on a thread (whole HTTP chunks as they arrive, never byte by
 byte) into a queue, so the relay can wait on it with a timeout and write heartbeats while the
@@ -29,6 +31,7 @@ from typing import Any, Protocol
 
 import requests
 
+from chatapp import wire
 from chatapp.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -82,7 +85,7 @@ class ReplyStream:
     def _read(self, events: Callable[[requests.Response], Iterator[Event]]) -> None:
         event: Event
         try:
-            for event in events(self._response):
+            for event in _visible(events(self._response)):
                 self._queue.put(event)
                 if not isinstance(event, Text):
                     return
@@ -117,6 +120,26 @@ class ReplyStream:
                 sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(Exception):
             self._response.close()
+
+
+def _visible(events: Iterator[Event]) -> Iterator[Event]:
+    """`events` with each `Text` made visible (`wire.visible`). A piece that ends in the first
+    half of a surrogate pair (a server that escapes the pair and splits it between two chunks)
+    keeps it for the next piece, so the pair becomes one character."""
+    held = ""
+    for event in events:
+        if isinstance(event, Text):
+            text = held + event.text
+            held = text[-1] if "\ud800" <= text[-1:] <= "\udbff" else ""
+            if text := text[: len(text) - len(held)]:
+                yield Text(wire.visible(text))
+            continue
+        if held:
+            yield Text(wire.visible(held))
+            held = ""
+        yield event
+    if held:
+        yield Text(wire.visible(held))
 
 
 def lines(response: requests.Response) -> Iterator[bytes]:

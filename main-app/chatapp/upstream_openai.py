@@ -56,6 +56,11 @@ CHAT_PATH = "/chat/completions"
 MODELS_PATH = "/models"
 
 
+# Seconds a chat refused because the model list was busy waits before its retry (the sidecar's
+# own Retry-After for a busy answer).
+BUSY_RETRY_AFTER = 2
+
+
 class OpenAIUpstream:
     def __init__(self, connection: Connection, model: str | None) -> None:
         self._connection = connection
@@ -137,6 +142,14 @@ class OpenAIUpstream:
             return ApiError("upstream_unavailable", NOT_REACHABLE, status=503)
         if status == 400:
             return host_refused()
+        if status in (429, 503):  # busy (its connection cap, a queue): not a missing model
+            seconds = BUSY_RETRY_AFTER
+            return ApiError(
+                "busy",
+                f"The model is busy with other replies; trying again in {seconds} s.",
+                status=503,
+                retry_after=seconds,
+            )
         if status == 200:
             message = "The model service lists no model; set UPSTREAM_MODEL to the one to use."
         else:

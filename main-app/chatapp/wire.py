@@ -7,13 +7,16 @@ Request
     {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
 
 The last message is the user's new turn. Only the first message may be a system message;
-system and user messages must not be blank; no message may contain control characters other
-than tab, newline and carriage return. Optional: `"max_new_tokens"` (a positive integer),
-`"min_new_tokens"` (a whole number, at most `max_new_tokens`: the end of the reply is held off
-until then; benchmarks use it to pin the length) and `"temperature"` (0 to 2; 0, absent or
-below 1e-5 means greedy, and is sent as 0), passed on to the model service; both token counts
-are at most the app's `MAX_NEW_TOKENS_LIMIT`. The page keeps the history and sends all of it
-each time; the app keeps nothing between requests.
+system and user messages must not be blank, nor contain control characters other than tab,
+newline and carriage return (nor lone surrogates). In assistant messages, the replies the page
+sends back, such characters are made visible instead (`visible`, below), as the text of every
+reply already is: a chat that holds one from before (stored by an older app) goes on.
+Optional: `"max_new_tokens"` (a positive integer), `"min_new_tokens"` (a whole number, at most
+`max_new_tokens`: the end of the reply is held off until then; benchmarks use it to pin the
+length) and `"temperature"` (0 to 2; 0, absent or below 1e-5 means greedy, and is sent as 0),
+passed on to the model service; both token counts are at most the app's
+`MAX_NEW_TOKENS_LIMIT`. The page keeps the history and sends all of it each time; the app
+keeps nothing between requests.
 
 Optional `"conversation_id"`: 1 to 64 characters of `A-Z a-z 0-9 _ -`, the same for every
 request of one chat and new for a new chat (the page makes a random one per chat). It names the
@@ -56,8 +59,10 @@ The reply stream
 ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` only). In order:
 
 - `{"delta": "..."}`: the next piece of the reply, as the model writes it; the reply is the
-  concatenation of the deltas. A delta never ends inside a character. Show it as text, never
-  as HTML.
+  concatenation of the deltas. A delta never ends inside a character, and holds no control
+  character but tab, newline and carriage return: the others are shown as their Unicode
+  control pictures (ESC as U+241B, DEL as U+2421), a C1 control or a lone surrogate as
+  U+FFFD (`visible`). Show it as text, never as HTML.
 - `{"ping": true}`: a heartbeat, written about once a second while the model service is silent
   (while the chat waits in its queue, or during a long prompt's prefill), so that a browser that
   went away is noticed. Ignore it.
@@ -102,12 +107,36 @@ CONTENT_TYPE = f"{MIMETYPE}; charset=utf-8"
 ROLES = ("system", "user", "assistant")
 # What the model service refuses in message text (its web/messages.py; tests/test_contracts.py
 # keeps them equal): C0 controls except tab, newline and carriage
-# return; DEL and C1 controls; lone surrogates (possible through JSON \\ud800 escapes).
+# return; DEL and C1 controls; lone surrogates (possible through JSON \\ud800 escapes). The app
+# refuses them in system and user turns too, and makes them visible in assistant turns, so
+# that what it sends on never holds one.
 FORBIDDEN_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+_SURROGATE_PAIR = re.compile(r"[\ud800-\udbff][\udc00-\udfff]")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A temperature below this is greedy: sent as 0, so no model service divides by it (the
 # sidecar's ipc.MIN_TEMPERATURE; tests/test_contracts.py keeps them equal).
 MIN_TEMPERATURE = 1e-5
+
+
+def _pictured(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    if code < 0x20:
+        return chr(0x2400 + code)  # the Control Pictures block: ESC is U+241B
+    return "\u2421" if code == 0x7F else "\ufffd"  # DEL; C1 controls and lone surrogates
+
+
+def visible(text: str) -> str:
+    """`text` with nothing the message rules refuse: each C0 control but tab, newline and
+    carriage return becomes its control picture (U+2400 + its code; ESC is U+241B), DEL
+    U+2421, a C1 control or a lone surrogate U+FFFD. A surrogate pair (two JSON escapes read
+    apart) becomes its character. Model output gets this (chatapp.upstream, for every reply)
+    rather than a refusal, so a model or an upstream that writes ESC never ends a chat."""
+    if not FORBIDDEN_CHARS.search(text):
+        return text
+    text = _SURROGATE_PAIR.sub(
+        lambda pair: pair[0].encode("utf-16-le", "surrogatepass").decode("utf-16-le"), text
+    )
+    return FORBIDDEN_CHARS.sub(_pictured, text)
 
 
 def _invalid(message: str) -> ApiError:
@@ -143,7 +172,11 @@ def parse_chat_request(
             raise _invalid(f"Message {number} must have a text content.")
         if role != "assistant" and not content.strip():
             raise _invalid(f"Message {number} is empty.")
-        if FORBIDDEN_CHARS.search(content):
+        if role == "assistant":
+            # A reply the page sends back: made visible as the app shows replies, not refused,
+            # since nobody can edit it (the model service still refuses them in any turn).
+            content = visible(content)
+        elif FORBIDDEN_CHARS.search(content):
             raise _invalid(f"Message {number} contains control characters; remove them.")
         clean.append({"role": role, "content": content})
     if clean[-1]["role"] != "user":

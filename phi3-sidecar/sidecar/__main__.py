@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
 import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
+from uvicorn.config import STARTUP_FAILURE
 
 from sidecar.jsonlog import configure_logging
 from sidecar.settings import Settings
-from sidecar.web import deadlines
+from sidecar.web import connections, deadlines, listener
 from sidecar.web.app import create_app
 from sidecar.web.request_log import DropDeliberateAbort
 
@@ -37,18 +39,31 @@ def main() -> None:
         reason = str(exc.__cause__ or exc).strip().splitlines() or [type(exc).__name__]
         log.error("invalid setting", extra={"fields": {"error": f"{exc}: {reason[0]}"}})
         sys.exit(2)
-    configure_logging(settings.log_level, DropDeliberateAbort())
-    uvicorn.run(
-        create_app(settings),
+    configure_logging(
+        settings.log_level, DropDeliberateAbort(), exception_messages=settings.log_prompts
+    )
+    nofile = listener.raise_nofile()  # before the cap is computed and the worker inherits it
+    app = create_app(settings)
+    cap = app.state.connections
+    listener.log_limits(nofile, settings, cap)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         workers=1,
         log_config=None,
         access_log=False,
         server_header=False,
-        http=deadlines.protocol(settings),  # headers and bodies under deadlines
+        # Headers and bodies under deadlines, connections under the cap.
+        http=connections.protocol(deadlines.protocol(settings), cap),
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
+    server = uvicorn.Server(config)
+    # Our own listening socket: one accept attempt a second, not thousands, when out of files.
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
+        server.run(sockets=[listener.Listener.from_config(config)])
+    if not server.started:  # the lifespan failed: as uvicorn.run exits
+        sys.exit(STARTUP_FAILURE)
 
 
 if __name__ == "__main__":

@@ -213,6 +213,20 @@ class Settings(BaseSettings):
     queue_size: int = Field(
         default=8, ge=0, le=4096, description="Requests that may wait for a free slot; beyond: 503."
     )
+    max_connections: int = Field(
+        default=512,
+        ge=1,
+        le=1_000_000,
+        description="Client connections held open at once (web/connections.py). A connection "
+        "that opens at the cap first closes the one idle longest (a kept-alive connection "
+        "waiting for its next request: its client reconnects, as after a keep-alive timeout); "
+        "when none is idle its request is answered 503 too_many_connections (`Retry-After: "
+        "2`, `Connection: close`), except /healthz, /readyz and /metrics, which are answered "
+        "as usual and closed. Lowered at start to the open-files limit less "
+        "64 descriptors kept for the process and for those answers (the start log line "
+        "`connections` says the cap and why); the soft open-files limit is raised to the hard "
+        "one first.",
+    )
     max_body_bytes: int = Field(
         default=64 * 1024,
         ge=1024,

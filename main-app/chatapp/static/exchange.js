@@ -207,8 +207,23 @@ function finish(exchange, outcome) {
   if (exchange.finished) return;
   exchange.finished = true;
   clearTimeout(exchange.timer);
+  const shown = exchange.chat === state.chat && !exchange.abandoned;
+  try {
+    settle(exchange, outcome, shown);
+  } finally {
+    // Whatever the reply holds, the exchange is over: the page takes the next message.
+    if (state.active === exchange) {
+      state.active = null;
+      setBusy(false);
+    }
+  }
+  if (shown) refreshActions();
+  scrollToEnd(false);
+}
+
+/** Keep the reply (or offer the message again) and show how it ended. */
+function settle(exchange, outcome, shown) {
   const { reply, question, turn, chat: owner } = exchange;
-  const shown = owner === state.chat && !exchange.abandoned;
   const answered = reply.text.length > 0;
   let ending = null;
   if (outcome.kind === "done") {
@@ -220,11 +235,12 @@ function finish(exchange, outcome) {
     ending = { state: "cut-off", note: outcome.message, badge: "Cut off" };
   }
   if (outcome.kind === "done" || answered) {
-    reply.complete();
-    reply.setEnding(ending);
+    // Kept first: the reply belongs to the chat whatever rendering its end does.
     owner.messages.push(turn, { role: "assistant", content: reply.text, ending });
     if (shown) state.views.push(question, reply);
     persist(owner);
+    reply.complete();
+    reply.setEnding(ending);
     const said = ending.badge ? ` ${ending.badge}.` : "";
     announce(`${assistantName()} replied: ${reply.readable() || "(nothing)"}${said}`);
   } else {
@@ -246,12 +262,6 @@ function finish(exchange, outcome) {
       }
     }
   }
-  if (state.active === exchange) {
-    state.active = null;
-    setBusy(false);
-  }
-  if (shown) refreshActions();
-  scrollToEnd(false);
 }
 
 export function stop() {

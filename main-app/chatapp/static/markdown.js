@@ -8,7 +8,7 @@
 // being written) are rendered once and kept; only the open last block is rendered again, at
 // most once per animation frame. Code is coloured (highlight.js, class names only) once its
 // block is complete.
-import { Marked } from "./vendor/marked/marked.esm.js";
+import { Marked, Tokenizer } from "./vendor/marked/marked.esm.js";
 import DOMPurify from "./vendor/dompurify/purify.es.mjs";
 import hljs from "./vendor/highlightjs/highlight.min.js";
 
@@ -86,6 +86,122 @@ const markdown = new Marked({
 
 const normalize = (text) => text.replace(/\r\n?/g, "\n");
 
+// How deep lists and quotes may nest. marked's lexer recurses once per level, so a reply stuck
+// in a list ("- - - - …x", 3 KB) or a quote (">>>>…") overflowed the browser's stack; and a page
+// hundreds of levels deep is unreadable anyway. Past the cap, a line's next container marker is
+// escaped (it shows as the character it is), and indentation, which nests lists too, is cut to
+// MAX_INDENT columns. Code (fenced) is left as written.
+export const MAX_NESTING = 8;
+const MAX_INDENT = 4 * MAX_NESTING;
+const CONTAINER = /^[ \t]{0,3}(?:(?:[*+-]|\d{1,9}[.)])(?:[ \t]+|$)|>[ \t]?)/;
+const THEMATIC_BREAK = /^ {0,3}(?:(?:-[ \t]*){3,}|(?:_[ \t]*){3,}|(?:\*[ \t]*){3,})$/;
+const FENCE = /^(`{3,}(?=[^`]*$)|~{3,})/;
+const LEADING_SPACE = /^[ \t]*/;
+
+/** Columns of leading white space, tabs to the next multiple of 4 (as CommonMark counts). */
+function columns(space) {
+  let width = 0;
+  for (const char of space) width = char === "\t" ? width + 4 - (width % 4) : width + 1;
+  return width;
+}
+
+/** `line` with its nesting capped, and what follows its container markers (its content). */
+function capLine(line) {
+  const space = LEADING_SPACE.exec(line)[0];
+  let kept = columns(space) > MAX_INDENT ? " ".repeat(MAX_INDENT) : space;
+  let rest = line.slice(space.length);
+  for (let depth = 0; !THEMATIC_BREAK.test(rest); depth += 1) {
+    const marker = CONTAINER.exec(rest);
+    if (!marker) break;
+    if (depth === MAX_NESTING) {
+      const at = marker[0].search(/[*+\->.)]/);
+      rest = `${rest.slice(0, at)}\\${rest.slice(at)}`;
+      break;
+    }
+    kept += marker[0];
+    rest = rest.slice(marker[0].length);
+  }
+  return { line: kept + rest, content: rest };
+}
+
+/** `source` with no line nested deeper than MAX_NESTING (see above); line by line, so a text's
+ * start is capped the same way whatever follows it (the streamed blocks rely on that). */
+export function capNesting(source) {
+  const lines = source.split("\n");
+  let fence = null; // the open code fence ("```", "~~~~", ...), or null
+  for (let i = 0; i < lines.length; i += 1) {
+    if (fence) {
+      // Inside a fence only its end counts (behind the same markers and indentation).
+      let rest = lines[i].trimStart();
+      for (let marker = CONTAINER.exec(rest); marker; marker = CONTAINER.exec(rest)) {
+        rest = rest.slice(marker[0].length).trimStart();
+      }
+      const run = rest.match(/^(`+|~+)[ \t]*$/);
+      if (run && run[1][0] === fence[0] && run[1].length >= fence.length) fence = null;
+      continue;
+    }
+    const { line, content } = capLine(lines[i]);
+    lines[i] = line;
+    fence = FENCE.exec(content.trimStart())?.[1] || null;
+  }
+  return lines.join("\n");
+}
+
+// Emphasis nests too ("*a *a *a … a* a*"), inside a paragraph where no line-by-line cap can see
+// it: marked's inline lexer recurses once per level and scans the rest of the paragraph at each,
+// so 3,000 levels took seconds before they overflowed the stack. Past MAX_NESTING levels of
+// emphasis or strikethrough, a run of delimiters is text.
+let emphasisDepth = 0;
+function nestingCapped(name) {
+  const tokenize = Tokenizer.prototype[name];
+  return function (src, ...rest) {
+    if (emphasisDepth >= MAX_NESTING) {
+      const run = /^(?:\*+|_+|~+)/.exec(src);
+      return run ? { type: "text", raw: run[0], text: run[0], escaped: false } : undefined;
+    }
+    emphasisDepth += 1;
+    try {
+      return tokenize.call(this, src, ...rest);
+    } finally {
+      emphasisDepth -= 1;
+    }
+  };
+}
+markdown.use({ tokenizer: { emStrong: nestingCapped("emStrong"), del: nestingCapped("del") } });
+
+/** What marked reads: line ends normalised, nesting capped. */
+const prepare = (text) => capNesting(normalize(text));
+
+/** A block shown as the text it is: the fallback for one marked or the sanitiser cannot take. */
+function plainBlock(text) {
+  const block = document.createElement("p");
+  block.className = "plain-text";
+  block.textContent = text.replace(/^\n+|\n+$/g, "");
+  return block;
+}
+
+/** marked's tokens for `source`; never throws. If marked fails on the whole, each part between
+ * blank lines is read alone, and a part it fails on becomes a `plain` token (its raw text). The
+ * tokens' raw texts still add up to `source`. */
+function lex(source) {
+  try {
+    return markdown.lexer(source);
+  } catch {
+    const tokens = [];
+    tokens.links = {};
+    for (const part of source.split(/(?<=\n[ \t]*\n)/)) {
+      try {
+        const partTokens = markdown.lexer(part);
+        tokens.push(...partTokens);
+        Object.assign(tokens.links, partTokens.links);
+      } catch {
+        tokens.push({ type: "plain", raw: part });
+      }
+    }
+    return tokens;
+  }
+}
+
 /** Sanitised DOM for HTML that marked wrote, with code blocks and tables made usable. */
 function toFragment(html) {
   const fragment = DOMPurify.sanitize(html, SANITIZE);
@@ -120,7 +236,7 @@ function toFragment(html) {
   return fragment;
 }
 
-function renderTokens(tokens, colour) {
+function parsed(tokens, colour) {
   colouring = colour;
   try {
     return toFragment(markdown.parser(tokens));
@@ -129,9 +245,44 @@ function renderTokens(tokens, colour) {
   }
 }
 
-/** Render the whole of `text` into `container`, replacing what it held. */
+/** DOM for `tokens` (from `lex`); never throws: a token that cannot be rendered shows as text. */
+function renderTokens(tokens, colour) {
+  const fragment = document.createDocumentFragment();
+  let run = [];
+  const flush = () => {
+    if (run.length === 0) return;
+    try {
+      fragment.append(parsed(run, colour));
+    } catch {
+      for (const token of run) {
+        try {
+          fragment.append(parsed([token], colour));
+        } catch {
+          fragment.append(plainBlock(token.raw));
+        }
+      }
+    }
+    run = [];
+  };
+  for (const token of tokens) {
+    if (token.type === "plain") {
+      flush();
+      fragment.append(plainBlock(token.raw));
+    } else {
+      run.push(token);
+    }
+  }
+  flush();
+  return fragment;
+}
+
+/** Render the whole of `text` into `container`, replacing what it held; never throws. */
 export function renderMarkdown(container, text) {
-  container.replaceChildren(renderTokens(markdown.lexer(normalize(text)), true));
+  try {
+    container.replaceChildren(renderTokens(lex(prepare(text)), true));
+  } catch {
+    container.replaceChildren(plainBlock(text)); // not expected: the reply still shows
+  }
 }
 
 /** The text a person reads in a rendered reply (without the code blocks' buttons). */
@@ -148,7 +299,7 @@ export class MarkdownStream {
     this.container = container;
     this.around = around;
     this.text = "";
-    this.stableEnd = 0; // characters of the (normalized) text rendered as finished blocks
+    this.stableEnd = 0; // characters of the prepared text rendered as finished blocks
     this.live = []; // the nodes of the open block, replaced at each render
     this.frame = 0;
   }
@@ -167,9 +318,8 @@ export class MarkdownStream {
     cancelAnimationFrame(this.frame);
     this.frame = 0;
     this.text = text;
-    const source = normalize(text);
     // Reference-style links are defined anywhere in a reply: with any, render it whole once.
-    const all = markdown.lexer(source);
+    const all = lex(prepare(text));
     if (Object.keys(all.links || {}).length > 0) {
       this.around(() => renderMarkdown(this.container, text));
       return;
@@ -177,9 +327,22 @@ export class MarkdownStream {
     this.around(() => this.render(true));
   }
 
+  /** Render what is new; never throws (at worst the reply so far shows as plain text). */
   render(final) {
-    const source = normalize(this.text);
-    const tokens = markdown.lexer(source.slice(this.stableEnd));
+    try {
+      this.renderBlocks(final);
+    } catch {
+      // Not expected (lex and renderTokens do not throw): the reply so far shows as text, and
+      // the next render starts from its beginning.
+      this.live = [plainBlock(this.text)];
+      this.stableEnd = 0;
+      this.container.replaceChildren(...this.live);
+    }
+  }
+
+  renderBlocks(final) {
+    const source = prepare(this.text);
+    const tokens = lex(source.slice(this.stableEnd));
     let open = tokens.length - 1;
     while (open >= 0 && tokens[open].type === "space") open -= 1;
     if (final) open = tokens.length; // everything is finished

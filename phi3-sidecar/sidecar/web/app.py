@@ -7,6 +7,8 @@ probes and /metrics (probes.py).
 
 from __future__ import annotations
 
+import asyncio
+import resource
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,7 +18,9 @@ from sidecar.settings import Settings
 from sidecar.web import errors, openapi
 from sidecar.web.access import AccessMiddleware, log_state
 from sidecar.web.admission import Admission
+from sidecar.web.connections import Connections, connection_limit
 from sidecar.web.deadlines import BodyDeadline
+from sidecar.web.listener import accept_errors
 from sidecar.web.metrics import Metrics
 from sidecar.web.model_client import ModelClient
 from sidecar.web.openai_api import router as openai_router
@@ -29,7 +33,10 @@ from sidecar.web.telemetry import TraceRequest, Tracing
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    metrics = Metrics(prompt_cache=settings.prompt_cache_mb > 0)
+    # The cap's connections are counted by the HTTP protocol (__main__ hands it this object).
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    connections = Connections(connection_limit(settings.max_connections, nofile))
+    metrics = Metrics(prompt_cache=settings.prompt_cache_mb > 0, connections=connections)
     admission = Admission(settings.max_concurrency, settings.queue_size)
     # A slot is held until the worker reports the generation over (see admission.py).
     model = ModelClient(settings, on_generation_over=admission.release)
@@ -38,6 +45,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log_state(settings)  # whether authentication is on, once at start
+        # Accept errors (out of descriptors) counted and throttled instead of a traceback each.
+        asyncio.get_running_loop().set_exception_handler(accept_errors(connections))
         await model.start()  # returns at once: the port opens while the model loads
         try:
             yield
@@ -62,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.connections = connections
     app.state.admission = admission
     app.state.model = model
     app.state.pipeline = Pipeline(

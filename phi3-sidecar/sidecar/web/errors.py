@@ -56,6 +56,9 @@ REFUSALS: dict[str, Answer] = {
     # the service's state (pipeline): clients retry after Retry-After
     "not_ready": Answer(503, "not_ready", 503, "model_not_ready", "server_error"),
     "overloaded": Answer(503, "overloaded", 503, "overloaded", "server_error"),
+    # the connection cap (connections.py): answered by the HTTP protocol, before any route.
+    # /v1's code is "overloaded", what OpenAI clients (and the chat app) read as "retry later".
+    "too_many_connections": Answer(503, "too_many_connections", 503, "overloaded", "server_error"),
     # the model worker (ipc.Refusal) and the generation
     "context_length_exceeded": Answer(
         413, "context_length_exceeded", 400, "context_length_exceeded"
@@ -93,6 +96,9 @@ WHEN: dict[str, str] = {
     "answering or hung while loading, and is being replaced; `Retry-After`: the back-off of "
     "1, 2, 5, 10 or 30 s left plus the last load time), or `failed` (waiting will not help)",
     "overloaded": "the queue is full (`QUEUE_SIZE`; `Retry-After: 2`)",
+    "too_many_connections": "the connection opened while `MAX_CONNECTIONS` connections were "
+    "open and none was idle (`Retry-After: 2`, `Connection: close`; /healthz, /readyz and "
+    "/metrics are answered instead, then closed)",
     "context_length_exceeded": "the newest turn alone does not fit the context; `limit_tokens` "
     "says the limit (older turns are dropped first)",
     "unencodable_prompt": "the messages cannot be encoded by the model's tokenizer (or hold a "

@@ -1,8 +1,10 @@
 """What both APIs' request bodies share: the message rules and the generation options.
 
 Validated strictly (no type coercion, no unknown fields), for /predict (predict_api.py) and
-/v1/chat/completions (openai_schemas.py) alike. The chat app checks the same rules before it
-calls the sidecar (main-app/chatapp/wire.py; a contract test keeps them equal).
+/v1/chat/completions (openai_schemas.py) alike. The chat app checks the same rules for system
+and user turns before it calls the sidecar, and makes such characters visible in assistant
+turns instead, so what it sends is always accepted here (main-app/chatapp/wire.py; contract
+tests keep the rules equal).
 """
 
 from __future__ import annotations

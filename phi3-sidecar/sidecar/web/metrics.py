@@ -13,6 +13,9 @@ names them:
 - `sidecar_queue_wait_seconds`: from asking for a slot to getting one;
 - `sidecar_request_prompt_tokens`, `sidecar_request_generated_tokens`: sizes per request.
 
+And the connections (connections.py, listener.py): open ones and the cap, idle ones closed for a
+new one, requests refused over the cap, and accept errors (out of descriptors).
+
 Label values come from fixed sets only: never a request id, never text.
 """
 
@@ -36,6 +39,7 @@ from prometheus_client.registry import Collector
 from sidecar import ipc
 
 if TYPE_CHECKING:
+    from sidecar.web.connections import Connections
     from sidecar.web.record import RequestRecord
 
 
@@ -67,7 +71,7 @@ class Gauges:
 class Metrics:
     """One registry per app (tests build several apps in one process)."""
 
-    def __init__(self, *, prompt_cache: bool) -> None:
+    def __init__(self, *, prompt_cache: bool, connections: Connections | None = None) -> None:
         # No `_created` series beside every counter and histogram: Prometheus does not need
         # them in this format (a process-wide switch of prometheus-client; idempotent).
         disable_created_metrics()
@@ -75,6 +79,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._gauges = _GaugesCollector()
         self.registry.register(self._gauges)
+        if connections is not None:
+            self.registry.register(_ConnectionsCollector(connections))
 
         def counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(name, help_text, labels, registry=self.registry)
@@ -285,3 +291,42 @@ class _GaugesCollector(Collector):
             ("queue_depth", "Requests waiting for a slot.", g.waiting),
         ):
             yield GaugeMetricFamily(f"sidecar_{name}", help_text, value=value)
+
+
+class _ConnectionsCollector(Collector):
+    """The connection cap's counts, read when scraped (they change on the event loop)."""
+
+    def __init__(self, connections: Connections) -> None:
+        self.connections = connections
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.connections
+        for name, help_text, count in (
+            (
+                "connections_refused",
+                "Requests answered 503 too_many_connections: their connection opened over "
+                "MAX_CONNECTIONS with none idle (probes are answered instead).",
+                c.refused,
+            ),
+            (
+                "idle_connections_closed",
+                "Idle kept-alive connections closed to admit a new one at MAX_CONNECTIONS.",
+                c.idle_closed,
+            ),
+            (
+                "accept_errors",
+                "Connections that could not be accepted: out of file descriptors or memory "
+                "(EMFILE, ENFILE, ENOBUFS, ENOMEM); accepting resumes a second later.",
+                c.accept_errors,
+            ),
+        ):
+            yield CounterMetricFamily(f"sidecar_{name}", help_text, value=count)
+        yield GaugeMetricFamily(
+            "sidecar_open_connections", "Client connections open.", value=c.open
+        )
+        yield GaugeMetricFamily(
+            "sidecar_connection_limit",
+            "Connections admitted at once: MAX_CONNECTIONS, or less where the open-files limit "
+            "leaves less.",
+            value=c.limit,
+        )
