@@ -18,12 +18,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Generate, Guidance
-from sidecar.model import kv_compact
 from sidecar.model.batch_decoder import BatchDecoder, Unsupported, read_spec
 from sidecar.model.batch_guidance import Grammars
 from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchGeneration, BatchScheduler, serves
@@ -34,9 +33,7 @@ from sidecar.model.family import read_facts
 from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
 from sidecar.model.generation import Generation, turn_options
 from sidecar.model.guidance import refusal
-from sidecar.model.kv_compact import Encoding
-from sidecar.model.kv_disk import DiskTier, Shape, model_fingerprint
-from sidecar.model.memory import default_kv_bytes, memory_limit, service_resident_bytes
+from sidecar.model.kv_setup import KvOptions, attach_tiers, size_kv_memory
 from sidecar.model.prompt import Prompt, PromptBuilder
 from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
 from sidecar.settings import Settings
@@ -88,12 +85,13 @@ class Engine:
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self.cache.unscoped = prompt_cache_unscoped
         self._cache_budget = prompt_cache_mb * 2**20
-        self._kv_memory = kv_memory_mb * 2**20  # 0: chosen at warm-up (memory.py)
-        # Lossless where replies must be exact (PROMPT_CACHE_EXACT); "off": no compact tier.
-        encoding = "fp32" if prompt_cache_exact and kv_compact != "off" else kv_compact
-        self._kv_encoding: Encoding | None = None if encoding == "off" else cast(Encoding, encoding)
-        self._cache_dir = prompt_cache_dir
-        self._cache_disk = prompt_cache_disk_mb * 2**20
+        self._kv = KvOptions.chosen(
+            kv_memory_mb=kv_memory_mb,
+            kv_compact=kv_compact,
+            exact=prompt_cache_exact,
+            cache_dir=prompt_cache_dir,
+            disk_mb=prompt_cache_disk_mb,
+        )
         # The spare generator made while loading holds a short prompt and a default reply.
         self._spare_needed = default_new_tokens + ROUND_TOKENS
         config = og.Config(str(path))
@@ -248,14 +246,14 @@ class Engine:
             new_stream=self.tokenizer.create_stream,
             vocab_size=self.vocab_size,
         )
-        kv_compact.THREADS = threads or cpu_budget().count
-        scheduler.tiers.encoding = self._kv_encoding
-        if self._cache_dir is not None and self._kv_encoding is not None and self._cache_budget:
-            shape = Shape(spec.layers, spec.kv_heads, spec.head_size, self._kv_encoding)
-            fingerprint = model_fingerprint(path, spec.filename, f"{shape}")
-            disk = DiskTier(self._cache_dir, self._cache_disk, fingerprint, shape)
-            scheduler.tiers.disk = disk
-            scheduler.adopt_stored(disk.scan())
+        attach_tiers(
+            scheduler,
+            path,
+            spec,
+            self._kv,
+            threads=threads or cpu_budget().count,
+            cached=bool(self._cache_budget),
+        )
         return scheduler
 
     def warm_up(self) -> None:
@@ -277,28 +275,7 @@ class Engine:
             self.batch.step()
         batched.release(reusable=False)
         self.batch.cache.budget_bytes = self._cache_budget
-        self._size_kv_memory(self.batch)
-
-    def _size_kv_memory(self, batch: BatchScheduler) -> None:
-        """The one KV bound (KV_MEMORY_MB, or chosen from the container's memory: memory.py),
-        and the context capped to what it holds: a reply alone always fits."""
-        limit, source = memory_limit()
-        loaded = service_resident_bytes()
-        bound = self._kv_memory or default_kv_bytes(limit, loaded)
-        batch.memory.bound_bytes = bound
-        per_token = batch.pool.bytes_per_token
-        self.max_length = max(1, min(self.max_length, bound // per_token))
-        fields = {
-            "kv_memory_bytes": bound,
-            "chosen": "KV_MEMORY_MB" if self._kv_memory else "from the memory limit",
-            "memory_limit_bytes": limit,
-            "limit_source": source,
-            "loaded_bytes": loaded,
-            "context_tokens": self.max_length,
-            "compact": self._kv_encoding or "off",
-            "disk_tier": str(self._cache_dir) if batch.tiers.disk is not None else None,
-        }
-        log.info("kv memory", extra={"fields": fields})
+        self.max_length = size_kv_memory(self.batch, self._kv, self.max_length)
 
     def _make_spare(self) -> None:
         """One idle greedy generator, made now: the first cached request takes it instead of

@@ -1,0 +1,90 @@
+"""The batched path's KV memory as the settings ask (KV_MEMORY_MB, KV_COMPACT, PROMPT_CACHE_DIR,
+PROMPT_CACHE_DISK_MB, PROMPT_CACHE_EXACT): the tiers attached to a new BatchScheduler, and the
+one bound sized once the model is loaded (kv_tiers.py says what they do)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from sidecar.model import kv_compact
+from sidecar.model.batch_decoder import DecoderSpec
+from sidecar.model.batch_scheduler import BatchScheduler
+from sidecar.model.kv_compact import Encoding
+from sidecar.model.kv_disk import DiskTier, Shape, model_fingerprint
+from sidecar.model.memory import default_kv_bytes, memory_limit, service_resident_bytes
+
+log = logging.getLogger("sidecar.model.kv_setup")
+
+
+@dataclass(frozen=True)
+class KvOptions:
+    memory_bytes: int  # KV_MEMORY_MB; 0: chosen from the memory limit once loaded
+    encoding: Encoding | None  # None: no compact tier (KV_COMPACT=off)
+    cache_dir: Path | None
+    disk_bytes: int
+
+    @classmethod
+    def chosen(
+        cls,
+        *,
+        kv_memory_mb: int,
+        kv_compact: str,
+        exact: bool,
+        cache_dir: Path | None,
+        disk_mb: int,
+    ) -> KvOptions:
+        # Lossless where replies must be exact (PROMPT_CACHE_EXACT), whatever KV_COMPACT says.
+        encoding = "fp32" if exact and kv_compact != "off" else kv_compact
+        return cls(
+            kv_memory_mb * 2**20,
+            None if encoding == "off" else cast(Encoding, encoding),
+            cache_dir,
+            disk_mb * 2**20,
+        )
+
+
+def attach_tiers(
+    scheduler: BatchScheduler,
+    folder: Path,
+    spec: DecoderSpec,
+    options: KvOptions,
+    *,
+    threads: int,
+    cached: bool,
+) -> None:
+    """The compact encoding, and the disk tier with the conversations earlier workers left
+    there for this model (`cached` False: the cache is off, so no disk tier)."""
+    kv_compact.THREADS = threads
+    scheduler.tiers.encoding = options.encoding
+    if options.cache_dir is None or options.encoding is None or not cached:
+        return
+    shape = Shape(spec.layers, spec.kv_heads, spec.head_size, options.encoding)
+    fingerprint = model_fingerprint(folder, spec.filename, f"{shape}")
+    disk = DiskTier(options.cache_dir, options.disk_bytes, fingerprint, shape)
+    scheduler.tiers.disk = disk
+    scheduler.adopt_stored(disk.scan())
+
+
+def size_kv_memory(batch: BatchScheduler, options: KvOptions, max_length: int) -> int:
+    """Set the one KV bound (KV_MEMORY_MB, or from the container's memory: memory.py) once the
+    model is loaded; the context capped to what it holds (a reply alone always fits)."""
+    limit, source = memory_limit()
+    loaded = service_resident_bytes()
+    bound = options.memory_bytes or default_kv_bytes(limit, loaded)
+    batch.memory.bound_bytes = bound
+    capped = max(1, min(max_length, bound // batch.pool.bytes_per_token))
+    fields = {
+        "kv_memory_bytes": bound,
+        "chosen": "KV_MEMORY_MB" if options.memory_bytes else "from the memory limit",
+        "memory_limit_bytes": limit,
+        "limit_source": source,
+        "loaded_bytes": loaded,
+        "context_tokens": capped,
+        "compact": options.encoding or "off",
+        "disk_tier": str(options.cache_dir) if batch.tiers.disk is not None else None,
+    }
+    log.info("kv memory", extra={"fields": fields})
+    return capped
