@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="bench-users-turns-") as tmp:
         scratch = Path(tmp)
-        model_dir = ensure_model(args, scratch, REPO / "build")
+        model_dir = ensure_model(args, scratch, REPO / "build").resolve()
         result["model"] = str(model_dir)
         tokenizer = ChatTokenizer.load(str(model_dir))
         gguf = peer_model(model_dir, scratch) if args.peers else None

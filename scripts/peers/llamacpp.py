@@ -75,6 +75,7 @@ def server(
     gguf: Path, log_path: Path, *, threads: int, slots: int, context: int
 ) -> Iterator[services.Service]:
     """llama-server on a free loopback port; waits for GET /health (200 once loaded)."""
+    gguf = gguf.resolve()  # it runs in the GGUF's folder, where a relative path means another
     port = services.free_port()
     cmd = server_args(gguf, threads=threads, slots=slots, context=context, port=port)
     with services.run_service(
