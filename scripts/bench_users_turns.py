@@ -620,12 +620,17 @@ def _share(value: float | None) -> str:
 def markdown(result: dict[str, Any]) -> str:
     args, kv = result["args"], result["kv_memory"]
     disk = "off" if not kv.get("disk_tier") else "on"
+    chosen = kv["chosen"]
+    if "plan" in result:
+        chosen = f"as chosen for a container of {result['plan']['memory_gib']:g} GiB"
+    elif chosen == "KV_MEMORY_MB":
+        chosen = "given"
     lines = [
         f"Users taking turns: {args['users']} users x {args['turns']} turns, interleaved, one "
         f"request at a time, on {result['cpu']}. Model `{Path(result['model']).name}`; "
         f"{args['words']}-word messages, {args['reply_tokens']}-token replies (greedy), each "
         f"user its own cache_scope. Sidecar: KV_MEMORY_MB {kv['kv_memory_bytes'] // MIB} "
-        f"({kv['chosen']}), PROMPT_CACHE_MB {result['prompt_cache_mb']}, KV_COMPACT "
+        f"({chosen}), PROMPT_CACHE_MB {result['prompt_cache_mb']}, KV_COMPACT "
         f"{kv['compact']}, disk tier {disk}, context {kv['context_tokens']} tokens. Alone: "
         f"median of {args['baseline_reps']} chat(s) of one user, the first users' chats.",
         "",
