@@ -109,7 +109,9 @@ def add_peer_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--peer-users", default="1,2,4", help="simultaneous users to compare")
 
 
-def ensure_model(args: argparse.Namespace, scratch: Path) -> Path:
+def ensure_model(args: argparse.Namespace, scratch: Path, home: Path | None = None) -> Path:
+    """The model folder: --model, or the --preset built once (phi3-mini into models/, the
+    others into `home`, else into `scratch`, deleted after the run)."""
     if args.model == "smollm2":
         model = SMOLLM2_135M_INSTRUCT
         out = REPO / "build" / "real-models" / f"{model.name}-{model.precision}"
@@ -118,7 +120,7 @@ def ensure_model(args: argparse.Namespace, scratch: Path) -> Path:
         return out
     if args.model:
         return Path(args.model)
-    out = PRESET_DIRS.get(args.preset) or scratch / args.preset
+    out = PRESET_DIRS.get(args.preset) or (home or scratch) / args.preset
     if is_complete(out):
         return out
     print(f"building the generated {args.preset} model into {out} ...", flush=True)

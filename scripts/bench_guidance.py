@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from scripts.bench_variants import cpu_name
 from sidecar.ipc import Generate, Guidance
 from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine
@@ -49,17 +49,6 @@ REPORT_SCHEMA = {
     "additionalProperties": False,
 }
 QUESTION = "What is the weather in Paris today? Answer as a JSON weather report."
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown CPU"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def timed(generation: Generation | BatchGeneration) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import platform
 import resource
 import shutil
 import statistics
@@ -42,7 +41,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from scripts.bench_variants import words
+from scripts.bench_variants import cpu_name, words
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "build" / "variants"
@@ -89,21 +88,6 @@ REWRITE = (
     "together, wich makes problems easier to find."
 )
 CHAT = "What are three good habits for writing maintainable software? Answer briefly."
-
-
-def cpu_name() -> str:
-    """The CPU's model name and how many CPUs this process may use (docs name both)."""
-    from sidecar.model.cpus import cpu_budget
-
-    name = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} ({cpu_budget().count} CPUs)"
 
 
 # -- the child process: one model folder, measured on request --------------------------------

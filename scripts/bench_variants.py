@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import platform
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,7 +34,22 @@ def words(count: int, shift: int) -> str:
     return f"{shift}. " + " ".join(WORDS[(i + shift) % len(WORDS)] for i in range(count))
 
 
-def sized_messages(engine: RawEngine, prompt_tokens: int, shift: int) -> list[dict[str, str]]:
+def cpu_name() -> str:
+    """The CPU's model name and how many CPUs this process may use (docs name both)."""
+    from sidecar.model.cpus import cpu_budget
+
+    name = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} ({cpu_budget().count} CPUs)"
+
+
+def sized_messages(engine: ChatTokenizer, prompt_tokens: int, shift: int) -> list[dict[str, str]]:
     """A one-turn chat whose rendered prompt is `prompt_tokens` long (or just over)."""
     count = 1
     while True:
@@ -65,7 +82,27 @@ def _sample(variant: str, rep: int, start: float, first: float, last: float, tok
     return Sample(variant, rep, first - start, tps, last - start, tokens)
 
 
-class RawEngine:
+class ChatTokenizer:
+    """A model's tokenizer and chat template: the prompt ids the sidecar reads for a chat.
+
+    `ChatTokenizer.load(folder)` reads the folder's tokenizer files only, not its weights."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def load(cls, model_dir: str) -> ChatTokenizer:
+        # Through the sidecar's engine module, which turns telemetry off before the import.
+        from sidecar.model.engine import og
+
+        return cls(og.Tokenizer(model_dir))
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> Any:
+        text = self.tokenizer.apply_chat_template(json.dumps(messages), add_generation_prompt=True)
+        return self.tokenizer.encode(text)
+
+
+class RawEngine(ChatTokenizer):
     """onnxruntime-genai in this process, no HTTP: the ceiling the services are held to.
 
     `session_options` None: onnxruntime-genai's defaults (what the sidecar ran with before it
@@ -86,11 +123,7 @@ class RawEngine:
             overlay = {"model": {"decoder": {"session_options": session_options}}}
             config.overlay(json.dumps(overlay))
         self.model = og.Model(config)
-        self.tokenizer = og.Tokenizer(self.model)
-
-    def prompt_ids(self, messages: list[dict[str, str]]) -> Any:
-        text = self.tokenizer.apply_chat_template(json.dumps(messages), add_generation_prompt=True)
-        return self.tokenizer.encode(text)
+        super().__init__(og.Tokenizer(self.model))
 
     def run(self, messages: list[dict[str, str]], new_tokens: int, rep: int) -> Sample:
         og = self._og
@@ -159,12 +192,20 @@ def via_sidecar(
     new_tokens: int,
     rep: int,
     variant: str = "sidecar",
+    *,
+    scope: str | None = None,
+    request_id: str | None = None,
 ) -> Sample:
-    """POST /predict: a text/plain stream; a 503 (queue full) is recorded, not raised."""
+    """POST /predict: a text/plain stream; a 503 (queue full) is recorded, not raised.
+    `scope`: the conversation cache's `cache_scope`; `request_id`: its X-Request-Id, which
+    finds the request's log line (services.request_line)."""
     start = time.perf_counter()
-    body = {"messages": messages, **_options(new_tokens)}
+    body: dict[str, Any] = {"messages": messages, **_options(new_tokens)}
+    if scope is not None:
+        body["cache_scope"] = scope
+    headers = {"x-request-id": request_id} if request_id else None
     chunks: list[bytes] = []
-    with client.stream("POST", url + "/predict", json=body) as response:
+    with client.stream("POST", url + "/predict", json=body, headers=headers) as response:
         if response.status_code != 200:
             response.read()
             return Sample(variant, rep, 0.0, 0.0, 0.0, 0, response.status_code)

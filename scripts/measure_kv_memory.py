@@ -25,8 +25,7 @@ from pathlib import Path
 import httpx
 
 from scripts import services
-from scripts.bench_guidance import cpu_name
-from scripts.bench_variants import words
+from scripts.bench_variants import cpu_name, words
 from sidecar.model.memory import GIB, MIB
 
 

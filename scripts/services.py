@@ -8,6 +8,7 @@ loopback port and a log file that is shown when something needs explaining.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import signal
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -45,6 +47,28 @@ class Service:
         """The log's complete lines so far: the process may be writing the last one now."""
         text = self.log()
         return text[: text.rfind("\n") + 1].splitlines()
+
+
+def request_lines(service: Service) -> list[dict[str, Any]]:
+    """The sidecar's per-request log lines (logger `sidecar.request`) written so far."""
+    lines = []
+    for line in service.log_lines():
+        if line.startswith("{"):
+            data = json.loads(line)
+            if data.get("logger") == "sidecar.request":
+                lines.append(data)
+    return lines
+
+
+def request_line(service: Service, request_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait for the sidecar's log line of one request (written when the request is over)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in request_lines(service):
+            if line["request_id"] == request_id:
+                return line
+        time.sleep(0.05)
+    raise TimeoutError(f"no log line for request {request_id}:\n{service.log()[-3000:]}")
 
 
 def wait_for(url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:

@@ -75,6 +75,7 @@ def server(
     gguf: Path, log_path: Path, *, threads: int, slots: int, context: int
 ) -> Iterator[services.Service]:
     """llama-server on a free loopback port; waits for GET /health (200 once loaded)."""
+    gguf = gguf.resolve()  # it runs in the GGUF's folder, where a relative path means another
     port = services.free_port()
     cmd = server_args(gguf, threads=threads, slots=slots, context=context, port=port)
     with services.run_service(
@@ -98,8 +99,9 @@ def complete(
     *,
     cache_prompt: bool = False,
 ) -> tuple[Sample, dict[str, Any]]:
-    """One streamed generation; returns the sample and the server's final `timings`
-    (`cache_n`: prompt tokens reused from the slot's cache, `prompt_n`: tokens processed)."""
+    """One streamed generation; returns the sample (its `text`: the reply) and the server's
+    final `timings` (`cache_n`: prompt tokens reused from the slot's cache, `prompt_n`: tokens
+    processed)."""
     body = {
         "prompt": [int(i) for i in prompt_ids],
         "n_predict": new_tokens,
@@ -112,6 +114,7 @@ def complete(
     start = time.perf_counter()
     first = last = 0.0
     final: dict[str, Any] = {}
+    pieces: list[str] = []
     with client.stream("POST", url + "/completion", json=body) as response:
         if response.status_code != 200:
             response.read()
@@ -121,6 +124,7 @@ def complete(
                 continue
             event = json.loads(line[len("data: ") :])
             now = time.perf_counter()
+            pieces.append(event.get("content") or "")
             if event.get("stop"):
                 final = event
                 if event.get("content"):  # a last piece held back for a whole character
@@ -133,4 +137,6 @@ def complete(
     tokens = int(timings.get("predicted_n", 0))
     if tokens != new_tokens:
         raise RuntimeError(f"llama-server generated {tokens} tokens, {new_tokens} were asked")
-    return _sample(VARIANT, rep, start, first, last, tokens), timings
+    sample = _sample(VARIANT, rep, start, first, last, tokens)
+    sample.text = "".join(pieces)
+    return sample, timings

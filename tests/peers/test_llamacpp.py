@@ -1,6 +1,6 @@
 """llama.cpp's own server on the converted tiny model: it loads the GGUF, tokenizes our prompt
 to our ids, generates exactly the tokens asked for, reuses its prompt cache, and scripts/bench.py
---peers runs end to end.
+--peers and scripts/bench_users_turns.py --peers run end to end.
 
 Marker `peers`: needs llama-server from `make peers` (llama.cpp built from source, which .ci/run
 does); without it these tests fail on CI (CI=true) and are skipped elsewhere.
@@ -34,12 +34,29 @@ def engine(tiny_model_dir: Path) -> RawEngine:
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    folder = tmp_path_factory.mktemp("llamacpp")
-    gguf = folder / "tiny.gguf"
+def tiny_gguf(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    gguf = tmp_path_factory.mktemp("llamacpp") / "tiny.gguf"
     gguf_model.convert(tiny_model_dir, gguf)
-    with llamacpp.server(gguf, folder / "server.log", threads=2, slots=2, context=512) as service:
+    return gguf
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_gguf: Path) -> Iterator[Service]:
+    log = tiny_gguf.parent / "server.log"
+    with llamacpp.server(tiny_gguf, log, threads=2, slots=2, context=512) as service:
         yield service
+
+
+def test_a_gguf_path_relative_to_the_caller(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--model models/x` given to a benchmark: the server runs in the GGUF's folder, where
+    that relative path would name nothing."""
+    monkeypatch.chdir(tiny_gguf.parent.parent)
+    relative = Path(tiny_gguf.parent.name) / tiny_gguf.name
+    log = tmp_path / "server.log"
+    with llamacpp.server(relative, log, threads=1, slots=1, context=256) as service:
+        assert httpx.get(service.url + "/health", timeout=10).status_code == 200
 
 
 def prompt(engine: RawEngine, text: str) -> list[int]:
@@ -71,6 +88,8 @@ def test_generates_exactly_the_tokens_asked_for_greedily(engine: RawEngine, llam
     assert timings["prompt_n"] == len(ids) and timings["cache_n"] == 0  # cache_prompt off
     assert 0 < first.ttft_s <= first.total_s and first.decode_tps > 0
     assert second.tokens == 24
+    # The reply's text, for a caller that resends it (bench_users_turns.py): greedy, the same.
+    assert first.text and first.text == second.text
 
 
 def test_same_weights_rank_our_greedy_tokens_on_top(engine: RawEngine, llama: Service) -> None:
@@ -136,3 +155,49 @@ def test_bench_with_peers_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path
     table = (out / "latest.md").read_text()
     for row in ("| llamacpp |", "| 5 |", "| llama-server |", "Ratios: llama.cpp / sidecar"):
         assert row in table
+
+
+def test_users_taking_turns_beside_llama_server(
+    engine: RawEngine, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from scripts.bench_users_turns import message
+
+    out = tmp_path / "users.json"
+    args = ["--model-dir", str(tiny_model_dir), "--users", "2", "--turns", "2", "--words", "12"]
+    args += ["--reply-tokens", "6", "--baseline-reps", "1", "--pause", "0"]
+    args += ["--restore-tokens", "0", "--peers", "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_users_turns.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(out.read_text())
+    users = [s for s in data["samples"] if s["phase"] == "users"]
+    # Request by request: ours, then llama-server's for the same user and turn.
+    order = [(server, u, t) for t in (1, 2) for u in (1, 2) for server in ("sidecar", "llamacpp")]
+    assert [(s["server"], s["user"], s["turn"]) for s in users] == order
+    for ours, theirs in zip(users[::2], users[1::2], strict=True):
+        # Turn 1 is the same prompt; after it each server's chat holds its own reply.
+        if ours["turn"] == 1:
+            assert theirs["prompt_tokens"] == ours["prompt_tokens"] and theirs["reused"] is None
+        else:
+            # One slot: user 1's turn 2 comes back from llama-server's host-memory cache.
+            assert theirs["cached_tokens"] >= theirs["previous_prompt_tokens"] - 1
+            # Its turn 2 resends its own reply's text: longer than with an empty reply.
+            user = ours["user"]
+            chat = [message(user, 1, 12), "", message(user, 2, 12)]
+            roles = ("user", "assistant", "user")
+            messages = [{"role": r, "content": c} for r, c in zip(roles, chat, strict=True)]
+            assert theirs["prompt_tokens"] > len(engine.prompt_ids(messages))
+    assert all("llamacpp" in row and row["llamacpp"]["requests"] == 2 for row in data["turns"])
+    assert "--parallel 1" in " ".join(data["peers"]["args"])
+    assert "--ctx-size 4096" in " ".join(data["peers"]["args"])
+    assert data["peak_rss_bytes"]["llama-server"] > 0
+    verdicts = {t["target"]: t["status"] for t in data["targets"]}
+    assert verdicts["turn-2 TTFT, median and p95, at or below llama.cpp's on the same chats"] in (
+        "pass",
+        "fail",
+    )
+    assert "llama.cpp TTFT median (s)" in result.stdout

@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from typing import Any
 
 import httpx
 
-from scripts.services import Service
+# The log lines' home is scripts/services.py (the benchmarks read them too); re-exported here.
+from scripts.services import request_line as request_line
+from scripts.services import request_lines as request_lines
 
 JSON_HEADERS = {"content-type": "application/json"}
 
 
 def predict(url: str, body: dict[str, Any], timeout: float = 60.0) -> httpx.Response:
     return httpx.post(url + "/predict", json=body, timeout=timeout)
-
-
-def request_lines(service: Service) -> list[dict[str, Any]]:
-    """The per-request log lines the service has written so far."""
-    lines = []
-    for line in service.log_lines():
-        if line.startswith("{"):
-            data = json.loads(line)
-            if data.get("logger") == "sidecar.request":
-                lines.append(data)
-    return lines
-
-
-def request_line(service: Service, request_id: str, timeout: float = 30.0) -> dict[str, Any]:
-    """Wait for the log line of one request (it is written when the request is over)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in request_lines(service):
-            if line["request_id"] == request_id:
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no log line for request {request_id}:\n{service.log()[-3000:]}")
 
 
 def metrics(url: str) -> dict[str, float]:
