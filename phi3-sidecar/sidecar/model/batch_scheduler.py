@@ -123,7 +123,9 @@ class BatchScheduler:
             self._unlease(lease)
             raise NoRoom(f"{reserve} bytes of KV do not fit beside the running replies")
         memory.reserved_bytes += reserve
-        self.cache.shrink(self.cache.limit())  # kept conversations move down to make room
+        # Kept conversations move down to make room, also for the compact copy a conversation
+        # coming back from disk is read into
+        self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
         restored = Restored(None)
         if not lease.fresh:
             assert lease.entry is not None

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -81,8 +81,11 @@ class CompactKv:
                     break
                 size = block.data.shape[1]
                 if size > left:
-                    scale = None if block.scale is None else block.scale[:, :left].copy()
-                    block = Block(block.data[:, :left].copy(), scale)
+                    # A view when most of the block stays (no second copy of it while it is
+                    # restored); a copy when most goes (the rest's memory is given back).
+                    keep: Any = (lambda a: a) if 2 * left >= size else np.copy
+                    scale = None if block.scale is None else keep(block.scale[:, :left])
+                    block = Block(keep(block.data[:, :left]), scale)
                 kept.append(block)
                 left -= min(size, left)
             self.blocks[index] = kept

@@ -32,7 +32,7 @@ from sidecar.model.kv_disk import DiskTier, Stored
 
 if TYPE_CHECKING:
     from sidecar.model.batch_decoder import KvPool
-    from sidecar.model.prompt_cache import Entry, PromptCache
+    from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 
 log = logging.getLogger("sidecar.model.kv_tiers")
 
@@ -174,6 +174,16 @@ class KvTiers:
             entry.exact_end = 0  # decoded K/V are not a fresh prefill's, bit for bit
         self.restores[tier] += 1
         return Restored(tier, time.perf_counter() - began)
+
+    def incoming_bytes(self, lease: Lease) -> int:
+        """The RAM a lent conversation's compact copy will take when it is read from disk."""
+        entry = lease.entry
+        if lease.fresh or entry is None or self.encoding is None:
+            return 0
+        holder = entry.generator
+        if holder.slot is not None or holder.holding.compact is not None:
+            return 0
+        return lease.reused * kv_compact.bytes_per_token(self.pool, self.encoding)
 
     def account(self, entry: Entry) -> None:
         """Set an entry's RAM bytes from what it holds now (its idle slot's written positions,
