@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from scripts import services
-from scripts.bench_variants import cpu_name, words
+from scripts.bench_variants import ChatTokenizer, cpu_name, sized_messages
 from sidecar.model.memory import GIB, MIB
 
 
@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             json.loads(line) for line in service.log_lines() if '"msg": "kv memory"' in line
         )
         worker = _worker_pid(service.process.pid)
+        tokenizer = ChatTokenizer.load(str(args.model_dir))
+        prompts = [
+            sized_messages(tokenizer, args.prompt_tokens, 900 + i) for i in range(args.prompts)
+        ]
         statuses: list[int] = []
         peak = {"rss": 0}
         done = threading.Event()
@@ -60,10 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.1)
 
         def ask(index: int) -> None:
-            # about 1.3 tokens a word on Phi-3's tokenizer
-            text = words(int(args.prompt_tokens / 1.3), 900 + index)
             body = {
-                "messages": [{"role": "user", "content": text}],
+                "messages": prompts[index],
                 "max_new_tokens": args.max_tokens,
                 "min_new_tokens": args.max_tokens,
                 "cache_scope": f"memory-{index}",
