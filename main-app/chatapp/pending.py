@@ -16,20 +16,12 @@ import contextvars
 import logging
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from chatapp.errors import ApiError
-from chatapp.upstream import Event, ReplyStream, Upstream, upstream_failed
+from chatapp.upstream import Event, Refused, ReplyStream, Upstream, upstream_failed
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Refused:
-    """The model service refused the chat after the relay's stream had started."""
-
-    error: ApiError
 
 
 class PendingReply:
@@ -75,7 +67,7 @@ class PendingReply:
         assert self._reply is not None
         return self._reply
 
-    def next(self, timeout: float) -> Event | Refused | None:
+    def next(self, timeout: float) -> Event | None:
         """As ReplyStream.next: None while the model service has not answered (a ping)."""
         if not self._started.is_set() and not self._started.wait(timeout):
             return None

@@ -28,9 +28,9 @@ from chatapp import errors, wire
 from chatapp.body_deadline import LATE
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
-from chatapp.pending import PendingReply, Refused
+from chatapp.pending import PendingReply
 from chatapp.telemetry import Telemetry
-from chatapp.upstream import Broken, Done, ReplyStream, Upstream
+from chatapp.upstream import Broken, Done, Refused, ReplyStream, Upstream
 
 bp = Blueprint("relay", __name__)
 log = logging.getLogger(__name__)
@@ -110,8 +110,8 @@ class Relay:
                         dropped_messages=record.dropped_messages,
                     )
                     return
-                if isinstance(event, Refused):  # refused after waiting in its queue (pending.py)
-                    log.warning("the model service refused a queued chat: %s", event.error.type)
+                if isinstance(event, Refused):  # refused after the stream started (upstream.py)
+                    log.warning("the model service refused a started chat: %s", event.error.type)
                     self._outcome = event.error.type
                     yield wire.error(event.error.message, event.error.type)
                     return

@@ -57,6 +57,15 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """The model service refused the chat after the relay's stream had started: it waited in
+    the sidecar's queue past QUEUED_STREAM_AFTER (chatapp/pending.py), or the server's own
+    stream had started before the refusal (our sidecar's STREAM_START_AFTER_S on /v1)."""
+
+    error: ApiError
+
+
+@dataclass(frozen=True)
 class Broken:
     """The reply broke off: the connection dropped, the server stayed silent too long, or it
     said it failed (`message`, one sentence of its own)."""
@@ -65,7 +74,7 @@ class Broken:
     message: str | None = None
 
 
-Event = Text | Done | Broken
+Event = Text | Done | Broken | Refused
 
 
 class ReplyStream:
@@ -229,8 +238,9 @@ class Connection:
             return response.status_code, None
 
 
-def retry_after(response: requests.Response) -> int:
-    raw = response.headers.get("Retry-After", "")
+def retry_after(response: requests.Response | None) -> int:
+    """The answer's Retry-After; the default for none (a refusal that came in the stream)."""
+    raw = response.headers.get("Retry-After", "") if response is not None else ""
     try:
         return max(1, int(raw))
     except ValueError:
@@ -261,7 +271,7 @@ def host_refused() -> ApiError:
     )
 
 
-def not_ready(phase: str, response: requests.Response) -> ApiError:
+def not_ready(phase: str, response: requests.Response | None) -> ApiError:
     """The model is not loaded: it failed to (no point in retrying), it is restarting, or it is
     on its way (any other phase)."""
     if phase == "failed":
@@ -276,7 +286,7 @@ def not_ready(phase: str, response: requests.Response) -> ApiError:
     return ApiError(type, sentence, status=503, retry_after=seconds)
 
 
-def busy(response: requests.Response) -> ApiError:
+def busy(response: requests.Response | None) -> ApiError:
     seconds = retry_after(response)
     return ApiError(
         "busy",

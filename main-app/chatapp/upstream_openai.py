@@ -11,7 +11,10 @@ difference as it comes:
   a chunk with a `finish_reason` but without `[DONE]` is complete too. One that ends with
   neither broke off.
 - An error mid-stream (`data: {"error": {...}}`, as llama-server and vLLM send it) breaks the
-  reply with the server's message.
+  reply with the server's message. Before any text, one with the code of a refusal our
+  sidecar sends in its stream once the stream has started early (`STREAM_START_AFTER_S`:
+  `context_length_exceeded`, `overloaded`, `model_not_ready`) is that refusal, as if it had
+  been the HTTP status. Chunks with an empty content (the sidecar's keep-alives) add nothing.
 - The model: `UPSTREAM_MODEL`, or the first one `GET /v1/models` lists (asked once, and again
   while none is known). Readiness is that list naming a model; a server without the list (404)
   counts as ready when `UPSTREAM_MODEL` names the model.
@@ -35,6 +38,7 @@ from chatapp.upstream import (
     Connection,
     Done,
     Event,
+    Refused,
     ReplyStream,
     Text,
     busy,
@@ -170,6 +174,7 @@ def _model_ids(body: Any) -> list[str]:
 def events(response: requests.Response) -> Iterator[Event]:
     finish: str | None = None
     usage: dict[str, Any] = {}
+    said = False  # any text yet
     for line in lines(response):
         if not line.startswith(b"data:"):
             continue  # comments (": keep-alive"), event:, id:, retry:, blank separators
@@ -180,7 +185,11 @@ def events(response: requests.Response) -> Iterator[Event]:
         if not isinstance(chunk, dict):
             continue
         if "error" in chunk:
-            yield Broken(timed_out=False, message=_error_message(chunk["error"]))
+            refusal = None if said else _stream_refusal(chunk["error"])
+            if refusal is not None:
+                yield Refused(refusal)
+            else:
+                yield Broken(timed_out=False, message=_error_message(chunk["error"]))
             return
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"]
@@ -189,6 +198,7 @@ def events(response: requests.Response) -> Iterator[Event]:
                 continue
             content = (choice.get("delta") or {}).get("content")
             if isinstance(content, str) and content:
+                said = True
                 yield Text(content)
             if isinstance(choice.get("finish_reason"), str):
                 finish = choice["finish_reason"]
@@ -210,6 +220,20 @@ def _error_message(error: Any) -> str | None:
     if not isinstance(message, str) or not message.strip():
         return None
     return f"The model service stopped: {trimmed(message)}."
+
+
+def _stream_refusal(error: Any) -> ApiError | None:
+    """The refusal an error event stands for (our sidecar's codes, what it answers with an
+    HTTP status when its stream has not started); None: a failure of the server's own."""
+    code = error.get("code") if isinstance(error, dict) else None
+    if code == "context_length_exceeded":
+        return context_overflow()
+    if code == "overloaded":
+        return busy(None)
+    if code == "model_not_ready":
+        phase = error.get("phase")
+        return not_ready(phase if isinstance(phase, str) else "", None)
+    return None
 
 
 def _error_of(response: requests.Response) -> tuple[str, str, str]:

@@ -227,6 +227,27 @@ class Settings(BaseSettings):
         "`connections` says the cap and why); the soft open-files limit is raised to the hard "
         "one first.",
     )
+    stream_start_after_s: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=10.0,
+        description="Seconds a streamed /v1/chat/completions request may wait for its reply to "
+        "start (in the queue, or for the model worker) before its stream starts anyway: the "
+        'status 200, the headers and the first chunk (delta {"role": "assistant", "content": '
+        '""}), then STREAM_KEEPALIVE_S chunks. A refusal after that (not_ready, '
+        "context_length_exceeded, ...) is an error event in the stream instead of an HTTP "
+        "status (docs/api.md). Clients that read with a timeout (30 s in App Service's "
+        "tutorial apps) get their first byte in time. 0: every stream starts at once.",
+    )
+    stream_keepalive_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=10.0,
+        description="Seconds a /v1/chat/completions stream may stay silent (waiting in the "
+        "queue, reading a long prompt, holding a tool call until it is complete) before it "
+        'sends a chunk with delta {"content": ""}, which clients add as no text. Not on '
+        "/predict, whose text stream has no room for one.",
+    )
     max_body_bytes: int = Field(
         default=64 * 1024,
         ge=1024,

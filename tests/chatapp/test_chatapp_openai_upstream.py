@@ -88,6 +88,40 @@ def test_keep_alive_comments_are_skipped(client: FlaskClient, fake: FakeSidecar)
     assert text_of(chat(client)) == "Hello there."
 
 
+def test_empty_content_chunks_add_nothing(client: FlaskClient, fake: FakeSidecar) -> None:
+    """Our sidecar's first chunk, its keep-alives and its last chunk carry "content": ""."""
+    keepalive = chunk("")
+    first = chunk("") | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    fake.predict = lambda h: sse(h, [first, keepalive, keepalive, *REPLY[:-1], chunk("", "stop")])
+    lines = chat(client)
+    assert [line["delta"] for line in lines if "delta" in line] == ["Hel", "lo ", "there."]
+    assert lines[-1]["done"] is True and lines[-1]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("error", "type", "sentence"),
+    [
+        ({"code": "context_length_exceeded", "limit_tokens": 4096}, "context_overflow", "too long"),
+        ({"code": "overloaded", "type": "server_error"}, "busy", "busy"),
+        ({"code": "model_not_ready", "phase": "restarting"}, "restarting", "restarting"),
+        ({"code": "model_not_ready", "phase": "failed"}, "model_failed", "could not load"),
+    ],
+)
+def test_a_refusal_in_a_started_stream_is_that_refusal(
+    client: FlaskClient, fake: FakeSidecar, error: dict[str, Any], type: str, sentence: str
+) -> None:
+    """Our sidecar starts a stream that waits (STREAM_START_AFTER_S); a refusal after that
+    comes as an error event: the page gets the refusal's own type and sentence, as it would
+    for the HTTP status (it once read "The model service stopped: ...", upstream_disconnected)."""
+    event = {"error": {"message": "the prompt takes 5000 tokens", **error}}
+    first = chunk("") | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    fake.predict = lambda h: sse(h, [first, chunk(""), event], done=False)
+    lines = chat(client)
+    assert not any(line.get("delta") for line in lines)
+    assert lines[-1]["error"]["type"] == type
+    assert sentence in lines[-1]["error"]["message"]
+
+
 def test_a_length_finish_is_said(client: FlaskClient, fake: FakeSidecar) -> None:
     fake.predict = lambda h: sse(h, [chunk("Hello"), chunk(finish="length")])
     assert chat(client)[-1]["finish_reason"] == "length"

@@ -3,8 +3,10 @@ the default /predict mode's honest endings, through real processes."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -12,6 +14,8 @@ import pytest
 from scripts import make_model, services
 from tests.e2e import live
 from tests.e2e.conftest import AppFactory
+from tests.sidecar import reference
+from tests.support.engines import paced
 
 USER = [{"role": "user", "content": "Plan a short walk through the old town, please."}]
 
@@ -73,3 +77,58 @@ def test_predict_mode_says_why_a_reply_ended(live_app: services.Service) -> None
     assert objs[-1]["finish_reason"] == "length"
     ended = [{"role": "user", "content": make_model.EOS_PROMPT}]  # the model ends it itself
     assert live.chat(live_app.url, ended, max_new_tokens=200)[-1]["finish_reason"] == "stop"
+
+
+@pytest.fixture(scope="module")
+def queued_openai_app(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, start_app: AppFactory
+) -> Iterator[tuple[services.Service, services.Service]]:
+    """The app (openai) before a sidecar that runs one reply at a time and reads prompts at
+    1.5 s a chunk: a chat behind a long prompt waits, and its /v1 stream starts early."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-queued.log"
+    env = paced(pace=0.0, prefill_pace=1.5)
+    with (
+        services.sidecar(tiny_model_dir, log, MAX_CONCURRENCY="1", env=env) as sidecar,
+        start_app(sidecar.url, UPSTREAM_API="openai") as app,
+    ):
+        yield sidecar, app
+
+
+def filler(model_dir: Path, tokens: int) -> str:
+    text = "a b c d e f g h "
+    while len(reference.prompt_ids(model_dir, [{"role": "user", "content": text}])) < tokens:
+        text += "a b c d e f g h "
+    return text
+
+
+def test_a_chat_behind_a_long_prompt_through_v1(
+    queued_openai_app: tuple[services.Service, services.Service], tiny_model_dir: Path
+) -> None:
+    """The sidecar's early start, keep-alive chunks and refusal event, read by the app: the
+    queued chat is relayed whole with nothing empty in it, and a chat too long for the context
+    is the page's context_overflow, as its 400 would be (not upstream_disconnected)."""
+    sidecar, app = queued_openai_app
+    blocker = {"messages": [{"role": "user", "content": filler(tiny_model_dir, 600)}]}
+    running = threading.Thread(
+        target=httpx.post,
+        args=(sidecar.url + "/v1/chat/completions",),
+        kwargs={"json": {**blocker, "max_tokens": 1}, "timeout": 120},
+    )
+    running.start()
+    live.wait_until(
+        lambda: live.metric(sidecar, "sidecar_active_generations") == 1, 30, "the blocker"
+    )
+    too_long = [{"role": "user", "content": filler(tiny_model_dir, 4200)}]
+    results: dict[str, list[dict[str, Any]]] = {}
+    refused = threading.Thread(
+        target=lambda: results.setdefault("refused", live.chat(app.url, too_long))
+    )
+    refused.start()
+    objs = live.chat(app.url, USER, max_new_tokens=24)
+    refused.join(120)
+    running.join(120)
+    expected = reference.generate(tiny_model_dir, USER, 24)
+    assert [o["delta"] for o in objs if "delta" in o] and all(o.get("delta") != "" for o in objs)
+    assert live.text_of(objs) == expected.text
+    assert objs[-1]["done"] is True
+    assert results["refused"][-1]["error"]["type"] == "context_overflow"

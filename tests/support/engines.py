@@ -4,9 +4,10 @@ settings that do that are `faulty()` and `paced()`.
 
 - FaultyEngine: faults triggered by a marker in the newest user message (an exception after
   the first token, or the worker process dying).
-- PacedEngine: waits before each token (and optionally before loading), so that a test, or a
-  person, can stop, kill or crowd a reply while it is being written; the tiny model would
-  otherwise finish in milliseconds.
+- PacedEngine: waits before each token (and optionally before each chunk of a prompt, and
+  before loading), so that a test, or a person, can stop, kill or crowd a reply while it is
+  being written, or read a long prompt as slowly as a big model on a slow CPU; the tiny model
+  would otherwise finish in milliseconds.
 - `gated()`: the faulty engine, each worker's load held until the test opens its gate, so that
   "still loading" and "restarting" last exactly as long as a test needs them (no timing).
 - PoisonedEngine: the real batched path, left to the worker as it is (one model call for all
@@ -42,12 +43,14 @@ def faulty() -> dict[str, str]:
     return {"ENGINE_FACTORY": "tests.support.engines:load_faulty_engine", "PYTHONPATH": str(REPO)}
 
 
-def paced(pace: float = 0.05, load_delay: float = 0.0) -> dict[str, str]:
-    """Sidecar settings for the paced engine: `pace` seconds before each token."""
+def paced(pace: float = 0.05, load_delay: float = 0.0, prefill_pace: float = 0.0) -> dict[str, str]:
+    """Sidecar settings for the paced engine: `pace` seconds before each token,
+    `prefill_pace` before each chunk of PREFILL_CHUNK prompt tokens."""
     return {
         "ENGINE_FACTORY": "tests.support.engines:load_paced_engine",
         "PYTHONPATH": str(REPO),
         "PACE_S": str(pace),
+        "PREFILL_PACE_S": str(prefill_pace),
         "LOAD_DELAY_S": str(load_delay),
     }
 
@@ -152,27 +155,32 @@ def load_faulty_engine(settings: Settings) -> FaultyEngine:
 
 
 class PacedGeneration:
-    def __init__(self, real: Generation | BatchGeneration, pace: float) -> None:
+    def __init__(
+        self, real: Generation | BatchGeneration, pace: float, prefill_pace: float
+    ) -> None:
         self._real = real
         self._pace = pace
+        self._prefill_pace = prefill_pace
 
     def __getattr__(self, name: str) -> Any:  # prompt, generated, finish, tokens_per_s, ...
         return getattr(self._real, name)
 
     def step(self) -> str | None:
-        if not self._real.prefilling:  # the wait is per token; prompt chunks run at full speed
-            time.sleep(self._pace)
+        # A step is a token, or a chunk of the prompt (the worker's pings are answered between
+        # steps, so neither wait looks like a stalled worker).
+        time.sleep(self._prefill_pace if self._real.prefilling else self._pace)
         return self._real.step()
 
 
 class PacedEngine:
-    def __init__(self, real: Engine, pace: float) -> None:
+    def __init__(self, real: Engine, pace: float, prefill_pace: float = 0.0) -> None:
         self._real = real
         self._pace = pace
+        self._prefill_pace = prefill_pace
         self.max_length = real.max_length
 
     def start(self, request: ipc.Generate) -> PacedGeneration:
-        return PacedGeneration(self._real.start(request), self._pace)
+        return PacedGeneration(self._real.start(request), self._pace, self._prefill_pace)
 
     def warm_up(self) -> None:
         self._real.warm_up()
@@ -183,7 +191,9 @@ class PacedEngine:
 
 def load_paced_engine(settings: Settings) -> PacedEngine:
     time.sleep(float(os.environ.get("LOAD_DELAY_S", "0")))  # a model that takes long to load
-    return PacedEngine(load_real_engine(settings), float(os.environ.get("PACE_S", "0.05")))
+    pace = float(os.environ.get("PACE_S", "0.05"))
+    prefill_pace = float(os.environ.get("PREFILL_PACE_S", "0"))
+    return PacedEngine(load_real_engine(settings), pace, prefill_pace)
 
 
 def load_faulty_slow_engine(settings: Settings) -> FaultyEngine:

@@ -79,6 +79,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         admission,
         log_prompts=settings.log_prompts,
         time_limit_s=settings.reply_time_limit_s,
+        start_after_s=settings.stream_start_after_s,
+        keepalive_s=settings.stream_keepalive_s,
     )
     errors.install(app)
     openapi.install(app)

@@ -63,16 +63,22 @@ Reply, stream false: 200 application/json once the reply is complete:
 
 Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the text comes:
   chat.completion.chunk objects (id, created and model as above, "choices": [{"index": 0,
-  "delta": ..., "logprobs": null, "finish_reason": null}]): first delta {"role": "assistant"},
-  then deltas {"content": "..."} (whole characters), then delta {} with the finish_reason (a
-  reply that calls tools: content null in the message; streamed, the call is held until it
-  is complete and sent as one delta {"tool_calls": [{"index", "id", "type", "function":
-  {"name", "arguments"}}]} per call); with
+  "delta": ..., "logprobs": null, "finish_reason": null}]): first delta {"role": "assistant",
+  "content": ""}, then deltas {"content": "..."} (whole characters), then delta
+  {"content": ""} with the finish_reason (a reply that calls tools: content null in the
+  message; streamed, the call is held until it is complete and sent as one delta
+  {"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]} per call); with
   include_usage every chunk has "usage": null and one more chunk follows with "choices": []
-  and the usage; the last event is `data: [DONE]`. An error after the first byte ends the
-  response without [DONE] and without its final chunk (as /predict), logged with the id; a
-  structured reply that fails its final check ends with an error event instead,
-  `data: {"error": {...}}` (code invalid_reply), and no [DONE].
+  and the usage; the last event is `data: [DONE]`. Nothing else is sent: no SSE comments
+  (readers that JSON-parse every line throw on one), and U+2028, U+2029 and U+0085 escaped
+  (readers that split lines there, as httpx's aiter_lines does, would cut an event). After
+  STREAM_KEEPALIVE_S of silence (the queue, a long prompt, a tool call held) a chunk with
+  delta {"content": ""} says nothing. A request not started within STREAM_START_AFTER_S gets
+  its 200, headers and first chunk at once (early_start.py): a refusal after that is an error
+  event, `data: {"error": {...}}` with the refusal's fields, and no [DONE]. An error after the
+  first byte ends the response without [DONE] and without its final chunk (as /predict),
+  logged with the id; a structured reply that fails its final check ends with an error event
+  instead, `data: {"error": {...}}` (code invalid_reply), and no [DONE].
 
 Errors before the reply: OpenAI's {"error": {"message", "type", "param", "code"}} with OpenAI's
 statuses (errors.py REFUSALS, its openai columns): 400 invalid_request_error (code
@@ -162,16 +168,17 @@ async def chat_completions(
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
     tools = body.calls_tools
+    guided_by = "tools" if body.tools else "response_format"  # the field the grammar came from
     reply_format: ReplyFormat
     if body.stream:
-        reply_format = EventStream(ids, body.include_usage, tools, check)
+        reply_format = EventStream(ids, body.include_usage, tools, check, guided_by)
     else:
         reply_format = Completion(ids, tools, check)
     try:
         return await pipeline.run(request, record, generate, reply_format)
     except ApiError as error:
-        if error.reason == "invalid_guidance":  # name the field the grammar came from
-            error.param = "tools" if body.tools else "response_format"
+        if error.reason == "invalid_guidance":
+            error.param = guided_by
         raise
 
 
@@ -305,10 +312,12 @@ class EventStream(_Checked):
         include_usage: bool,
         tools: bool = False,
         check: ReplyCheck | None = None,
+        guided_by: str | None = None,
     ) -> None:
         super().__init__(check, tools)
         self._ids = ids
         self._include_usage = include_usage
+        self._guided_by = guided_by  # names the field of an invalid_guidance refused mid-stream
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -316,7 +325,13 @@ class EventStream(_Checked):
         return _event(self._ids.object("chat.completion.chunk", choices=[choice], **usage))
 
     def head(self) -> bytes:
-        return self._chunk({"role": "assistant"})
+        # "content" in the first and the last delta, as OpenAI sends it: readers that map every
+        # chunk to its content (Spring's Reactor: null is an error) read them as no text.
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def keepalive(self) -> bytes:
+        # A chunk, not an SSE comment: readers that JSON-parse every line (.NET's) throw on one.
+        return self._chunk({"content": ""})
 
     def piece(self, text: str) -> bytes:
         self._keep(text)
@@ -326,7 +341,10 @@ class EventStream(_Checked):
 
     def refused(self, error: ApiError) -> bytes:
         # An error event, as llama.cpp's server and vLLM send one mid-stream (the SDK raises
-        # it as an APIError); no final chunk, no [DONE]: the reply is not complete.
+        # it as an APIError); no final chunk, no [DONE]: the reply is not complete. Also a
+        # refusal that came after an early start (early_start.py).
+        if error.reason == "invalid_guidance":
+            error.param = self._guided_by
         return _event({"error": error.openai_body()})
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
@@ -335,12 +353,19 @@ class EventStream(_Checked):
         # One delta per call, whole: the SDK's stream helpers assemble deltas by index.
         for index, call in enumerate(calls or ()):
             events += self._chunk({"tool_calls": [call.as_openai(index)]})
-        events += self._chunk({}, _finish_reason(end, calls))
+        events += self._chunk({"content": ""}, _finish_reason(end, calls))
         if self._include_usage:
             usage = _usage(end, started)
             events += _event(self._ids.object("chat.completion.chunk", choices=[], usage=usage))
         return events + b"data: [DONE]\n\n"
 
 
+# Characters that some line readers take for line ends, which JSON leaves raw (httpx's
+# aiter_lines splits at all three, as str.splitlines does): escaped, so that every event stays
+# one line. They appear only inside strings, where the escape means the same character.
+_LINE_ENDS = {ord(c): f"\\u{ord(c):04x}" for c in "\u0085\u2028\u2029"}
+
+
 def _event(data: dict[str, Any]) -> bytes:
-    return b"data: " + _json(data) + b"\n\n"
+    line = json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_LINE_ENDS)
+    return b"data: " + line.encode() + b"\n\n"

@@ -3,6 +3,9 @@
 Everything that can be refused is refused before the response starts (the body, readiness,
 the queue, the context), with the status and type that errors.REFUSALS gives each reason. A
 route only brings its body's schema and its ReplyFormat (how the reply is written, reply.py).
+The one exception: a stream with a keepalive (/v1's server-sent events) whose reply has not
+started within STREAM_START_AFTER_S starts anyway (early_start.py), and a refusal after that is
+the format's error event.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 from fastapi import Request, Response
 from pydantic import BaseModel, ValidationError
@@ -19,6 +22,7 @@ from starlette.requests import ClientDisconnect
 
 from sidecar import ipc
 from sidecar.web.admission import Admission, QueueFull
+from sidecar.web.early_start import EarlyStart
 from sidecar.web.errors import ApiError, not_ready, overloaded
 from sidecar.web.model_client import ModelClient
 from sidecar.web.record import RequestRecord
@@ -81,11 +85,15 @@ class Pipeline:
         *,
         log_prompts: bool,
         time_limit_s: float = 0.0,
+        start_after_s: float = 2.0,
+        keepalive_s: float = 5.0,
     ) -> None:
         self._model = model
         self._admission = admission
         self._log_prompts = log_prompts
         self._time_limit_s = time_limit_s  # REPLY_TIME_LIMIT_S; 0: none
+        self._start_after_s = start_after_s  # STREAM_START_AFTER_S
+        self._keepalive_s = keepalive_s  # STREAM_KEEPALIVE_S
 
     async def run(
         self,
@@ -100,32 +108,47 @@ class Pipeline:
             record.prompt = generate.messages
         if not model.phase.ready:
             raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
-        queued_at = time.monotonic()  # telemetry: the queue wait (web/metrics.py, telemetry.py)
-        if not await self._admit(request):
-            record.outcome = "cancelled"  # the client left while waiting in the queue
+        begin = asyncio.ensure_future(self._begin(record, generate, reply_format))
+        gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+        # A format that can keep a stream alive may start it before its reply starts.
+        start_after = self._start_after_s if reply_format.keepalive() else None
+        try:
+            await asyncio.wait(
+                {begin, gone}, timeout=start_after, return_when=asyncio.FIRST_COMPLETED
+            )
+        except asyncio.CancelledError:  # the server is stopping
+            begin.cancel()
+            raise not_ready("stopping", None) from None
+        finally:
+            gone.cancel()
+        if begin.done():
+            return begin.result()  # a refusal raises: its HTTP status
+        if gone.done():
+            begin.cancel()  # out of the queue, or cancelled in the worker
+            record.outcome = "cancelled"  # the client left while its reply was starting
             return Response(status_code=204)
+        return EarlyStart(begin, record, reply_format, self._keepalive_s)
+
+    async def _begin(
+        self, record: RequestRecord, generate: ipc.Generate, reply_format: ReplyFormat
+    ) -> ReplyResponse:
+        """A slot, then the worker's start: the reply's response, or the refusal raised."""
+        model = self._model
+        queued_at = time.monotonic()  # telemetry: the queue wait (web/metrics.py, telemetry.py)
+        await self._admit()
         record.admitted(queued_at)  # telemetry
         if self._time_limit_s:
             # Counted from the request's arrival, as App Service's front end counts its 230 s.
             deadline = record.started_at + self._time_limit_s
             generate = dataclasses.replace(generate, deadline=deadline)
-        reply = model.submit(generate)
         # The worker starts it at once, or keeps it until the KV memory it needs is free
-        # (model/kv_tiers.py): a client that leaves meanwhile takes its request with it.
-        gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+        # (model/kv_tiers.py): a client that leaves meanwhile takes its request with it (run).
+        reply = model.submit(generate)
         try:
-            waited: set[asyncio.Future[Any]] = {reply.start, gone}
-            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the server is stopping
+            start = await reply.start
+        except asyncio.CancelledError:  # the client left, or the server is stopping
             model.cancel(reply.key)
-            raise not_ready("stopping", None) from None
-        finally:
-            gone.cancel()
-        if not reply.start.done():
-            model.cancel(reply.key)
-            record.outcome = "cancelled"
-            return Response(status_code=204)
-        start = reply.start.result()
+            raise
         if isinstance(start, ipc.Rejected):
             if start.reason == "overloaded":  # it waited for KV memory until its deadline
                 raise ApiError(start.reason, start.message, headers=overloaded().headers)
@@ -140,31 +163,30 @@ class Pipeline:
         if start.cache_tier in ("compact", "disk"):
             record.restore_ms = round(start.restore_s * 1000, 1)
         record.dropped_messages = start.dropped_messages
-        return ReplyResponse(reply, model, record, start, reply_format, keep_text=self._log_prompts)
+        return ReplyResponse(
+            reply,
+            model,
+            record,
+            start,
+            reply_format,
+            keep_text=self._log_prompts,
+            keepalive_s=self._keepalive_s,
+        )
 
-    async def _admit(self, request: Request) -> bool:
-        """Wait for a slot (FIFO); False if the client disconnected while waiting."""
+    async def _admit(self) -> None:
+        """Wait for a slot (FIFO); 503 when the queue is full or the worker failed meanwhile.
+        Cancelled (the client left), the request leaves the queue."""
         admission = self._admission
         if admission.try_acquire():
-            return True
-        acquire = asyncio.ensure_future(admission.acquire())
-        gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+            return
         try:
-            await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not acquire.done():
-                acquire.cancel()
-        if acquire.done() and not acquire.cancelled():
-            if isinstance(acquire.exception(), QueueFull):
-                raise overloaded()
-            acquire.result()
-            phase = self._model.phase
-            if not phase.ready:  # the worker failed while we waited
-                admission.release()
-                raise not_ready(phase.name, phase.reason, phase.retry_after_s())
-            return True
-        return False
+            await admission.acquire()
+        except QueueFull:
+            raise overloaded() from None
+        phase = self._model.phase
+        if not phase.ready:  # the worker failed while we waited
+            admission.release()
+            raise not_ready(phase.name, phase.reason, phase.retry_after_s())
 
 
 def _too_large(limit: int) -> NoReturn:

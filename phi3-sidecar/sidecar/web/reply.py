@@ -12,12 +12,18 @@ complete (`buffered`: nothing goes out before the end, so a failed generation ge
 status instead, and a client that left gets nothing; the disconnect is watched all the same).
 A format may refuse a reply that ended normally (a structured reply that fails its final
 check, reply_check.py): an error status when buffered, else its `refused` ending.
+
+A format with a `keepalive` (the server-sent events) writes it whenever the stream has been
+silent for STREAM_KEEPALIVE_S (`Outbox`): clients that read with a timeout see a byte while a
+long prompt is read. One whose reply has not even started in time is answered by
+`early_start.EarlyStart`, which hands its `Outbox` to this response once the reply starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -44,6 +50,11 @@ class ReplyFormat:
         """Sent right after the headers."""
         return b""
 
+    def keepalive(self) -> bytes:
+        """Sent after STREAM_KEEPALIVE_S of silence; b"": nothing (the format has no room for
+        it, or is buffered)."""
+        return b""
+
     def piece(self, text: str) -> bytes:
         """Sent for each piece of text as it comes ('' sends nothing)."""
         raise NotImplementedError
@@ -67,6 +78,35 @@ class ReplyFormat:
         return b""
 
 
+class Outbox:
+    """A streamed body as it is written: what was sent last, and a keepalive after each
+    `keepalive_s` of silence while the response waits (none if `keepalive` is b"")."""
+
+    def __init__(self, send: Send, keepalive: bytes, keepalive_s: float) -> None:
+        self._send = send
+        self._keepalive = keepalive
+        self._keepalive_s = keepalive_s
+        self._last = time.monotonic()
+
+    async def write(self, body: bytes, *, more: bool = True) -> None:
+        await self._send({"type": "http.response.body", "body": body, "more_body": more})
+        self._last = time.monotonic()
+
+    async def wait(self, *futures: asyncio.Future[Any]) -> None:
+        """Until one of `futures` is done, writing the keepalive whenever the stream has been
+        silent for `keepalive_s`."""
+        while True:
+            timeout = None
+            if self._keepalive:
+                timeout = max(0.0, self._last + self._keepalive_s - time.monotonic())
+            done, _ = await asyncio.wait(
+                futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if done:
+                return
+            await self.write(self._keepalive)
+
+
 class ReplyResponse(Response):
     def __init__(
         self,
@@ -77,6 +117,7 @@ class ReplyResponse(Response):
         reply_format: ReplyFormat,
         *,
         keep_text: bool = False,
+        keepalive_s: float = 0.0,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -87,6 +128,7 @@ class ReplyResponse(Response):
         self._record = record
         self._started = started
         self._text: list[str] | None = [] if keep_text else None
+        self._keepalive_s = keepalive_s
         self.init_headers(
             {
                 "cache-control": "no-store",
@@ -98,12 +140,17 @@ class ReplyResponse(Response):
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        buffered = self._format.buffered
-        if not buffered:
+        outbox = Outbox(send, self._format.keepalive(), self._keepalive_s)
+        if not self._format.buffered:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             if head := self._format.head():
-                await send({"type": "http.response.body", "body": head, "more_body": True})
-        pump = asyncio.create_task(self._pump(send))
+                await outbox.write(head)
+        await self.stream(scope, receive, send, outbox)
+
+    async def stream(self, scope: Scope, receive: Receive, send: Send, outbox: Outbox) -> None:
+        """The reply after the headers and the head (early_start.py sent those itself)."""
+        buffered = self._format.buffered
+        pump = asyncio.create_task(self._pump(outbox))
         gone = asyncio.create_task(wait_for_disconnect(receive))
         try:
             await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -136,12 +183,12 @@ class ReplyResponse(Response):
             await self._send_whole(end, outcome, refusal, scope, receive, send)
         elif refusal is not None:
             if body := self._format.refused(refusal):  # else: cut off, as below
-                await send({"type": "http.response.body", "body": body, "more_body": False})
+                await outbox.write(body, more=False)
         elif end.finish != "error":
             tail = self._format.tail(end, self._started) if outcome != "cancelled" else b""
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            await outbox.write(tail, more=False)
         elif failure := self._format.failure():  # a format that can say so in its stream
-            await send({"type": "http.response.body", "body": failure, "more_body": False})
+            await outbox.write(failure, more=False)
         # else: return without the final chunk; the server closes the connection.
 
     async def _send_whole(
@@ -175,10 +222,10 @@ class ReplyResponse(Response):
         self._record.error_type = error.kind
         await error.response(scope["path"])(scope, receive, send)
 
-    async def _pump(self, send: Send) -> ipc.End:
+    async def _pump(self, outbox: Outbox) -> ipc.End:
         pieces = self._reply.pieces
         while True:
-            batch = [await pieces.get()]
+            batch = [await self._next(outbox)]
             while not pieces.empty() and not isinstance(batch[-1], ipc.End):
                 batch.append(pieces.get_nowait())
             text = "".join(m.text for m in batch if isinstance(m, ipc.Piece))
@@ -191,9 +238,21 @@ class ReplyResponse(Response):
                 if self._text is not None:
                     self._text.append(text)
                 if body := self._format.piece(text):
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    await outbox.write(body)
             if isinstance(batch[-1], ipc.End):
                 return batch[-1]
+
+    async def _next(self, outbox: Outbox) -> ipc.Piece | ipc.End:
+        """The next message of the reply, keeping the stream alive while there is none."""
+        pieces = self._reply.pieces
+        if not pieces.empty():
+            return pieces.get_nowait()
+        getter = asyncio.ensure_future(pieces.get())
+        try:
+            await outbox.wait(getter)
+        finally:
+            getter.cancel()  # only if the pump itself is cancelled: no message is lost then
+        return getter.result()
 
     def _finish(self, end: ipc.End, outcome: str) -> None:
         record = self._record

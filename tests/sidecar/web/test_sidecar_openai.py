@@ -64,14 +64,20 @@ def stream(url: str, body: dict[str, Any]) -> tuple[httpx.Response, list[dict[st
         assert (chunk["created"], chunk["model"]) == (chunks[0]["created"], chunks[0]["model"])
     first, *middle = [c for c in chunks if c["choices"]]
     assert first["choices"] == [
-        {"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
     ]
     *content, last = middle
     for chunk in content:
         (choice,) = chunk["choices"]
-        assert set(choice["delta"]) == {"content"} and choice["delta"]["content"]
+        # text, or a keepalive (STREAM_KEEPALIVE_S of silence: a busy machine)
+        assert set(choice["delta"]) == {"content"} and isinstance(choice["delta"]["content"], str)
         assert choice["finish_reason"] is None
-    assert last["choices"][0]["delta"] == {}
+    assert last["choices"][0]["delta"] == {"content": ""}
     assert last["choices"][0]["finish_reason"] in ("stop", "length")
     return response, chunks
 

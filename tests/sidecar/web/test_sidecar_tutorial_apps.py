@@ -1,17 +1,16 @@
 """Apps written for App Service's built-in model sidecar extension, replayed against a real
 sidecar on the tiny model served where the extension serves, on port 11434 (PORT=11434).
 
-Microsoft's "tutorial-ai-slm" apps (ASP.NET Core, Express.js, FastAPI, Spring Boot) POST the
-same body to http://localhost:11434/v1/chat/completions: a system and a user message,
-`"stream": true, "cache_prompt": false, "n_predict": 150` (2048 in some). Each reads the
-server-sent events its own way; the readers below do what each app's code does (described,
-not copied), and the reply each one assembles must be the whole reply the model gives.
+The four apps of Microsoft's tutorial (ASP.NET Core, Express.js, FastAPI, Spring Boot) read the
+stream each its own way, some more strictly than any OpenAI SDK: tests/sidecar/tutorial_apps.py
+replicates each reader with its app's strictness, and the reply each one assembles must be the
+whole reply the model gives. Waiting in the queue and long prompts (the FastAPI app's 30-second
+read timeout) are in test_sidecar_stream_start.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,13 +23,11 @@ from scripts import services
 from scripts.make_model import LONG_PROMPT
 from tests.sidecar import reference
 from tests.sidecar.support import request_line
+from tests.sidecar.tutorial_apps import APPS, N_PREDICT, SYSTEM
 
 EXTENSION_PORT = 11434
 URL = f"http://localhost:{EXTENSION_PORT}/v1/chat/completions"
-MESSAGES = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": LONG_PROMPT},
-]
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": LONG_PROMPT}]
 
 
 def tutorial_body(n_predict: int, stream: bool = True) -> dict[str, Any]:
@@ -50,100 +47,40 @@ def extension_port_sidecar(
         yield service
 
 
-def dotnet_reader(response: httpx.Response) -> Iterator[str]:
-    """SLMService.cs: each line with "data: " removed and trimmed; empty lines and [DONE]
-    skipped; every other line parsed as JSON (a line that is not JSON throws); the text is
-    choices[0].delta.content when it is not empty."""
-    for raw in response.iter_lines():
-        line = raw.replace("data: ", "").strip()
-        if line and line != "[DONE]":
-            text = (json.loads(line).get("choices") or [{}])[0].get("delta", {}).get("content")
-            if text:
-                yield str(text)
-
-
-def express_reader(response: httpx.Response) -> Iterator[str]:
-    """slm_service.js: each chunk as it arrives split on newlines, blank lines dropped, a
-    leading "data: " removed, [DONE] ends the reading; a line that does not parse is only
-    warned about (and its text lost), so every line must parse on its own."""
-    for chunk in response.iter_text():
-        for line in (part for part in chunk.split("\n") if part.strip()):
-            if line.startswith("data: "):
-                line = line.replace("data: ", "", 1).strip()
-            if line == "[DONE]":
-                return
-            data = json.loads(line)  # the app would warn and drop it: fail here instead
-            choices = data.get("choices") or []
-            if choices:
-                text = (choices[0].get("delta") or {}).get("content")
-                if text:
-                    yield str(text)
-
-
-def fastapi_reader(response: httpx.Response) -> Iterator[str]:
-    """slm_service.py (httpx, aiter_lines): empty lines and a bare [DONE] skipped, a leading
-    "data: " removed, then JSON; what does not parse is skipped (that is "[DONE]" here)."""
-    for line in response.iter_lines():
-        if not line or line == "[DONE]":
-            continue
-        if line.startswith("data: "):
-            line = line.replace("data: ", "").strip()
-        try:
-            data = json.loads(line)
-        except ValueError:
-            assert line == "[DONE]", line  # nothing else may be lost
-            continue
-        if data.get("choices"):
-            text = data["choices"][0].get("delta", {}).get("content")
-            if text:
-                yield str(text)
-
-
-def spring_reader(response: httpx.Response) -> Iterator[str]:
-    """ReactiveSLMService.java (WebClient, Accept: text/event-stream, bodyToFlux(String)):
-    Spring decodes the event stream into each event's data; [DONE] is filtered out, the rest is
-    JSON whose choices[0].delta.content is the text (empty ones dropped)."""
-    data_lines: list[str] = []
-    for line in [*response.iter_lines(), ""]:
-        if line:
-            field, _, value = line.partition(":")
-            if field == "data":
-                data_lines.append(value.removeprefix(" "))
-            continue
-        if data_lines:
-            data = "\n".join(data_lines)
-            data_lines = []
-            if data != "[DONE]":
-                text = json.loads(data)["choices"][0]["delta"].get("content")
-                if text:
-                    yield str(text)
-
-
-# Each app: its reader, the headers it adds, and the n_predict it sends.
-READERS = {
-    "dotnet": (dotnet_reader, {}, 150),
-    "express": (express_reader, {}, 2048),
-    "fastapi": (fastapi_reader, {}, 2048),
-    "spring": (spring_reader, {"Accept": "text/event-stream"}, 2048),
-}
-
-
-@pytest.mark.parametrize("app", READERS)
+@pytest.mark.parametrize("app", APPS)
 def test_each_tutorial_app_reads_the_whole_streamed_reply(
     extension_port_sidecar: services.Service, tiny_model_dir: Path, app: str
 ) -> None:
-    reader, headers, n_predict = READERS[app]
+    """Spring's Reactor once failed at the first chunk, {"role": "assistant"} without a
+    content: its map returned null."""
+    n_predict = N_PREDICT[app]
     expected = reference.generate(tiny_model_dir, MESSAGES, n_predict)
-    with httpx.stream("POST", URL, json=tutorial_body(n_predict), headers=headers, timeout=30) as r:
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        pieces = list(reader(r))
-        rid = r.headers["x-request-id"]
-    assert len(pieces) > 1  # streamed, not one piece at the end
-    assert "".join(pieces) == expected.text
-    line = request_line(extension_port_sidecar, rid)
+    read = APPS[app](URL, LONG_PROMPT)
+    assert read.headers["content-type"].startswith("text/event-stream")
+    assert len(read.pieces) > 1  # streamed, not one piece at the end
+    assert read.text == expected.text
+    line = request_line(extension_port_sidecar, read.request_id)
     assert line["generated_tokens"] == len(expected.tokens) <= n_predict
     assert line["cached_tokens"] == 0  # cache_prompt false
+
+
+# A reply that must be exactly this string (a JSON Schema enum: the grammar forces it): every
+# character some line reader takes for a line end, which JSON leaves raw.
+LINE_ENDS = "one\u2028two\u2029three\u0085four"
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_each_tutorial_app_reads_a_reply_that_holds_line_separators(
+    extension_port_sidecar: services.Service, app: str
+) -> None:
+    """U+2028, U+2029 and U+0085 are escaped in the events: the FastAPI app's httpx
+    aiter_lines split its lines there, and it lost every piece that held one."""
+    schema = {"name": "answer", "schema": {"enum": [LINE_ENDS]}}
+    extra = {"response_format": {"type": "json_schema", "json_schema": schema}}
+    read = APPS[app](URL, "Say it.", **extra)
+    assert read.text == '"' + LINE_ENDS + '"'
+    line = request_line(extension_port_sidecar, read.request_id)
+    assert line["outcome"] == "eos"
 
 
 def test_the_same_request_without_streaming_reads_the_message(
