@@ -41,3 +41,11 @@ def assert_error(response: httpx.Response, status: int, kind: str | None = None)
         assert body["error"]["type"] == kind, body
     assert not re.search(r"Traceback|File \"|Error\(", response.text)
     return str(body["error"]["message"])
+
+
+_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa")
+
+
+def words(count: int, seed: int) -> str:
+    """`count` words starting at the `seed`th of a small list: long prompts that differ."""
+    return " ".join(_WORDS[(seed + i) % len(_WORDS)] for i in range(count))

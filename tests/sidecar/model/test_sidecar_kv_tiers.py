@@ -22,26 +22,20 @@ from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.kv_compact import bytes_per_token
 from sidecar.model.kv_tiers import NoRoom
+from tests.sidecar.support import words
 
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "zeta",
-    "eta",
-    "theta",
-    "iota",
-    "kappa",
-    "lambda",
-    "mu",
-]
 NEW = 8
 
 
-def message(user: int, turn: int, words: int = 60) -> str:
-    return " ".join(WORDS[(user * 5 + i + turn) % len(WORDS)] for i in range(words))
+def message(user: int, turn: int) -> str:
+    return words(60, user * 5 + turn)
+
+
+def to_disk(engine: Engine) -> None:
+    """Every idle conversation out of RAM: one byte of PROMPT_CACHE_MB."""
+    assert engine.batch is not None
+    engine.batch.cache.budget_bytes = 1
+    engine.batch.cache.shrink(engine.batch.cache.limit())
 
 
 def make_engine(model: Path, **options: Any) -> Engine:
@@ -156,8 +150,7 @@ def test_a_restored_conversation_replies_as_one_kept_in_fp32_when_exact(
             other.turn(turn)
             one.turn(turn)
             assert one.messages == other.messages
-            moved.batch.cache.budget_bytes = 1  # everything idle goes to disk
-            moved.batch.cache.shrink(moved.batch.cache.limit())
+            to_disk(moved)
             assert tiers(moved) == {"a": "disk"}
         kept.batch.cache.entries.clear()  # type: ignore[union-attr]
         moved.batch.cache.entries.clear()
@@ -194,8 +187,7 @@ def test_scopes_never_cross_through_the_disk_tier(tiny_model_dir: Path, tmp_path
     engine = make_engine(tiny_model_dir, prompt_cache_dir=directory)
     assert engine.batch is not None
     Chat(engine, "alice", 0).turn(0)
-    engine.batch.cache.budget_bytes = 1
-    engine.batch.cache.shrink(engine.batch.cache.limit())
+    to_disk(engine)
     assert tiers(engine) == {"alice": "disk"}
     (path,) = directory.iterdir()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -216,8 +208,7 @@ def test_a_restart_keeps_this_models_files_and_drops_the_rest(
     assert first.batch is not None
     chat = Chat(first, "carol", 1)
     chat.turn(0)
-    first.batch.cache.budget_bytes = 1
-    first.batch.cache.shrink(first.batch.cache.limit())
+    to_disk(first)
     (kept,) = directory.glob("*.kv")
     # Files this model cannot trust: another model's (or encoding's), a truncated copy,
     # random bytes, a half-written file left by a crash.
@@ -245,8 +236,7 @@ def test_a_file_corrupted_after_indexing_is_never_served(
     assert engine.batch is not None
     chat = Chat(engine, "dave", 2)
     chat.turn(0)
-    engine.batch.cache.budget_bytes = 1
-    engine.batch.cache.shrink(engine.batch.cache.limit())
+    to_disk(engine)
     (path,) = directory.glob("*.kv")
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of the K/V

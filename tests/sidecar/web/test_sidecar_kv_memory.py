@@ -17,27 +17,12 @@ import pytest
 
 from scripts import services
 from scripts.services import Service
-from tests.sidecar.support import metrics, predict, request_line
+from tests.sidecar.support import metrics, predict, request_line, words
 from tests.support.engines import paced
 
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "zeta",
-    "eta",
-    "theta",
-    "iota",
-    "kappa",
-    "lambda",
-    "mu",
-]
 
-
-def long_message(seed: int, words: int = 60) -> str:
-    return " ".join(WORDS[(seed + i) % len(WORDS)] for i in range(words))
+def long_message(seed: int) -> str:
+    return words(60, seed)
 
 
 @pytest.fixture(scope="module")
