@@ -105,6 +105,9 @@ class FaultyGeneration:
     def drafts(self) -> ipc.Drafts | None:
         return self._real.drafts()
 
+    def take_logprobs(self) -> tuple[ipc.TokenLogprob, ...]:
+        return self._real.take_logprobs()
+
 
 class FaultyEngine:
     def __init__(self, real: Engine) -> None:

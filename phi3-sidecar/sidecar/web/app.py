@@ -1,8 +1,8 @@
 """The app factory: settings in, FastAPI app out; the model worker starts in the lifespan.
 
 Each object the routes use lives on app.state and reaches them through one dependency
-(deps.py). The routes: /predict (predict_api.py), /v1/chat/completions (openai_api.py), the
-probes and /metrics (probes.py).
+(deps.py). The routes: /predict (predict_api.py), /v1/chat/completions (openai_api.py),
+/v1/completions (completions_api.py), the probes and /metrics (probes.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from sidecar.settings import Settings
 from sidecar.web import errors, openapi
 from sidecar.web.access import AccessMiddleware, log_state
 from sidecar.web.admission import Admission
+from sidecar.web.completions_api import router as completions_router
 from sidecar.web.deadlines import BodyDeadline
 from sidecar.web.metrics import Metrics
 from sidecar.web.model_client import ModelClient
@@ -82,4 +83,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(probes_router)
     app.include_router(predict_router)
     app.include_router(openai_router)
+    app.include_router(completions_router)
     return app
