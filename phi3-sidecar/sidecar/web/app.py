@@ -2,7 +2,8 @@
 
 Each object the routes use lives on app.state and reaches them through one dependency
 (deps.py). The routes: /predict (predict_api.py), /v1/chat/completions (openai_api.py),
-/v1/completions (completions_api.py), the probes and /metrics (probes.py).
+/v1/completions (completions_api.py), /v1/responses (responses_api.py), the probes and
+/metrics (probes.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from sidecar.web.pipeline import Pipeline
 from sidecar.web.predict_api import router as predict_router
 from sidecar.web.probes import router as probes_router
 from sidecar.web.request_log import RequestLogMiddleware
+from sidecar.web.response_store import ResponseStore
+from sidecar.web.responses_api import router as responses_router
 from sidecar.web.telemetry import TraceRequest, Tracing
 
 
@@ -65,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.admission = admission
     app.state.model = model
+    app.state.response_store = ResponseStore(settings.response_store_mb * 2**20)
     app.state.pipeline = Pipeline(
         model,
         admission,
@@ -84,4 +88,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(predict_router)
     app.include_router(openai_router)
     app.include_router(completions_router)
+    app.include_router(responses_router)
     return app

@@ -44,6 +44,7 @@ GENERATION_PATHS = {
     "/predict": "predict",
     "/v1/chat/completions": "v1",
     "/v1/completions": "v1",
+    "/v1/responses": "v1",
 }
 OUTCOMES = ("eos", "stop", "length", "time_limit", "cancelled", "error", "rejected")
 _LABELS = ("api", "outcome")

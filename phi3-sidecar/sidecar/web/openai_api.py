@@ -90,7 +90,6 @@ while it waits for a non-streamed reply.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -144,27 +143,8 @@ async def chat_completions(
 ) -> Response:
     body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
     record.stream = body.stream
-    guidance = body.guidance
-    check = None
-    if guidance is not None:
-        held_to = body.response_format.type if body.response_format is not None else None
-        record.structured = "tools" if body.tools else held_to  # for the log line
-        check = await asyncio.to_thread(structured.admit, body)  # 400 invalid_schema
-    generate = ipc.Generate(
-        record.request_id,
-        body.conversation(),
-        body.max_new_tokens or settings.max_new_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
-        cache_scope=body.cache_scope,
-        stop=tuple(body.stop or ()),
-        guidance=guidance,
-        use_cache=body.cache_prompt,
-        repetition_penalty=body.repeat_penalty,
-        logprobs=body.logprobs_count,
-    )
+    check = await structured.settle(body, record)  # 400 invalid_schema
+    generate = body.generate(record.request_id, settings.max_new_tokens)
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
     tools = body.calls_tools

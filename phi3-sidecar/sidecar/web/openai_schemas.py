@@ -279,6 +279,24 @@ class ChatCompletionRequest(BaseModel):
             self.n_predict, self.max_tokens, self.max_completion_tokens
         )
 
+    def generate(self, request_id: str, default_max_new_tokens: int) -> ipc.Generate:
+        """The worker's request for this body."""
+        return ipc.Generate(
+            request_id,
+            self.conversation(),
+            self.max_new_tokens or default_max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            cache_scope=self.cache_scope,
+            stop=tuple(self.stop or ()),
+            guidance=self.guidance,
+            use_cache=self.cache_prompt,
+            repetition_penalty=self.repeat_penalty,
+            logprobs=self.logprobs_count,
+        )
+
     @property
     def logprobs_count(self) -> int | None:
         """ipc.Generate.logprobs: None, none; else the alternatives listed per token."""
