@@ -35,10 +35,10 @@ Errors: as /v1/chat/completions (OpenAI's shape; errors.REFUSALS' /v1 columns); 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Self, cast
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sidecar import ipc
 from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
@@ -77,6 +77,7 @@ NO_EFFECT: dict[str, tuple[object, str]] = {
     "suffix": (None, "suffix (insertion) is not supported"),  # null only
 }
 MAX_TOKEN_ID = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 
 
 def _one_prompt(value: object) -> object:
@@ -105,7 +106,16 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     model: ModelName | None = None
-    prompt: Annotated[str | list[int], BeforeValidator(_one_prompt)]
+    # What the document says (openapi.py): a string, token ids, or a list of one of either
+    prompt: Annotated[
+        Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+        | Annotated[
+            list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=1)
+        ],
+        BeforeValidator(_one_prompt),
+    ]
     max_tokens: NewTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
@@ -137,6 +147,13 @@ class CompletionRequest(BaseModel):
         return self
 
     @property
+    def plain_prompt(self) -> str | tuple[int, ...]:
+        """ipc.Generate.prompt: the text, or the token ids (_one_prompt unwrapped a list)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        return tuple(cast(list[int], self.prompt))
+
+    @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
@@ -147,7 +164,7 @@ async def completions(
 ) -> Response:
     body = await read_body(request, settings.max_body_bytes, CompletionRequest)
     record.stream = body.stream
-    prompt = body.prompt if isinstance(body.prompt, str) else tuple(body.prompt)
+    prompt = body.plain_prompt
     generate = ipc.Generate(
         record.request_id,
         (),

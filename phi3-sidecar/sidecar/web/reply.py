@@ -188,8 +188,11 @@ class ReplyResponse(Response):
             text = "".join(m.text for m in batch if isinstance(m, ipc.Piece))
             if logprobs := [e for m in batch if isinstance(m, ipc.Piece) for e in m.logprobs]:
                 self._format.logprobs(logprobs)
-            # telemetry: when the worker made each piece (inter-token latency, web/metrics.py)
-            self._record.piece_times.extend(m.at for m in batch if isinstance(m, ipc.Piece))
+            # telemetry: when the worker made each piece of text (inter-token latency,
+            # web/metrics.py; a piece of log probabilities alone is no text)
+            self._record.piece_times.extend(
+                m.at for m in batch if isinstance(m, ipc.Piece) and m.text
+            )
             if text:
                 if self._record.ttft_ms is None:
                     elapsed = time.monotonic() - self._record.started_at

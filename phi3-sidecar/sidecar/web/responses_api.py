@@ -142,6 +142,18 @@ async def delete_response(
     return {"id": response_id, "object": "response", "deleted": True}
 
 
+@router.api_route(
+    "/v1/responses/{response_id}",
+    methods=["POST", "PUT", "PATCH", "OPTIONS", "TRACE"],
+    include_in_schema=False,
+)
+async def other_method(response_id: str) -> None:
+    """The path has two routes (GET, DELETE): Starlette's own 405 names one route's methods."""
+    raise ApiError(
+        "method_not_allowed", "Method Not Allowed", headers={"Allow": "DELETE, GET, HEAD"}
+    )
+
+
 def _stored(store: ResponseStore, response_id: str, owner: str) -> Stored:
     stored = store.get(response_id, owner)
     if stored is None:

@@ -25,6 +25,7 @@ from pydantic import (
 from sidecar.web.errors import ApiError
 from sidecar.web.messages import (
     MAX_MESSAGES,
+    MAX_TEXT_CHARS,
     CacheScope,
     NewTokens,
     Seed,
@@ -98,9 +99,16 @@ Part = Annotated[
 ]
 
 
+def _or_text(schema: dict[str, Any]) -> None:
+    """The field's JSON Schema (openapi.py): a string is accepted too (the validator makes it
+    a list, so that the type is one list and an error names the item)."""
+    listed = dict(schema)
+    schema.clear()
+    schema["anyOf"] = [{"type": "string", "maxLength": MAX_TEXT_CHARS}, listed]
+
+
 def _parts(kind: str) -> Any:
-    """Content given as a string: one text part of `kind` (so that the type is one list, and
-    an error names the part)."""
+    """Content given as a string: one text part of `kind`."""
 
     def listed(value: object) -> object:
         return [{"type": kind, "text": value}] if isinstance(value, str) else value
@@ -112,7 +120,9 @@ class Message(_Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: Annotated[
-        list[Part], Field(min_length=1, max_length=MAX_MESSAGES), _parts("input_text")
+        list[Part],
+        Field(min_length=1, max_length=MAX_MESSAGES, json_schema_extra=_or_text),
+        _parts("input_text"),
     ]
     id: ItemId | None = None
     status: Status | None = None
@@ -139,7 +149,9 @@ class FunctionCallOutput(_Strict):
     type: Literal["function_call_output"]
     call_id: CallId
     output: Annotated[
-        list[InputText], Field(min_length=1, max_length=MAX_MESSAGES), _parts("input_text")
+        list[InputText],
+        Field(min_length=1, max_length=MAX_MESSAGES, json_schema_extra=_or_text),
+        _parts("input_text"),
     ]
     id: ItemId | None = None
     status: Status | None = None
@@ -214,7 +226,9 @@ class ResponsesRequest(_Strict):
     model: ModelName | None = None
     # a string is one user message
     input: Annotated[
-        list[Item], Field(min_length=1, max_length=MAX_MESSAGES), BeforeValidator(_one_message)
+        list[Item],
+        Field(min_length=1, max_length=MAX_MESSAGES, json_schema_extra=_or_text),
+        BeforeValidator(_one_message),
     ]
     instructions: Text | None = None
     max_output_tokens: NewTokens | None = None

@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 
 from scripts import services
 from scripts.services import Service
-from sidecar.web.response_store import ResponseStore, Stored
 from tests.support.engines import RAISE, SECRET
 
 QUESTION = "Tell me about the weather in Paris today."
@@ -278,6 +277,8 @@ def test_stored_responses_belong_to_their_key_and_scope(keyed_service: Service) 
 
 
 def test_the_store_is_bounded_and_owned() -> None:
+    from sidecar.web.response_store import ResponseStore, Stored
+
     def stored(name: str, owner: str = "a", scope: str | None = None) -> Stored:
         return Stored(name, owner, scope, {"id": name, "text": "x" * 400}, [])
 
@@ -397,9 +398,14 @@ def test_refusals_name_the_responses_field(
     assert error["message"].startswith(f"{param}:")
 
 
-def test_get_and_delete_of_an_unknown_response_are_404(client: OpenAI) -> None:
+def test_get_and_delete_of_an_unknown_response_are_404(
+    client: OpenAI, sidecar_service: Service
+) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
         client.responses.retrieve("resp_nope")
     assert raised.value.code == "response_not_found"
     with pytest.raises(openai.NotFoundError):
         client.responses.delete("resp_nope")
+    # two routes share the path: a 405 names the methods of both
+    response = httpx.put(sidecar_service.url + "/v1/responses/resp_nope", timeout=60)
+    assert response.status_code == 405 and response.headers["allow"] == "DELETE, GET, HEAD"
