@@ -88,6 +88,52 @@ def test_completion_logprobs_are_the_softmax_of_the_logits(
     assert usage is not None and usage.prompt_tokens == len(PROMPT_IDS)
 
 
+def test_a_temperature_divides_the_logits(client: OpenAI, tiny_model_dir: Path) -> None:
+    """A sampled token's values: the log-softmax of the logits divided by the temperature."""
+    completion = client.completions.create(
+        model="any", prompt=PROMPT_IDS, max_tokens=1, logprobs=5, temperature=0.5, seed=7
+    )
+    got = completion.choices[0].logprobs
+    assert got is not None and got.top_logprobs is not None
+    model = og.Model(str(tiny_model_dir))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(PROMPT_IDS) + 2, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(PROMPT_IDS)
+    scaled = np.asarray(generator.get_logits(), dtype=np.float64).reshape(-1) / 0.5
+    scaled -= scaled.max()
+    expected = np.sort(scaled - np.log(np.exp(scaled).sum()))[::-1][:5]
+    assert sorted(got.top_logprobs[0].values(), reverse=True) == pytest.approx(expected, abs=1e-5)
+
+
+def test_penalised_logprobs_are_the_same_on_both_paths(
+    sidecar_service: Service, generator_sidecar_service: Service
+) -> None:
+    """llama.cpp's repeat_penalty is applied before the values are taken, as the Generator
+    applies it."""
+    results = []
+    for service in (sidecar_service, generator_sidecar_service):
+        with sdk(service) as client:
+            completion = client.chat.completions.create(
+                model="any",
+                messages=MESSAGES,
+                max_tokens=16,
+                logprobs=True,
+                top_logprobs=3,
+                extra_body={"repeat_penalty": 1.5},
+            )
+        logprobs = completion.choices[0].logprobs
+        assert logprobs is not None and logprobs.content
+        results.append([(i.token, round(i.logprob, 5)) for i in logprobs.content])
+    assert results[0] == results[1]
+    with sdk(sidecar_service) as client:
+        plain = client.chat.completions.create(
+            model="any", messages=MESSAGES, max_tokens=16, logprobs=True
+        ).choices[0]
+    assert plain.logprobs is not None
+    assert [(i.token, round(i.logprob, 5)) for i in plain.logprobs.content or ()] != results[0]
+
+
 def test_a_text_prompt_is_read_without_a_template(client: OpenAI) -> None:
     """A string prompt and its own token ids give the same completion; echo puts the prompt
     in front of it, streamed too."""
