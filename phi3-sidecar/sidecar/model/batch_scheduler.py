@@ -415,10 +415,7 @@ class BatchGeneration:
 
     def take_logprobs(self) -> tuple[TokenLogprob, ...]:
         """The log probabilities of the tokens whose text is now shown (logprobs.py)."""
-        if self.logprobs is None:
-            return ()
-        holding = self.finish is None and self._stops.holding
-        return self.logprobs.take(holding=holding, dropped=self.finish == "stop")
+        return () if self.logprobs is None else self.logprobs.take(self._stops, self.finish)
 
     def release(self, reusable: bool) -> None:
         self._scheduler.leave(self, reusable)

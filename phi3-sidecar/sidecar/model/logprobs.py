@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sidecar.ipc import TokenLogprob
+from sidecar.ipc import Finish, TokenLogprob
+from sidecar.model.stops import StopFilter
 
 log = logging.getLogger("sidecar.model.logprobs")
 
@@ -100,12 +101,13 @@ class ReplyLogprobs:
         text = self._texts.table(vocab_size)[token]
         self._held.append(TokenLogprob(text, 0.0, ((text, 0.0),) if self.top else ()))
 
-    def take(self, *, holding: bool, dropped: bool) -> tuple[TokenLogprob, ...]:
-        """The entries to send now: none while the stop filter `holding` text (they wait with
-        it), none ever when the text was `dropped` (a stop sequence: nothing of it is shown)."""
-        if dropped:
+    def take(self, stops: StopFilter, finish: Finish | None) -> tuple[TokenLogprob, ...]:
+        """The entries to send now: none while the reply's stop filter holds text back (they
+        wait with it), none ever when a stop sequence ended the reply (nothing of the text it
+        held, nor of the stop, is shown)."""
+        if finish == "stop":
             self._held.clear()
-        if holding or not self._held:
+        if (finish is None and stops.holding) or not self._held:
             return ()
         out, self._held = tuple(self._held), []
         return out

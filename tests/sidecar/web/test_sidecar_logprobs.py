@@ -110,28 +110,15 @@ def test_penalised_logprobs_are_the_same_on_both_paths(
     sidecar_service: Service, generator_sidecar_service: Service
 ) -> None:
     """llama.cpp's repeat_penalty is applied before the values are taken, as the Generator
-    applies it."""
-    results = []
-    for service in (sidecar_service, generator_sidecar_service):
-        with sdk(service) as client:
-            completion = client.chat.completions.create(
-                model="any",
-                messages=MESSAGES,
-                max_tokens=16,
-                logprobs=True,
-                top_logprobs=3,
-                extra_body={"repeat_penalty": 1.5},
-            )
-        logprobs = completion.choices[0].logprobs
-        assert logprobs is not None and logprobs.content
-        results.append([(i.token, round(i.logprob, 5)) for i in logprobs.content])
-    assert results[0] == results[1]
-    with sdk(sidecar_service) as client:
-        plain = client.chat.completions.create(
-            model="any", messages=MESSAGES, max_tokens=16, logprobs=True
-        ).choices[0]
-    assert plain.logprobs is not None
-    assert [(i.token, round(i.logprob, 5)) for i in plain.logprobs.content or ()] != results[0]
+    applies it (and it changes them)."""
+    services = (sidecar_service, generator_sidecar_service)
+    penalised = on_both_paths(
+        services, max_tokens=16, top_logprobs=3, extra_body={"repeat_penalty": 1.5}
+    )
+    batched, generator = ([(i.token, round(i.logprob, 5)) for i in c] for c in penalised)
+    assert batched == generator
+    (plain,) = on_both_paths(services[:1], max_tokens=16)
+    assert [(i.token, round(i.logprob, 5)) for i in plain] != batched
 
 
 def test_a_text_prompt_is_read_without_a_template(client: OpenAI) -> None:
@@ -222,43 +209,45 @@ def test_a_stop_sequence_keeps_its_tokens_out(client: OpenAI) -> None:
     assert shown.encode().startswith(tokens) and stop.encode() not in tokens
 
 
+def on_both_paths(services: tuple[Service, ...], **extra: Any) -> list[Any]:
+    """The chat reply's log probabilities on each decode path (batched, Generator)."""
+    contents = []
+    for service in services:
+        with sdk(service) as client:
+            completion = client.chat.completions.create(
+                model="any", messages=MESSAGES, logprobs=True, **extra
+            )
+        logprobs = completion.choices[0].logprobs
+        assert logprobs is not None and logprobs.content
+        contents.append(logprobs.content)
+    return contents
+
+
 def test_guided_logprobs_are_the_same_on_both_paths(
     sidecar_service: Service, generator_sidecar_service: Service
 ) -> None:
     """With a grammar, the values describe the masked distribution: tokens it forces have
     log probability 0, the alternatives are only tokens it allows; the Generator path (its
     mask from a matcher of its own) gives what the batched path gives."""
-    results = []
-    for service in (sidecar_service, generator_sidecar_service):
-        with sdk(service) as client:
-            completion = client.chat.completions.create(
-                model="any",
-                messages=MESSAGES,
-                max_tokens=30,
-                response_format={
-                    "type": "json_schema",
-                    "json_schema": {
-                        "name": "t",
-                        "schema": {
-                            "type": "object",
-                            "properties": {"a": {"type": "integer"}},
-                            "required": ["a"],
-                            "additionalProperties": False,
-                        },
-                    },
-                },
-                logprobs=True,
-                top_logprobs=4,
-            )
-        logprobs = completion.choices[0].logprobs
-        assert logprobs is not None and logprobs.content
-        results.append([(i.token, round(i.logprob, 6)) for i in logprobs.content])
-        forced = [i for i in logprobs.content if i.token in ('{"', "{", '"', "a", '":', ":")]
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    contents = on_both_paths(
+        (sidecar_service, generator_sidecar_service),
+        max_tokens=30,
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
+        top_logprobs=4,
+    )
+    for content in contents:
+        forced = [i for i in content if i.token in ('{"', "{", '"', "a", '":', ":")]
         assert forced and all(i.logprob == 0 for i in forced)
-        for item in logprobs.content:
-            mass = sum(math.exp(a.logprob) for a in item.top_logprobs)
-            assert mass <= 1 + 1e-9
-    assert results[0] == results[1]
+        for item in content:
+            assert sum(math.exp(a.logprob) for a in item.top_logprobs) <= 1 + 1e-9
+    batched, generator = ([(i.token, round(i.logprob, 6)) for i in c] for c in contents)
+    assert batched == generator
 
 
 @pytest.mark.parametrize(
