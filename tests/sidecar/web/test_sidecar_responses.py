@@ -308,6 +308,43 @@ def test_a_failure_after_the_first_byte_is_a_failed_event(faulty_service: Servic
     assert SECRET not in text
 
 
+# The grammar forces {"k":1,"k":1}, which repeats a key: a reply that fails its final check
+# whatever the model does (test_sidecar_openai_structured.py has the same for Chat).
+REPEATS: Any = {
+    "format": {
+        "type": "json_schema",
+        "name": "repeats",
+        "schema": {
+            "type": "object",
+            "patternProperties": {"^k$": {"const": 1}},
+            "additionalProperties": False,
+            "minProperties": 2,
+            "maxProperties": 2,
+        },
+    }
+}
+
+
+def test_a_reply_that_fails_its_check_is_never_completed(faulty_service: Service) -> None:
+    """500 invalid_reply, or streamed a response.failed event; nothing is stored."""
+    with sdk(faulty_service) as client:
+        with pytest.raises(openai.InternalServerError) as raised:
+            client.responses.create(model="any", input="Hi", text=REPEATS)
+        assert raised.value.code == "invalid_reply"
+        with client.responses.stream(model="any", input="Hi", text=REPEATS) as stream:
+            events = list(stream)
+    kinds = [event.type for event in events]
+    assert kinds[-1] == "response.failed" and "response.completed" not in kinds
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.error is not None
+    assert "repeats a key" in failed.response.error.message
+    body = {"model": "any", "input": "Hi", "text": REPEATS, "stream": True}
+    with httpx.stream("POST", faulty_service.url + "/v1/responses", json=body) as response:
+        text = response.read().decode()
+    response_id = json.loads(text.split("data: ", 1)[1].split("\n", 1)[0])["response"]["id"]
+    assert httpx.get(f"{faulty_service.url}/v1/responses/{response_id}").status_code == 404
+
+
 BAD: dict[str, tuple[dict[str, Any], str | None, str]] = {
     "hosted-tool": ({"tools": [{"type": "web_search"}]}, "tools.0", "invalid_value"),
     "image-part": (
