@@ -11,8 +11,10 @@ A generated part sits between two markers in a page, so the prose around it is e
 
 The parts: every setting of the sidecar (`sidecar.settings.Settings`: fields, types, bounds,
 defaults, descriptions) and of the chat app (`chatapp.settings.reference()`) in
-docs/configuration.md, and the sidecar's refusal table (`sidecar.web.errors.REFUSALS`, `WHEN`)
-in docs/api.md. tests/test_docs.py fails when a page is stale.
+docs/configuration.md, and in docs/api.md the sidecar's refusal table
+(`sidecar.web.errors.REFUSALS`, `WHEN`) and the OpenAI-compatible routes' support matrix (their
+body models and their tables of fields accepted only at a value or accepted and ignored).
+tests/test_docs.py fails when a page is stale.
 """
 
 from __future__ import annotations
@@ -172,13 +174,49 @@ def refusals() -> str:
     return _table(header, rows)
 
 
+def support_matrix() -> str:
+    """Each top-level request field of the OpenAI-compatible routes, and what each route does
+    with it: the body models (fields), and their tables of fields accepted only where they
+    change nothing or accepted and ignored; anything else is refused as unknown."""
+    from pydantic import BaseModel
+
+    from sidecar.web import completions_api, openai_schemas, responses_schemas
+
+    routes: dict[str, tuple[type[BaseModel], dict[str, tuple[object, str]], tuple[str, ...]]] = {
+        "/v1/chat/completions": (
+            openai_schemas.ChatCompletionRequest,
+            openai_schemas.NO_EFFECT,
+            (*openai_schemas.LABELS, *openai_schemas.IGNORED),
+        ),
+        "/v1/completions": (completions_api.CompletionRequest, completions_api.NO_EFFECT, ()),
+        "/v1/responses": (
+            responses_schemas.ResponsesRequest,
+            responses_schemas.NO_EFFECT,
+            responses_schemas.LABELS,
+        ),
+    }
+    cells: dict[str, dict[str, str]] = {}
+    for route, (model, no_effect, ignored) in routes.items():
+        for name in model.model_fields:
+            cells.setdefault(name, {})[route] = "yes"
+        for name, (value, _) in no_effect.items():
+            shown = "null" if value is None else json.dumps(value)
+            cells.setdefault(name, {})[route] = f"only {_code(shown)}"
+        for name in ignored:
+            cells.setdefault(name, {})[route] = "accepted, ignored"
+    rows = [
+        [_code(name)] + [found.get(route, "—") for route in routes] for name, found in cells.items()
+    ]
+    return _table(["field", *(_code(route) for route in routes)], rows)
+
+
 # page -> generated part -> what writes it
 PARTS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/configuration.md": {
         "sidecar-settings": sidecar_settings,
         "app-settings": chatapp_settings,
     },
-    "docs/api.md": {"refusals": refusals},
+    "docs/api.md": {"refusals": refusals, "support-matrix": support_matrix},
 }
 
 

@@ -10,6 +10,7 @@ from chatapp import settings as app_settings
 from scripts import gen_docs
 from sidecar.settings import Settings
 from sidecar.web.errors import REFUSALS, WHEN
+from sidecar.web.metrics import GENERATION_PATHS
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "CONTRIBUTING.md"]
@@ -47,11 +48,12 @@ def test_each_setting_appears_in_the_configuration_page() -> None:
         assert f"| `{name}` |" in page, name
 
 
-def test_the_body_limit_is_documented_for_both_apis() -> None:
-    # It applies to /v1/chat/completions too (openai_api.py reads its body with the limit); the
+def test_the_body_limit_is_documented_for_every_generation_route() -> None:
+    # It applies to every route that generates (each reads its body with the limit); the
     # README once said /predict only.
-    assert "/v1/chat/completions" in (Settings.model_fields["max_body_bytes"].description or "")
-    assert "/v1/chat/completions" in WHEN["body_too_large"]
+    for path in GENERATION_PATHS:
+        assert path in (Settings.model_fields["max_body_bytes"].description or ""), path
+        assert f"`{path}`" in WHEN["body_too_large"], path
 
 
 def test_the_readme_is_a_landing_page() -> None:

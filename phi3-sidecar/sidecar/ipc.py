@@ -55,6 +55,9 @@ Refusal = Literal[
 CacheTier = Literal["ram", "compact", "disk"]
 GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
 
+# The most alternatives a token's log probabilities list (OpenAI's top_logprobs bound).
+MAX_TOP_LOGPROBS = 20
+
 # A temperature below this is greedy, as 0 or none is (vLLM's bound, _SAMPLING_EPS): dividing
 # logits by less only overflows (1.8e-307 made inf, then NaN) and samples nothing greedy would
 # not pick. Both APIs accept 0 to 2 (web/messages.py); the chat app applies the same floor
@@ -101,6 +104,12 @@ class Generate:
     # time.monotonic() (one clock for both processes) after which the worker ends the reply
     # with finish "time_limit", between two steps; None: no deadline.
     deadline: float | None = None
+    # Log probabilities (model/logprobs.py): None, none; n (0 to MAX_TOP_LOGPROBS), each
+    # generated token's and the n most likely tokens at its place, sent with its Piece.
+    logprobs: int | None = None
+    # A plain prompt (/v1/completions): its text, or its token ids, read as they are, with no
+    # chat template; `messages` is then empty.
+    prompt: str | tuple[int, ...] | None = None
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
     @property
@@ -170,6 +179,17 @@ class Started:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log probability, and the most likely tokens at its place (best
+    first), in the distribution it was chosen from (model/logprobs.py says which). A token is
+    its bytes: one may hold part of a character."""
+
+    token: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Piece:
     key: int
     text: str
@@ -177,6 +197,9 @@ class Piece:
     # time.monotonic() when the worker made the piece's last token: the time between tokens
     # for /metrics, on the clock of the process that made them.
     at: float = 0.0
+    # Generate.logprobs: the tokens whose text this piece (or an earlier one) carries; a piece
+    # may hold tokens and no text yet (part of a character)
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,7 +252,18 @@ class Settings(BaseSettings):
         default=64 * 1024,
         ge=1024,
         le=16 * 1024 * 1024,
-        description="Largest request body (/predict, /v1/chat/completions); beyond: 413.",
+        description="Largest request body (/predict, /v1/chat/completions, /v1/completions, "
+        "/v1/responses); beyond: 413.",
+    )
+    response_store_mb: int = Field(
+        default=64,
+        ge=0,
+        le=64 * 1024,
+        description="Memory for the Responses API's stored responses (`store`, "
+        "`previous_response_id`, GET/DELETE /v1/responses/{id}), in MiB of their JSON, in the "
+        "web process: the least recently used go first; a restart empties it. Each belongs to "
+        "its API key, and is continued only in its `prompt_cache_key`/`user` scope "
+        "(docs/api.md). 0: nothing is stored (`previous_response_id` is then always a 404).",
     )
     request_headers_timeout_s: float = Field(
         default=5.0,

@@ -130,6 +130,9 @@ class FaultyGeneration:
     def drafts(self) -> ipc.Drafts | None:
         return self._real.drafts()
 
+    def take_logprobs(self) -> tuple[ipc.TokenLogprob, ...]:
+        return self._real.take_logprobs()
+
 
 class FaultyEngine:
     def __init__(self, real: Engine) -> None:
@@ -137,7 +140,8 @@ class FaultyEngine:
         self.max_length = real.max_length
 
     def start(self, request: ipc.Generate) -> FaultyGeneration:
-        newest = request.messages[-1][1]
+        # the newest user message, or a plain prompt's text (/v1/completions)
+        newest = request.messages[-1][1] if request.messages else str(request.prompt or "")
         if START in newest:
             raise TypeError(f"encode(): incompatible function arguments. Invoked with: {newest!r}")
         fault = next((f for f in (RAISE, EXIT) if f in newest), None)

@@ -26,11 +26,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sidecar.ipc import Drafts, Finish, Generate
+from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.batch_guidance import RowGuide
 from sidecar.model.kv_disk import Stored
 from sidecar.model.kv_tiers import Holding, KvTiers, Memory, NoRoom, Restored
+from sidecar.model.logprobs import ReplyLogprobs
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 from sidecar.model.sampling import Sampler, penalize_repeats
@@ -424,6 +425,8 @@ class BatchGeneration:
         self._stops = StopFilter(request.stop)
         # A guided request's matcher (batch_guidance.py), set by the engine before the first step
         self.guide: RowGuide | None = None
+        # Generate.logprobs (logprobs.py), set by the engine before the first step
+        self.logprobs: ReplyLogprobs | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -486,6 +489,8 @@ class BatchGeneration:
             # As on the Generator path: EOS is not in the sequence, whose K/V is all cached.
             self.finish = "eos"
             return self._stops.flush()
+        if self.logprobs is not None:  # from the row the token was chosen from
+            self.logprobs.chosen(logits, token, banned)
         # In the sequence, not yet in the KV cache: the next step feeds it.
         self.holder.tokens.append(token)
         text = str(self._stream.decode(token))
@@ -503,6 +508,10 @@ class BatchGeneration:
             self.finish = "eos"
             text += self._stops.flush()
         return text
+
+    def take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The log probabilities of the tokens whose text is now shown (logprobs.py)."""
+        return () if self.logprobs is None else self.logprobs.take(self._stops, self.finish)
 
     def release(self, reusable: bool) -> None:
         self._scheduler.leave(self, reusable)
@@ -541,6 +550,8 @@ SERVED_FIELDS = frozenset(
         "repetition_penalty",
         "key",
         "guidance",
+        "logprobs",  # BatchGeneration.take
+        "prompt",  # the engine reads it; a plain prompt is ids like any other
     }
 )
 

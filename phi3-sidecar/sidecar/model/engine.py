@@ -24,7 +24,7 @@ import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Generate, Guidance
 from sidecar.model.batch_decoder import BatchDecoder, Unsupported, read_spec
-from sidecar.model.batch_guidance import Grammars
+from sidecar.model.batch_guidance import Grammars, RowGuide
 from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchGeneration, BatchScheduler, serves
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.model.device import DeviceUnavailable, device_error, use_device
@@ -34,7 +34,8 @@ from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
 from sidecar.model.generation import Generation, turn_options
 from sidecar.model.guidance import refusal
 from sidecar.model.kv_setup import KvOptions, attach_tiers, size_kv_memory
-from sidecar.model.prompt import Prompt, PromptBuilder
+from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
+from sidecar.model.prompt import Prompt, PromptBuilder, UnsafePrompt
 from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
 from sidecar.settings import Settings
 
@@ -136,6 +137,10 @@ class Engine:
             )
         if self.batch is None and self._model is None:
             self._model = self._load_model()
+        # Log probabilities (logprobs.py): each token's text, and on the Generator path a
+        # guided reply's mask, both made on first use
+        self._token_texts = TokenTexts(path / "tokenizer.json", self._decode_one)
+        self._shadow_grammars: Grammars | None = None
 
     @property
     def model(self) -> og.Model:
@@ -165,7 +170,13 @@ class Engine:
     def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
         generator (or KV slot) that holds the prompt's beginning, or make a new one."""
-        prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
+        if request.prompt is not None:  # /v1/completions: no template
+            ids = request.prompt
+            if not isinstance(ids, str) and self.vocab_size and max(ids) >= self.vocab_size:
+                raise UnsafePrompt(f"token ids must be below {self.vocab_size}")
+            prompt = self.prompts.plain(ids, request.max_new_tokens, self.max_length)
+        else:
+            prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
         # The cache decides the rest (PromptCache.lease). With batched decode the Generator
         # path's cache stays off (its budget is never set): the batched path owns the budget.
         if self.batch is not None and serves(request) and self._batch_guides(request):
@@ -174,8 +185,37 @@ class Engine:
             guide = grammars.matcher(guidance) if grammars and guidance else None
             generation = self.batch.start(prompt, request, cached=cached)
             generation.guide = guide
+            generation.logprobs = self.logprobs_for(request)
             return generation
+        if request.logprobs is not None and self.prompt_lookup_tokens:
+            cached = False  # a cached generator may draft (drafts.py): a fresh one does not
         return Generation(self, prompt, request, cached=cached)
+
+    def logprobs_for(self, request: Generate) -> ReplyLogprobs | None:
+        """The log probabilities a reply keeps (logprobs.py); None: it asked for none."""
+        if request.logprobs is None:
+            return None
+        temperature = request.temperature if request.sampling else None
+        return ReplyLogprobs(request.logprobs, self._token_texts, temperature)
+
+    def shadow_guide(self, guidance: Guidance | None) -> RowGuide | None:
+        """On the Generator path, a matcher that follows a guided reply for its log
+        probabilities' mask (logprobs.py); None: unguided, or llguidance cannot read this
+        model's tokenizer (logged; the values then ignore the grammar)."""
+        if guidance is None:
+            return None
+        if self._shadow_grammars is None:
+            self._shadow_grammars = self.grammars or Grammars(
+                self._path / "tokenizer.json",
+                self.vocab_size,
+                _first_eos(read_genai_config(self._path), self.eos_ids),
+            )
+        if self._shadow_grammars.unavailable is not None:
+            return None
+        return self._shadow_grammars.matcher(guidance)
+
+    def _decode_one(self, token: int) -> str:
+        return str(self.tokenizer.decode([token]))
 
     def new_generator(
         self, capacity: int, request: Generate, prompt: Prompt, guidance: Guidance | None
@@ -189,8 +229,8 @@ class Engine:
         if request.seed is not None:
             options["random_seed"] = request.seed
         params.set_search_options(**options)
-        # Drafts for greedy, unguided replies only (drafts.py)
-        drafted = not sampling and guidance is None
+        # Drafts for greedy, unguided replies without log probabilities only (drafts.py)
+        drafted = not sampling and guidance is None and request.logprobs is None
         use_prompt_lookup(params, self.prompt_lookup_tokens if drafted else 0)
         try:
             if guidance is not None:

@@ -13,11 +13,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from sidecar.ipc import Drafts, Finish, Generate
+import numpy as np
+
+from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
 from sidecar.model.drafts import draft_counts
 from sidecar.model.guidance import fitted, room
 from sidecar.model.kv_tiers import Restored
 from sidecar.model.prompt import Prompt
+from sidecar.model.sampling import penalize_repeats
 from sidecar.model.stops import StopFilter
 
 if TYPE_CHECKING:
@@ -73,7 +76,13 @@ class Generation:
         # A generator is its own cache: what it reuses was always in RAM (no tiers here)
         self.restored = Restored("ram" if lease.reused else None)
         self.generator = entry.generator
+        # Log probabilities (logprobs.py): the grammar's mask from a matcher of its own
+        self.logprobs = engine.logprobs_for(request)
+        self._shadow = engine.shadow_guide(guidance) if self.logprobs is not None else None
+        self._penalty = request.repetition_penalty or 1.0
+        self._min_length = len(prompt.ids) + min(request.min_new_tokens, prompt.max_new_tokens)
         drafting = engine.prompt_lookup_tokens and not sampling and not self.guided
+        drafting = drafting and self.logprobs is None
         self._drafts_before = draft_counts(self.generator) if drafting else None
         self._stream = engine.tokenizer.create_stream()
         self._stops = StopFilter(request.stop)
@@ -102,9 +111,12 @@ class Generation:
             self.lease.prefilled(self._appended)
             return None
         before = self.generator.token_count()
+        chosen_from = self._logits(before) if self.logprobs is not None else None
         self.generator.generate_next_token()
         token = int(self.generator.get_next_tokens()[0])
         count = self.generator.token_count()
+        if chosen_from is not None and token not in self._eos:
+            self._chosen(chosen_from, token)
         self.last_token_at = time.monotonic()
         if self.first_token_at is None:
             self.first_token_at = self.last_token_at
@@ -141,6 +153,40 @@ class Generation:
             self.finish = "length"
             text += self._stops.flush()
         return text
+
+    def _logits(self, before: int) -> np.ndarray:
+        """The row the next token is chosen from, processed as the Generator processes it
+        (logprobs.py); the tokens a grammar forced in front of it are listed first."""
+        assert self.logprobs is not None
+        logits = np.asarray(self.generator.get_logits(), dtype=np.float32)
+        row = logits.reshape(-1, logits.shape[-1])[-1]
+        now = self.generator.token_count()  # computing the logits appends forced tokens
+        sequence = self.generator.get_sequence(0) if now > before or self._penalty != 1.0 else ()
+        for forced in sequence[before:now]:
+            self.logprobs.forced(int(forced), len(row))
+            if self._shadow is not None:
+                self._shadow.consume(int(forced))
+        if self._penalty != 1.0:
+            row = penalize_repeats(row, [int(t) for t in sequence[:now]], self._penalty)
+        banned = self._eos if now < self._min_length else ()
+        if self._shadow is not None:
+            masked = self._shadow.masked(row, banned)
+            if masked is not None:
+                return masked
+        if banned:
+            row = row.copy()
+            row[list(banned)] = -np.inf
+        return row
+
+    def _chosen(self, row: np.ndarray, token: int) -> None:
+        assert self.logprobs is not None
+        self.logprobs.chosen(row, token)
+        if self._shadow is not None:
+            self._shadow.consume(token)
+
+    def take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The log probabilities of the tokens whose text is now shown (logprobs.py)."""
+        return () if self.logprobs is None else self.logprobs.take(self._stops, self.finish)
 
     def release(self, reusable: bool) -> None:
         """The request is over (finished, cancelled, or failed: not reusable)."""

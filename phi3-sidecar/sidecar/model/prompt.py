@@ -146,6 +146,24 @@ class PromptBuilder:
             raise PromptTooLong(len(ids), max_length)
         return Prompt(ids, cuts[-1], max_length - len(ids))
 
+    def plain(self, prompt: str | Sequence[int], max_new_tokens: int, max_length: int) -> Prompt:
+        """A plain prompt (/v1/completions): the text encoded as the tokenizer encodes it (its
+        BOS included; the whole text is the caller's, so an added-token string in it is that
+        token, as in other servers' completions), or token ids as they are. Nothing can be
+        dropped: a prompt with no room for one token is refused (PromptTooLong), and the reply
+        budget shrinks to what is left."""
+        if isinstance(prompt, str):
+            if not _is_utf8(prompt):
+                raise UnsafePrompt("the prompt holds a lone surrogate")
+            ids = [int(i) for i in self._tokenizer.encode(prompt)]
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise UnsafePrompt("the prompt encodes to no tokens")
+        if len(ids) + 1 > max_length:
+            raise PromptTooLong(len(ids), max_length)
+        return Prompt(ids, 0, min(max_new_tokens, max_length - len(ids)))
+
     # -- internals ---------------------------------------------------------------------------
 
     def _segments(self, messages: Sequence[Message]) -> list[str | int]:

@@ -19,6 +19,11 @@ class StopFilter:
     def __bool__(self) -> bool:
         return bool(self._stops)
 
+    @property
+    def holding(self) -> bool:
+        """Text is held back: it may yet turn out to begin a stop string."""
+        return bool(self._held)
+
     def feed(self, text: str) -> tuple[str, bool]:
         """The text that may be shown now, and whether a stop string was reached (then the
         text is everything before it, and nothing after it may be shown)."""

@@ -63,6 +63,11 @@ class Stepper(Protocol):
 
     def drafts(self) -> ipc.Drafts | None: ...
 
+    def take_logprobs(self) -> tuple[ipc.TokenLogprob, ...]:
+        """The log probabilities of the tokens whose text is now shown (model/logprobs.py);
+        () without Generate.logprobs."""
+        ...
+
     def release(self, reusable: bool) -> None:
         """The request is over: keep its generator in the conversation cache, or drop it."""
         ...
@@ -237,20 +242,23 @@ class Scheduler:
                 )
             return False
         except PromptTooLong as exc:
+            # a plain prompt (/v1/completions) has no turns to leave out
+            turns = " even with all older turns left out" if request.prompt is None else ""
             self._outbox.send(
                 ipc.Rejected(
                     request.key,
                     "context_length_exceeded",
-                    f"the prompt takes {exc.prompt_tokens} tokens even with all older turns "
-                    f"left out; the limit is {exc.limit} tokens for prompt and reply together",
+                    f"the prompt takes {exc.prompt_tokens} tokens{turns}; the limit is "
+                    f"{exc.limit} tokens for prompt and reply together",
                     limit_tokens=exc.limit,
                 )
             )
             return True
-        except UnsafePrompt:
-            self._outbox.send(
-                ipc.Rejected(request.key, "unencodable_prompt", "the messages cannot be encoded")
-            )
+        except UnsafePrompt as exc:
+            # A plain prompt's reason names no text (token ids, an empty encoding)
+            said = f"the prompt cannot be read: {exc}" if request.prompt is not None else None
+            message = said or "the messages cannot be encoded"
+            self._outbox.send(ipc.Rejected(request.key, "unencodable_prompt", message))
             return True
         except TemplateRefused as exc:
             self._outbox.send(
@@ -327,8 +335,10 @@ class Scheduler:
         if text is not None:  # None: a chunk of the prompt was appended, no token yet
             now = time.monotonic()
             job.finished_at.append(now)
-            if text:
-                self._outbox.send(ipc.Piece(key, text, job.generation.generated, now))
+            logprobs = job.generation.take_logprobs()
+            if text or logprobs:
+                generated = job.generation.generated
+                self._outbox.send(ipc.Piece(key, text, generated, now, logprobs))
         if job.generation.finish is not None:
             del self._jobs[key]
             fault = job.generation.fault if job.generation.finish == "error" else None

@@ -17,6 +17,7 @@ Refusals use errors.REFUSALS: 401 `unauthorized` (with `WWW-Authenticate: Bearer
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import re
@@ -61,7 +62,16 @@ class AccessMiddleware:
                     record.error_type = error.kind
                 await error.response(scope["path"])(scope, receive, send)
                 return
+            scope.setdefault("state", {})["key_owner"] = self._owner(headers)
         await self.app(scope, receive, send)
+
+    def _owner(self, headers: dict[bytes, bytes]) -> str:
+        """Which key the request was let in with, as a fingerprint (what stored responses
+        belong to, response_store.py); "" while API_KEY is unset."""
+        if not self._keys:
+            return ""
+        _, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return hashlib.sha256(token.strip()).hexdigest()
 
     def _refusal(self, path: str, headers: dict[bytes, bytes]) -> ApiError | None:
         if self._hosts and not _host_allowed(headers.get(b"host", b""), self._hosts):

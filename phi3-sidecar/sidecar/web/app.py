@@ -1,8 +1,9 @@
 """The app factory: settings in, FastAPI app out; the model worker starts in the lifespan.
 
 Each object the routes use lives on app.state and reaches them through one dependency
-(deps.py). The routes: /predict (predict_api.py), /v1/chat/completions (openai_api.py), the
-probes and /metrics (probes.py).
+(deps.py). The routes: /predict (predict_api.py), /v1/chat/completions (openai_api.py),
+/v1/completions (completions_api.py), /v1/responses (responses_api.py), the probes and
+/metrics (probes.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sidecar.settings import Settings
 from sidecar.web import errors, openapi
 from sidecar.web.access import AccessMiddleware, log_state
 from sidecar.web.admission import Admission
+from sidecar.web.completions_api import router as completions_router
 from sidecar.web.connections import Connections, connection_limit
 from sidecar.web.deadlines import BodyDeadline
 from sidecar.web.listener import accept_errors
@@ -28,6 +30,8 @@ from sidecar.web.pipeline import Pipeline
 from sidecar.web.predict_api import router as predict_router
 from sidecar.web.probes import router as probes_router
 from sidecar.web.request_log import RequestLogMiddleware
+from sidecar.web.response_store import ResponseStore
+from sidecar.web.responses_api import router as responses_router
 from sidecar.web.telemetry import TraceRequest, Tracing
 
 
@@ -74,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.connections = connections
     app.state.admission = admission
     app.state.model = model
+    app.state.response_store = ResponseStore(settings.response_store_mb * 2**20)
     app.state.pipeline = Pipeline(
         model,
         admission,
@@ -94,4 +99,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(probes_router)
     app.include_router(predict_router)
     app.include_router(openai_router)
+    app.include_router(completions_router)
+    app.include_router(responses_router)
     return app

@@ -12,6 +12,7 @@ from sidecar.web.metrics import Metrics
 from sidecar.web.model_client import ModelClient
 from sidecar.web.pipeline import Pipeline
 from sidecar.web.record import RequestRecord
+from sidecar.web.response_store import ResponseStore
 
 
 def get_settings(request: Request) -> Settings:
@@ -39,6 +40,11 @@ def get_pipeline(request: Request) -> Pipeline:
     return pipeline
 
 
+def get_response_store(request: Request) -> ResponseStore:
+    store: ResponseStore = request.app.state.response_store
+    return store
+
+
 def get_record(request: Request) -> RequestRecord:
     """The request's log record (made by RequestLogMiddleware)."""
     record: RequestRecord = request.scope["state"]["record"]
@@ -51,3 +57,4 @@ AdmissionDep = Annotated[Admission, Depends(get_admission)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 RecordDep = Annotated[RequestRecord, Depends(get_record)]
+ResponseStoreDep = Annotated[ResponseStore, Depends(get_response_store)]

@@ -52,6 +52,7 @@ REFUSALS: dict[str, Answer] = {
     # the path and method (Starlette), the model asked for
     "not_found": Answer(404, "not_found", 404, "not_found"),
     "model_not_found": Answer(404, "not_found", 404, "model_not_found"),
+    "response_not_found": Answer(404, "not_found", 404, "response_not_found"),
     "method_not_allowed": Answer(405, "method_not_allowed", 405, "method_not_allowed"),
     # the service's state (pipeline): clients retry after Retry-After
     "not_ready": Answer(503, "not_ready", 503, "model_not_ready", "server_error"),
@@ -78,7 +79,8 @@ REFUSALS: dict[str, Answer] = {
 # this (scripts/gen_docs.py); a test requires a sentence for every reason.
 WHEN: dict[str, str] = {
     "unsupported_media_type": "the body is not `application/json`",
-    "body_too_large": "the body is over `MAX_BODY_BYTES` (`/predict` and `/v1/chat/completions`)",
+    "body_too_large": "the body is over `MAX_BODY_BYTES` (`/predict`, `/v1/chat/completions`, "
+    "`/v1/completions`, `/v1/responses`)",
     "body_cut_off": "the body ended before its `Content-Length`",
     "request_timeout": "the body did not arrive within `REQUEST_BODY_TIMEOUT_S` of the headers "
     "(a stalled or endless body; the connection is closed)",
@@ -90,6 +92,10 @@ WHEN: dict[str, str] = {
     "invalid_host": "the `Host` is not one of `ALLOWED_HOSTS`",
     "not_found": "no such path",
     "model_not_found": "`GET /v1/models/{id}` names a model this sidecar does not serve",
+    "response_not_found": "`previous_response_id`, or `GET`/`DELETE /v1/responses/{id}`, names no "
+    "response stored for this API key (for `previous_response_id`, in this `prompt_cache_key` "
+    "or `user` scope too): never stored (`store: false`, `RESPONSE_STORE_MB=0`), evicted, "
+    "deleted, or another caller's (the same answer: whether it exists is not told)",
     "method_not_allowed": "the path exists, not with this method (`Allow` says which)",
     "not_ready": "the model is not ready; `phase` says why: loading (`starting`, `downloading`, "
     "`loading`, `warming_up`; `Retry-After: 5`), `restarting` (the worker died, stopped "

@@ -10,7 +10,7 @@ tests keep the rules equal).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -56,11 +56,18 @@ def _stop_list(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
+def _stop_or_list(schema: dict[str, Any]) -> None:
+    """The JSON Schema (openapi.py) says what is accepted: one string, or a list."""
+    listed = dict(schema)
+    schema.clear()
+    schema["anyOf"] = [listed["items"], listed]
+
+
 # Strings that end the reply where they would begin; the reply never shows any of them.
 StopSequences = Annotated[
     list[Annotated[str, Field(min_length=1, max_length=256)]],
     BeforeValidator(_stop_list),
-    Field(max_length=MAX_STOP),
+    Field(max_length=MAX_STOP, json_schema_extra=_stop_or_list),
 ]
 # Who may reuse a conversation's cached tokens: an opaque label, compared exactly.
 CacheScope = Annotated[str, Field(min_length=1, max_length=256)]

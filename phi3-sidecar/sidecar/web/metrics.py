@@ -44,7 +44,12 @@ if TYPE_CHECKING:
 
 
 # The routes that generate, and their `api` label; their requests are counted however they end.
-GENERATION_PATHS = {"/predict": "predict", "/v1/chat/completions": "v1"}
+GENERATION_PATHS = {
+    "/predict": "predict",
+    "/v1/chat/completions": "v1",
+    "/v1/completions": "v1",
+    "/v1/responses": "v1",
+}
 OUTCOMES = ("eos", "stop", "length", "time_limit", "cancelled", "error", "rejected")
 _LABELS = ("api", "outcome")
 
@@ -90,7 +95,7 @@ class Metrics:
 
         self.requests = counter(
             "sidecar_requests",
-            "Finished generation requests (/predict and /v1/chat/completions together) by outcome.",
+            "Finished generation requests (every generation route together) by outcome.",
             ("outcome",),
         )
         for outcome in OUTCOMES:

@@ -32,11 +32,14 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
                 text protocol, held to by a grammar; messages may then hold an assistant's
                 tool_calls (content null) and role "tool" messages with tool_call_id. stop
                 cannot be combined with response_format or tools (it could cut the structure)
+  logprobs, top_logprobs (0 to 20, only with logprobs true)   each token's log probability and
+                its most likely alternatives, in the distribution it was chosen from
+                (model/logprobs.py; web/logprobs.py writes them); not with tools
   Accepted only where they change nothing (absent, null or this value), else 400 naming the
-  field: n 1, presence_penalty 0, frequency_penalty 0, logprobs false, top_logprobs 0,
-  logit_bias {}. Accepted with any value of their type: store, metadata (OpenAI's limits),
-  safety_identifier. prompt_cache_key (else user), a string: scopes the conversation cache:
-  only requests with the same key reuse each other's cached tokens.
+  field: n 1, presence_penalty 0, frequency_penalty 0, logit_bias {}. Accepted with any value
+  of their type: store, metadata (OpenAI's limits), safety_identifier. prompt_cache_key (else
+  user), a string: scopes the conversation cache: only requests with the same key reuse each
+  other's cached tokens.
   llama.cpp server fields (what apps written for App Service's built-in model sidecar extension
   send), with llama.cpp's meaning where there is one: n_predict (the length limit, -1: the
   default; one that differs from max_tokens is a 400 naming it), cache_prompt (false: this
@@ -48,9 +51,10 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
 Reply, stream false: 200 application/json once the reply is complete:
   {"id": "chatcmpl-<request id>", "object": "chat.completion", "created": <unix seconds>,
    "model": ..., "choices": [{"index": 0, "message": {"role": "assistant", "content": ...},
-   "logprobs": null, "finish_reason": "stop" | "length" | "tool_calls"}],  ("length"
-   also when the reply reached REPLY_TIME_LIMIT_S, counted from the request's arrival:
-   outcome time_limit)
+   "logprobs": null (with logprobs: {"content": [{"token", "logprob", "bytes",
+   "top_logprobs"}], "refusal": null}),
+   "finish_reason": "stop" | "length" | "tool_calls"}],  ("length" also when the reply
+   reached REPLY_TIME_LIMIT_S, counted from the request's arrival: outcome time_limit)
    "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
              "prompt_tokens_details": {"cached_tokens": ...}}}
   With PROMPT_LOOKUP_TOKENS on, a greedy reply's usage also has "completion_tokens_details":
@@ -63,11 +67,12 @@ Reply, stream false: 200 application/json once the reply is complete:
 
 Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the text comes:
   chat.completion.chunk objects (id, created and model as above, "choices": [{"index": 0,
-  "delta": ..., "logprobs": null, "finish_reason": null}]): first delta {"role": "assistant",
-  "content": ""}, then deltas {"content": "..."} (whole characters), then delta
-  {"content": ""} with the finish_reason (a reply that calls tools: content null in the
-  message; streamed, the call is held until it is complete and sent as one delta
-  {"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]} per call); with
+  "delta": ..., "logprobs": null (with logprobs, on each content chunk: its tokens'),
+  "finish_reason": null}]): first delta {"role": "assistant", "content": ""}, then deltas
+  {"content": "..."} (whole characters), then delta {"content": ""} with the finish_reason (a
+  reply that calls tools: content null in the message; streamed, the call is held until it is
+  complete and sent as one delta {"tool_calls": [{"index", "id", "type", "function": {"name",
+  "arguments"}}]} per call); with
   include_usage every chunk has "usage": null and one more chunk follows with "choices": []
   and the usage; the last event is `data: [DONE]`. Nothing else is sent: no SSE comments
   (readers that JSON-parse every line throw on one), and U+2028, U+2029 and U+0085 escaped
@@ -91,7 +96,6 @@ while it waits for a non-streamed reply.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -101,7 +105,7 @@ from fastapi import APIRouter, Request, Response
 
 from sidecar import ipc
 from sidecar.settings import Settings
-from sidecar.web import structured
+from sidecar.web import logprobs, structured
 from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
 from sidecar.web.errors import ApiError
 from sidecar.web.openai_schemas import ChatCompletionRequest
@@ -145,35 +149,18 @@ async def chat_completions(
 ) -> Response:
     body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
     record.stream = body.stream
-    guidance = body.guidance
-    check = None
-    if guidance is not None:
-        held_to = body.response_format.type if body.response_format is not None else None
-        record.structured = "tools" if body.tools else held_to  # for the log line
-        check = await asyncio.to_thread(structured.admit, body)  # 400 invalid_schema
-    generate = ipc.Generate(
-        record.request_id,
-        body.conversation(),
-        body.max_new_tokens or settings.max_new_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
-        cache_scope=body.cache_scope,
-        stop=tuple(body.stop or ()),
-        guidance=guidance,
-        use_cache=body.cache_prompt,
-        repetition_penalty=body.repeat_penalty,
-    )
+    check = await structured.settle(body, record)  # 400 invalid_schema
+    generate = body.generate(record.request_id, settings.max_new_tokens)
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
     tools = body.calls_tools
     guided_by = "tools" if body.tools else "response_format"  # the field the grammar came from
-    reply_format: ReplyFormat
+    reply_format: _Checked
     if body.stream:
         reply_format = EventStream(ids, body.include_usage, tools, check, guided_by)
     else:
         reply_format = Completion(ids, tools, check)
+    reply_format.keep_logprobs = body.logprobs_count is not None
     try:
         return await pipeline.run(request, record, generate, reply_format)
     except ApiError as error:
@@ -253,6 +240,18 @@ class _Checked(ReplyFormat):
         self._check = check
         self._whole: list[str] = []  # the reply as written, kept only to be checked
         self._splitter = ReplySplitter() if tools else None
+        self.keep_logprobs = False  # logprobs: true (web/logprobs.py)
+        self._logprobs: list[ipc.TokenLogprob] = []  # not yet written
+
+    def logprobs(self, entries: list[ipc.TokenLogprob]) -> None:
+        self._logprobs += entries
+
+    def _logprobs_out(self) -> dict[str, Any] | None:
+        """The choice's `logprobs`: the entries not yet written (None: not asked for)."""
+        if not self.keep_logprobs:
+            return None
+        out, self._logprobs = self._logprobs, []
+        return {"content": logprobs.entries(out), "refusal": None}
 
     def _keep(self, text: str) -> None:
         if self._check is not None:
@@ -294,7 +293,7 @@ class Completion(_Checked):
         choice = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": self._logprobs_out(),
             "finish_reason": _finish_reason(end, calls),
         }
         usage = _usage(end, started)
@@ -320,7 +319,9 @@ class EventStream(_Checked):
         self._guided_by = guided_by  # names the field of an invalid_guidance refused mid-stream
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        # each token's log probabilities go with the first chunk after them
+        written = self._logprobs_out() if "content" in delta or finish_reason else None
+        choice = {"index": 0, "delta": delta, "logprobs": written, "finish_reason": finish_reason}
         usage = {"usage": None} if self._include_usage else {}
         return _event(self._ids.object("chat.completion.chunk", choices=[choice], **usage))
 

@@ -48,8 +48,6 @@ NO_EFFECT: dict[str, tuple[object, str]] = {
     "n": (1, "only one choice (n=1) is supported"),
     "presence_penalty": (0, "penalties are not supported (only 0)"),
     "frequency_penalty": (0, "penalties are not supported (only 0)"),
-    "logprobs": (False, "log probabilities are not supported"),
-    "top_logprobs": (0, "log probabilities are not supported"),
     "logit_bias": ({}, "logit_bias is not supported"),
 }
 # Accepted with any string: it labels the request for OpenAI's own abuse monitoring, which
@@ -66,6 +64,42 @@ def _no_effect(value: object, neutral: object) -> bool:
     if isinstance(neutral, int):
         return isinstance(value, int | float) and value == neutral
     return type(value) is type(neutral) and value == neutral
+
+
+def unimplemented(
+    data: Any,
+    no_effect: dict[str, tuple[object, str]],
+    labels: tuple[str, ...] = (),
+    ignored: dict[str, type] | None = None,
+) -> Any:
+    """The body without the fields a route accepts only where they change nothing
+    (`no_effect`: absent, null or the value), accepts as labels (strings) or accepts and
+    ignores (`ignored`: any value of the type); ValueError naming a field at another value."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for name, (neutral, reason) in no_effect.items():
+        value = data.pop(name, None)
+        if value is not None and not _no_effect(value, neutral):
+            raise ValueError(f"{name}: {reason}")
+    for name in labels:
+        value = data.pop(name, None)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name}: must be a string")
+    for name, kind in (ignored or {}).items():
+        value = data.pop(name, None)
+        if value is not None and not isinstance(value, kind):
+            raise ValueError(f"{name}: must be a {kind.__name__}")
+        if isinstance(value, dict) and not _metadata(value):
+            raise ValueError(f"{name}: at most 16 string keys and string values")
+    return data
+
+
+def scope_of(prompt_cache_key: str | None, user: str | None) -> str | None:
+    """The conversation cache's scope of an OpenAI request (ipc.Generate.cache_scope)."""
+    if prompt_cache_key is not None:
+        return "key:" + prompt_cache_key
+    return None if user is None else "user:" + user
 
 
 def _metadata(value: dict[Any, Any]) -> bool:
@@ -133,6 +167,17 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool = False  # OpenAI's padding against length side channels: none here
 
 
+# Each token's most likely alternatives (OpenAI's bound), with logprobs.
+TopLogprobs = Annotated[int, Field(ge=0, le=ipc.MAX_TOP_LOGPROBS)]
+
+
+def logprobs_count(logprobs: bool | None, top_logprobs: int | None) -> int | None:
+    """ipc.Generate.logprobs of OpenAI's pair of fields (None: no log probabilities)."""
+    if top_logprobs and not logprobs:
+        raise ValueError("top_logprobs: only with logprobs true")
+    return (top_logprobs or 0) if logprobs else None
+
+
 # The model asked for: echoed in every reply object and stream chunk, so bounded (a 60 KB name
 # made a 2.2 MB stream) and valid Unicode (a lone surrogate cannot be encoded: 500, or an empty
 # streamed 200); pydantic checks both once the string has constraints.
@@ -163,6 +208,9 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     _grammar: guidance.Grammar | None = PrivateAttr(default=None)
+    # Each generated token's log probability (model/logprobs.py says of which distribution)
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
     # llama.cpp server fields, sent by apps written for App Service's built-in model sidecar
     # extension; what each means here (and the ones accepted and ignored): llamacpp_fields.py.
     n_predict: PredictLimit | None = None
@@ -177,24 +225,7 @@ class ChatCompletionRequest(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _unimplemented(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        for name, (neutral, reason) in NO_EFFECT.items():
-            value = data.pop(name, None)
-            if value is not None and not _no_effect(value, neutral):
-                raise ValueError(f"{name}: {reason}")
-        for name in LABELS:
-            value = data.pop(name, None)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name}: must be a string")
-        for name, kind in IGNORED.items():
-            value = data.pop(name, None)
-            if value is not None and not isinstance(value, kind):
-                raise ValueError(f"{name}: must be a {kind.__name__}")
-            if isinstance(value, dict) and not _metadata(value):
-                raise ValueError("metadata: at most 16 string keys and string values")
-        return data
+        return unimplemented(data, NO_EFFECT, LABELS, IGNORED)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -207,6 +238,8 @@ class ChatCompletionRequest(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         self._check_tools()
+        if logprobs_count(self.logprobs, self.top_logprobs) is not None and self.calls_tools:
+            raise ValueError("logprobs: not available with tools (a call's tokens are no content)")
         return self
 
     def _check_tools(self) -> None:
@@ -246,6 +279,29 @@ class ChatCompletionRequest(BaseModel):
             self.n_predict, self.max_tokens, self.max_completion_tokens
         )
 
+    def generate(self, request_id: str, default_max_new_tokens: int) -> ipc.Generate:
+        """The worker's request for this body."""
+        return ipc.Generate(
+            request_id,
+            self.conversation(),
+            self.max_new_tokens or default_max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            cache_scope=self.cache_scope,
+            stop=tuple(self.stop or ()),
+            guidance=self.guidance,
+            use_cache=self.cache_prompt,
+            repetition_penalty=self.repeat_penalty,
+            logprobs=self.logprobs_count,
+        )
+
+    @property
+    def logprobs_count(self) -> int | None:
+        """ipc.Generate.logprobs: None, none; else the alternatives listed per token."""
+        return logprobs_count(self.logprobs, self.top_logprobs)
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -273,6 +329,4 @@ class ChatCompletionRequest(BaseModel):
 
     @property
     def cache_scope(self) -> str | None:
-        if self.prompt_cache_key is not None:
-            return "key:" + self.prompt_cache_key
-        return None if self.user is None else "user:" + self.user
+        return scope_of(self.prompt_cache_key, self.user)

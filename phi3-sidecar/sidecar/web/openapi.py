@@ -12,11 +12,14 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from sidecar.web.completions_api import CompletionRequest
 from sidecar.web.errors import REFUSALS
 from sidecar.web.openai_schemas import ChatCompletionRequest
 from sidecar.web.predict_api import PredictRequest
+from sidecar.web.responses_schemas import ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 ERROR = {
@@ -48,31 +51,34 @@ def install(app: FastAPI) -> None:
 
 def build(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    _, definitions = models_json_schema(
-        [(PredictRequest, "validation"), (ChatCompletionRequest, "validation")],
-        ref_template=REF,
-    )
+    bodies: list[type[BaseModel]] = [
+        PredictRequest,
+        ChatCompletionRequest,
+        CompletionRequest,
+        ResponsesRequest,
+    ]
+    _, definitions = models_json_schema([(body, "validation") for body in bodies], ref_template=REF)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.update(definitions.get("$defs", {}))
     components["Error"] = ERROR
     errors = _errors()
+    # An object, or server-sent events: each a JSON object in `data` (chunks, or the Responses
+    # API's events), or [DONE].
+    json_or_events = {
+        "application/json": {"schema": {"type": "object"}},
+        "text/event-stream": {
+            "schema": {
+                "type": "object",
+                "required": ["data"],
+                "properties": {"data": {"type": "string"}},
+            }
+        },
+    }
     for path, body, ok in (
         ("/predict", "PredictRequest", {"text/plain": {"schema": {"type": "string"}}}),
-        (
-            "/v1/chat/completions",
-            "ChatCompletionRequest",
-            {
-                "application/json": {"schema": {"type": "object"}},
-                # Each server-sent event: a chat.completion.chunk as JSON in `data`, or [DONE].
-                "text/event-stream": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["data"],
-                        "properties": {"data": {"type": "string"}},
-                    }
-                },
-            },
-        ),
+        ("/v1/chat/completions", "ChatCompletionRequest", json_or_events),
+        ("/v1/completions", "CompletionRequest", json_or_events),
+        ("/v1/responses", "ResponsesRequest", json_or_events),
     ):
         operation = schema["paths"][path]["post"]
         operation["requestBody"] = {
@@ -87,7 +93,7 @@ def build(app: FastAPI) -> dict[str, Any]:
     model_id["schema"]["examples"] = [app.state.settings.served_model_name]
     for item in schema["paths"].values():
         for method, operation in item.items():
-            if method in ("get", "head"):
+            if method in ("get", "head", "delete"):
                 responses = operation.setdefault("responses", {})
                 responses.pop("422", None)  # FastAPI's own validation answer: not ours
                 responses.update({k: v for k, v in errors.items() if k in ("401", "404", "503")})

@@ -105,7 +105,7 @@ class Pipeline:
         """Admit the request (FIFO), start it in the worker and answer with its reply."""
         model = self._model
         if self._log_prompts:
-            record.prompt = generate.messages
+            record.prompt = generate.messages or generate.prompt  # a plain prompt: /v1/completions
         if not model.phase.ready:
             raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
         begin = asyncio.ensure_future(self._begin(record, generate, reply_format))

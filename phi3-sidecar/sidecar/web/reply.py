@@ -59,6 +59,10 @@ class ReplyFormat:
         """Sent for each piece of text as it comes ('' sends nothing)."""
         raise NotImplementedError
 
+    def logprobs(self, entries: list[ipc.TokenLogprob]) -> None:
+        """The log probabilities of the tokens of the next piece (Generate.logprobs), given
+        before it; a format that writes them holds them until it writes text or its tail."""
+
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
         """Sent last, when the generation ended normally (eos, stop or length)."""
         return b""
@@ -229,8 +233,13 @@ class ReplyResponse(Response):
             while not pieces.empty() and not isinstance(batch[-1], ipc.End):
                 batch.append(pieces.get_nowait())
             text = "".join(m.text for m in batch if isinstance(m, ipc.Piece))
-            # telemetry: when the worker made each piece (inter-token latency, web/metrics.py)
-            self._record.piece_times.extend(m.at for m in batch if isinstance(m, ipc.Piece))
+            if logprobs := [e for m in batch if isinstance(m, ipc.Piece) for e in m.logprobs]:
+                self._format.logprobs(logprobs)
+            # telemetry: when the worker made each piece of text (inter-token latency,
+            # web/metrics.py; a piece of log probabilities alone is no text)
+            self._record.piece_times.extend(
+                m.at for m in batch if isinstance(m, ipc.Piece) and m.text
+            )
             if text:
                 if self._record.ttft_ms is None:
                     elapsed = time.monotonic() - self._record.started_at

@@ -8,18 +8,29 @@ by llguidance (schema_rules.probe). The result is the check of the finished repl
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
 from sidecar.web.errors import ApiError
 from sidecar.web.openai_schemas import ChatCompletionRequest
 from sidecar.web.openai_tools import JsonSchemaFormat
+from sidecar.web.record import RequestRecord
 from sidecar.web.reply_check import ReplyCheck, validator
 from sidecar.web.schema_rules import SchemaRefused, check, probe
 
 SCHEMA_FIELD = "response_format.json_schema.schema"
 T = TypeVar("T")
 A = TypeVar("A")
+
+
+async def settle(body: ChatCompletionRequest, record: RequestRecord) -> ReplyCheck | None:
+    """`admit`, off the event loop; the log line says what the reply is held to."""
+    if body.grammar is None:
+        return None
+    held_to = body.response_format.type if body.response_format is not None else None
+    record.structured = "tools" if body.tools else held_to
+    return await asyncio.to_thread(admit, body)
 
 
 def admit(body: ChatCompletionRequest) -> ReplyCheck | None:

@@ -93,6 +93,32 @@ def test_log_prompts_puts_prompt_and_reply_in_the_line(
     assert fields["reply"] == response.text
 
 
+def test_the_openai_routes_log_no_prompt_text(sidecar_service: Service) -> None:
+    """/v1/completions and /v1/responses (whose stored responses keep text in memory only)."""
+    url = sidecar_service.url
+    bodies = {
+        "/v1/completions": {"prompt": f"Hi {MARKER}", "max_tokens": 3},
+        "/v1/responses": {"input": f"Hi {MARKER}", "instructions": MARKER, "max_output_tokens": 3},
+    }
+    for path, body in bodies.items():
+        response = httpx.post(url + path, json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert request_line(sidecar_service, response.headers["x-request-id"])["path"] == path
+    assert MARKER not in sidecar_service.log()
+
+
+def test_log_prompts_puts_a_plain_prompt_in_the_line(
+    prompt_logging_client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="sidecar.request"):
+        response = prompt_logging_client.post(
+            "/v1/completions", json={"prompt": f"Hi {MARKER}", "max_tokens": 3}
+        )
+    assert response.status_code == 200
+    (record,) = [r for r in caplog.records if r.name == "sidecar.request"]
+    assert record.fields["prompt"] == f"Hi {MARKER}"  # type: ignore[attr-defined]
+
+
 def test_a_prompt_the_tokenizer_cannot_take_is_a_400_that_logs_no_prompt_text(
     sidecar_service: Service,
 ) -> None:

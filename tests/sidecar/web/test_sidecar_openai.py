@@ -261,7 +261,7 @@ INVALID: dict[str, dict[str, Any]] = {
     "stop-too-many": {"messages": HI, "stop": ["a", "b", "c", "d", "e"]},
     "logit-bias": {"messages": HI, "logit_bias": {"50256": -100}},
     "presence-penalty": {"messages": HI, "presence_penalty": 0.5},
-    "logprobs": {"messages": HI, "logprobs": True},
+    "top-logprobs-past-20": {"messages": HI, "logprobs": True, "top_logprobs": 21},
     "tool-choice-names-no-tool": {
         "messages": HI,
         "tools": [{"type": "function", "function": {"name": "f"}}],
