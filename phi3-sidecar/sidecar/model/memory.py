@@ -11,6 +11,7 @@ onnxruntime's working memory while it reads prompts, the page cache the model's 
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -99,3 +100,26 @@ def _total_memory() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 8 * GIB
+
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def return_freed_memory(threshold: int = 128 * 1024) -> bool:
+    """Have glibc's malloc serve every block of `threshold` bytes or more from its own mapping,
+    given back to the system when freed, and trim its heaps past that much free space. Its
+    default raises the mapping threshold (up to 32 MiB) each time a mapped block is freed, so
+    the compact KV blocks, the encoder's scratch and the arrays of each model call, all freed
+    and allocated again in other sizes, came from its heaps and stayed there: measured, the
+    worker's peak RSS with 8 users taking turns was 5,095 MiB with the default and 4,677 MiB
+    with this (loaded model plus what the KV books count: about 4,640), at the same speed. False
+    where there is no glibc (nothing changes)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(
+            libc.mallopt(_M_MMAP_THRESHOLD, threshold)
+            and libc.mallopt(_M_TRIM_THRESHOLD, threshold)
+        )
+    except (OSError, AttributeError):
+        return False

@@ -35,6 +35,7 @@ from sidecar.model.download import download_if_needed
 from sidecar.model.folder import ModelFolderError, first_line
 from sidecar.model.guidance import GuidanceRefused
 from sidecar.model.kv_tiers import NoRoom, Restored
+from sidecar.model.memory import return_freed_memory
 from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
 from sidecar.settings import Settings
 
@@ -114,6 +115,8 @@ def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
     # Ctrl+C for the service's process group must not end replies before the web process's
     # graceful shutdown does, so this process leaves that group.
     os.setpgid(0, 0)
+    # Freed KV blocks go back to the system: the KV bound is about resident memory (memory.py)
+    return_freed_memory()
     configure_logging(settings.log_level, exception_messages=settings.log_prompts)
     try:
         engine = _load(settings, outbox)

@@ -46,3 +46,26 @@ def test_the_default_bound_leaves_the_model_and_a_margin() -> None:
     assert default_kv_bytes(8 * GIB, loaded) == 8 * GIB - loaded - GIB
     assert default_kv_bytes(32 * GIB, loaded) == 32 * GIB - loaded - 32 * GIB // 10
     assert default_kv_bytes(4 * GIB, loaded) == 256 * MIB  # the floor
+
+
+def test_freed_blocks_go_back_to_the_system() -> None:
+    """glibc's malloc told to map every block of 128 KiB or more (the KV bound is about resident
+    memory: a freed compact block must not stay in a heap)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import numpy as np, resource\n"
+        "from sidecar.model.memory import return_freed_memory, resident_bytes\n"
+        "assert return_freed_memory()\n"
+        "before = resident_bytes()\n"
+        "blocks = [np.ones(2**20 + i * 4096, np.uint8) for i in range(400)]\n"
+        "del blocks\n"
+        "print(resident_bytes() - before)\n"
+    )
+    grown = int(
+        subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert grown < 64 * MIB  # 400 MiB allocated and freed: given back

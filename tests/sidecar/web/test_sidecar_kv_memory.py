@@ -109,28 +109,30 @@ def test_a_client_that_leaves_while_waiting_takes_its_request_along(bounded: Ser
 def test_the_log_line_and_metrics_say_where_the_tokens_came_from(bounded: Service) -> None:
     before = metrics(bounded.url)
     first = {"messages": [{"role": "user", "content": long_message(5)}], "max_new_tokens": 4}
-    response = predict(bounded.url, {**first, "cache_scope": "sources"})
-    assert response.status_code == 200
+
+    def send(body: dict[str, object], request_id: str) -> httpx.Response:
+        headers = {"X-Request-Id": request_id}
+        response = httpx.post(bounded.url + "/predict", json=body, headers=headers, timeout=60)
+        assert response.status_code == 200
+        return response
+
+    response = send({**first, "cache_scope": "sources"}, "sources-1")
     history = [
         *first["messages"],  # type: ignore[misc]
         {"role": "assistant", "content": response.text},
         {"role": "user", "content": "and then?"},
     ]
-    second = predict(
-        bounded.url,
-        {"messages": history, "max_new_tokens": 4, "cache_scope": "sources"},
-    )
-    assert second.status_code == 200
+    second = send({"messages": history, "max_new_tokens": 4, "cache_scope": "sources"}, "sources-2")
     cached = int(second.headers["x-cached-tokens"])
     assert cached > 0
-    lines = [json.loads(x) for x in bounded.log_lines() if '"msg": "request"' in x]
-    assert lines[-1]["cache_tier"] == "ram" and lines[-1]["cached_tokens"] == cached
-    assert lines[-2].get("cache_tier") is None
+    one, two = request_line(bounded, "sources-1"), request_line(bounded, "sources-2")
+    assert two["cache_tier"] == "ram" and two["cached_tokens"] == cached
+    assert one.get("cache_tier") is None
     after = metrics(bounded.url)
     ram = 'sidecar_prompt_tokens_by_source_total{source="ram"}'
     recomputed = 'sidecar_prompt_tokens_by_source_total{source="recomputed"}'
     assert after[ram] - before[ram] == cached
-    prompts = lines[-1]["prompt_tokens"] + lines[-2]["prompt_tokens"]
+    prompts = one["prompt_tokens"] + two["prompt_tokens"]
     assert after[recomputed] - before[recomputed] == prompts - cached
 
 
