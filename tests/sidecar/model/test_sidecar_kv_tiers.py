@@ -81,6 +81,16 @@ class Chat:
         return generation
 
 
+def chat_on_disk(model: Path, directory: Path, scope: str, user: int) -> tuple[Chat, Path]:
+    """A one-turn chat on a new engine with a disk tier, pushed out of RAM: the chat, its file."""
+    engine = make_engine(model, prompt_cache_dir=directory)
+    chat = Chat(engine, scope, user)
+    chat.turn(0)
+    to_disk(engine)
+    (path,) = directory.glob("*.kv")
+    return chat, path
+
+
 def tiers(engine: Engine) -> dict[str | None, str]:
     assert engine.batch is not None
     cache = engine.batch.cache
@@ -204,12 +214,7 @@ def test_a_restart_keeps_this_models_files_and_drops_the_rest(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     directory = tmp_path / "kv"
-    first = make_engine(tiny_model_dir, prompt_cache_dir=directory)
-    assert first.batch is not None
-    chat = Chat(first, "carol", 1)
-    chat.turn(0)
-    to_disk(first)
-    (kept,) = directory.glob("*.kv")
+    chat, kept = chat_on_disk(tiny_model_dir, directory, "carol", 1)
     # Files this model cannot trust: another model's (or encoding's), a truncated copy,
     # random bytes, a half-written file left by a crash.
     foreign = directory / ("f" * 32 + ".kv")
@@ -231,13 +236,7 @@ def test_a_restart_keeps_this_models_files_and_drops_the_rest(
 def test_a_file_corrupted_after_indexing_is_never_served(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    directory = tmp_path / "kv"
-    engine = make_engine(tiny_model_dir, prompt_cache_dir=directory)
-    assert engine.batch is not None
-    chat = Chat(engine, "dave", 2)
-    chat.turn(0)
-    to_disk(engine)
-    (path,) = directory.glob("*.kv")
+    chat, path = chat_on_disk(tiny_model_dir, tmp_path / "kv", "dave", 2)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of the K/V
     path.write_bytes(bytes(data))
