@@ -43,12 +43,14 @@ PhaseName = Literal[
 Finish = Literal["eos", "stop", "length", "time_limit", "cancelled", "error"]
 # Why the worker refuses a request; the web process decides the status (web/errors.py).
 # overloaded: the request waited for KV memory (KV_MEMORY_MB) until its deadline.
+# invalid_image: the model's image processor refused an image the web process let through.
 Refusal = Literal[
     "context_length_exceeded",
     "unencodable_prompt",
     "start_failed",
     "invalid_guidance",
     "overloaded",
+    "invalid_image",
 ]
 # Where a turn's cached tokens came from (model/kv_tiers.py): its KV slot, compact RAM, the
 # disk tier; None: nothing was reused (the prompt is read, "recomputed").
@@ -110,6 +112,14 @@ class Generate:
     # A plain prompt (/v1/completions): its text, or its token ids, read as they are, with no
     # chat template; `messages` is then empty.
     prompt: str | tuple[int, ...] | None = None
+    # Images (issue 36): PNG bytes the web process decoded, checked and re-encoded
+    # (web/images.py), so the worker never hands unchecked bytes to the image processor
+    # (a malformed JPEG makes libjpeg exit the process). `image_slots[i]` places image i:
+    # (index into `messages`, character offset into that message's text); the worker puts
+    # the model's own image tag there. Text in the messages is always plain text, even when
+    # it looks like a tag.
+    images: tuple[bytes, ...] = ()
+    image_slots: tuple[tuple[int, int], ...] = ()
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
     @property
@@ -147,6 +157,8 @@ class Phase:
     name: PhaseName
     reason: str | None = None
     context_length: int | None = None
+    # Whether the loaded model reads images (a vision type, e.g. phi3v); set with "ready".
+    image_input: bool = False
 
     @property
     def ready(self) -> bool:
@@ -176,6 +188,7 @@ class Started:
     cache_reason: str = ""  # why those, or none (model/prompt_cache.py, REASONS)
     cache_tier: CacheTier | None = None  # where those came from
     restore_s: float = 0.0  # the time it took to put them back into a KV slot
+    image_tokens: int = 0  # prompt tokens that stand for images (counted in prompt_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,8 @@ REFUSALS: dict[str, Answer] = {
     "unencodable_prompt": Answer(400, "invalid_request", 400, "invalid_prompt"),
     # a response_format schema or tool parameters llguidance cannot compile (model/guidance.py)
     "invalid_guidance": Answer(422, "invalid_request", 400, "invalid_schema"),
+    # an image the web process let through that the model's image processor refused
+    "invalid_image": Answer(400, "invalid_image", 400, "invalid_image"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
     # a finished structured reply that fails its final check (reply_check.py)
@@ -115,6 +117,8 @@ WHEN: dict[str, str] = {
     "ever (a `$ref` loop, a required property that recurses), or more than 480 properties that "
     "may come next at one place; `param` names the field. Refused before anything is sent, "
     "streamed or not",
+    "invalid_image": "an image the model's image processor could not read (the web process "
+    "checks and re-encodes every image first, so this is rare); the worker stays up",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
     "cut off instead); a fault of one reply's own (logits that hold NaN, a grammar that leaves no "
