@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from PIL import Image
 
 from sidecar.model.engine import og  # the sidecar's import: telemetry off first
+from sidecar.model.folder import is_complete
 from sidecar.model.vision import MAX_SIDE, hd_size, image_tokens
 
 from scripts import make_model
@@ -197,3 +199,16 @@ def test_image_tags_are_plain_text_to_the_tokenizer(model: Any) -> None:
     assert len(ids) > 1 and tokenizer.decode(ids) == "<|image_1|>"
     specials = make_model.special_ids(vision.VISION_PRESETS["tiny-vision"].vocab).values()
     assert not set(ids) & set(specials)
+
+
+def test_a_vision_folder_is_complete_with_all_its_graphs(
+    tiny_vision_model_dir: Path, tmp_path: Path
+) -> None:
+    """What the download and run_local check before they trust a folder: a phi3v folder
+    without its vision graph or processor configuration is not complete."""
+    assert is_complete(tiny_vision_model_dir)
+    for missing in (vision.VISION, vision.EMBEDDING, "processor_config.json"):
+        folder = tmp_path / missing
+        shutil.copytree(tiny_vision_model_dir, folder)
+        (folder / missing).unlink()
+        assert not is_complete(folder), missing

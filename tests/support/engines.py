@@ -138,6 +138,7 @@ class FaultyEngine:
     def __init__(self, real: Engine) -> None:
         self._real = real
         self.max_length = real.max_length
+        self.image_input = real.image_input
 
     def start(self, request: ipc.Generate) -> FaultyGeneration:
         # the newest user message, or a plain prompt's text (/v1/completions)
@@ -182,6 +183,7 @@ class PacedEngine:
         self._pace = pace
         self._prefill_pace = prefill_pace
         self.max_length = real.max_length
+        self.image_input = real.image_input
 
     def start(self, request: ipc.Generate) -> PacedGeneration:
         return PacedGeneration(self._real.start(request), self._pace, self._prefill_pace)
@@ -258,6 +260,7 @@ class PoisonedEngine:
         self._real = real
         self.batch: BatchScheduler = real.batch
         self.max_length = real.max_length
+        self.image_input = real.image_input
         self._failing: dict[int, str] = {}  # id(generation) -> its message: CALL_BUG rows
         step, run = self.batch.step, self.batch.decoder.run
 

@@ -72,6 +72,8 @@ def read_spec(genai_config: Mapping[str, Any]) -> DecoderSpec:
     decoder = model["decoder"]
     inputs, outputs = decoder.get("inputs", {}), decoder.get("outputs", {})
     known = {"input_ids", "attention_mask", "past_key_names", "past_value_names"}
+    if "inputs_embeds" in inputs:
+        raise Unsupported("the decoder reads embeddings (a vision model: images and text)")
     if set(inputs) - known:
         raise Unsupported(f"decoder inputs {sorted(set(inputs) - known)} are not supported")
     search = genai_config.get("search", {})

@@ -5,7 +5,7 @@ It runs in the model worker process only (see worker.py), so the GIL that every 
 holds never stalls the web process's event loop. The engine loads the model and tokenizer, sizes
 the conversation cache, and makes generators; a reply is a Generation (generation.py) or, with
 batched decode, a BatchGeneration (batch_scheduler.py). Where it runs: device.py; its threads:
-cpus.py.
+cpus.py. A vision model (vision.py) reads a request's images on the Generator path.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home o
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import onnxruntime_genai as og
@@ -38,8 +38,15 @@ from sidecar.model.generator_path import (
     grammar_eos,
 )
 from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
-from sidecar.model.prompt import PromptBuilder, UnsafePrompt
+from sidecar.model.prompt import ImagePlacement, PromptBuilder, UnsafePrompt
 from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
+from sidecar.model.vision import (
+    OTHER_IMAGE_TYPES,
+    ImageRefused,
+    check_slots,
+    image_tags,
+    number_images,
+)
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.engine")
@@ -118,6 +125,15 @@ class Engine:
         )
         log.info("model", extra={"fields": self.facts.log_fields()})
         self.eos_ids = self.facts.eos_ids
+        # Whether requests may carry images (ipc.Phase.image_input): the model type decides
+        self.image_tags = image_tags(self.facts.model_type)
+        self.image_input = self.image_tags is not None
+        if self.facts.model_type in OTHER_IMAGE_TYPES:
+            log.warning(
+                "this model reads images, but the sidecar places images for phi3v only: "
+                "it serves text, and requests with images are refused",
+                extra={"fields": {"model_type": self.facts.model_type}},
+            )
         options = GeneratorOptions(
             vocab_size=self.vocab_size,
             prompt_lookup_tokens=prompt_lookup_tokens,
@@ -160,6 +176,8 @@ class Engine:
             self.grammars = Grammars(path / "tokenizer.json", self.vocab_size, options.grammar_eos)
         elif not self.generators.loaded:
             self.generators.model  # noqa: B018 (the batched path cannot serve: load it now)
+        if self.image_input:
+            self.generators.open_processor()
         # Log probabilities (logprobs.py): each token's text, made on first use
         self._token_texts = TokenTexts(path / "tokenizer.json", self._decode_one)
 
@@ -172,6 +190,8 @@ class Engine:
     def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
         generator (or KV slot) that holds the prompt's beginning, or make a new one."""
+        if request.images:
+            return self._start_with_images(request, cached=cached)
         if request.prompt is not None:  # /v1/completions: no template
             ids = request.prompt
             if not isinstance(ids, str) and self.vocab_size and max(ids) >= self.vocab_size:
@@ -192,6 +212,34 @@ class Engine:
         if request.logprobs is not None and self.generators.options.prompt_lookup_tokens:
             cached = False  # a cached generator may draft (drafts.py): a fresh one does not
         return Generation(self, prompt, request, cached=cached)
+
+    def _start_with_images(self, request: Generate, *, cached: bool) -> Generation:
+        """A request with images: the processor's tensors and each image's token count, the
+        prompt fitted with each image's run of tokens in its place (older turns left out with
+        their images), then a new generator that reads them all in its first step."""
+        if self.image_tags is None:
+            raise ImageRefused(
+                f"the model loaded (type {self.facts.model_type}) reads no images; "
+                "send text only, or serve a vision model"
+            )
+        if request.prompt is not None:
+            raise ImageRefused("a plain prompt takes no images")
+        check_slots(request)
+        processed = self.generators.process_images(request.images, self.image_tags)
+        placement = ImagePlacement(request.image_slots, processed.counts, self.image_tags.after)
+        fitted = self.prompts.fit(
+            request.messages, request.max_new_tokens, self.max_length, placement
+        )
+        ids, kept = number_images(fitted.ids)
+        # An image is left out only with its turn: never one of a turn the prompt keeps
+        system = 1 if request.messages[0][0] == "system" else 0
+        gone = range(system, system + fitted.dropped_messages)
+        expected = [i for i, (m, _) in enumerate(request.image_slots) if m not in gone]
+        if sorted(kept) != expected:
+            raise ImageRefused("the model's chat template left out an image of a kept turn")
+        prompt = replace(fitted, ids=ids)
+        images = processed.inputs(kept, ids)
+        return Generation(self, prompt, request, cached=cached, images=images)
 
     def logprobs_for(self, request: Generate) -> ReplyLogprobs | None:
         """The log probabilities a reply keeps (logprobs.py); None: it asked for none."""
@@ -225,7 +273,14 @@ class Engine:
             while generation.step() is None:
                 pass
             self.cache.bytes_per_token = self.generators.kv_bytes_per_token(generation.generator)
+            self.cache.rewinds = self.generators.rewinds(generation.generator)
             generation.release(reusable=False)
+            if not self.cache.rewinds:
+                log.info(
+                    "conversation cache off: the model's generators cannot be rewound",
+                    extra={"fields": {"model_type": self.facts.model_type}},
+                )
+                return
             self.cache.budget_bytes = self._cache_budget
             self.generators.make_spare(self.cache, self._spare_needed, self.facts.min_cache_length)
             return

@@ -30,9 +30,19 @@ def first_line(error: BaseException | str, limit: int = 300) -> str:
 
 def model_files(config: dict[str, Any]) -> list[str]:
     """The files a model folder holds besides genai_config.json: the decoder graph, its weights
-    (the official builder always writes them next to it as <graph>.data) and the tokenizer."""
-    graph = str(config["model"]["decoder"]["filename"])
-    return [graph, f"{graph}.data", *TOKENIZER_FILES]
+    (the official builder always writes them next to it as <graph>.data), a vision model's
+    other graphs (embedding, vision, speech) and its processor's configuration, and the
+    tokenizer. (The other graphs' weights may live in files of their own or in the decoder's,
+    as the generated tiny-vision model's embedding does: the graph names them, not the
+    configuration.)"""
+    model = config["model"]
+    graph = str(model["decoder"]["filename"])
+    files = [graph, f"{graph}.data"]
+    for section in ("embedding", "vision", "speech"):
+        part = model.get(section)
+        if isinstance(part, dict):
+            files += [str(part[key]) for key in ("filename", "config_filename") if part.get(key)]
+    return [*files, *TOKENIZER_FILES]
 
 
 def read_genai_config(path: Path) -> dict[str, Any]:

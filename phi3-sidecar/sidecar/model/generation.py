@@ -6,6 +6,10 @@ generates a token per step: one append of a long prompt is minutes of Phi-3-mini
 the worker can act only between steps, so a cancellation would wait for the whole prefill and
 the other generations' replies would freeze meanwhile. Chunked, a cancellation lands within one
 chunk and the others' tokens interleave with the chunks. The greedy tokens are the same.
+
+A prompt with images (a vision model) reads everything up to its last image in its first step,
+one call: onnxruntime-genai runs the vision graph on a generator's first run only. The text
+after the last image follows in chunks, as any prompt's.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from sidecar.ipc import Drafts, Finish, Generate, Guidance, TokenLogprob
 from sidecar.model.batch_guidance import RowGuide
 from sidecar.model.drafts import draft_counts
 from sidecar.model.family import ModelFacts
-from sidecar.model.generator_path import GeneratorPath, turn_options
+from sidecar.model.generator_path import GeneratorPath, ImageInputs, turn_options
 from sidecar.model.guidance import fitted, room
 from sidecar.model.kv_tiers import Restored
 from sidecar.model.logprobs import ReplyLogprobs
@@ -51,7 +55,15 @@ class Generation:
     """One reply: a generator (lent by the conversation cache, or made for it) and its own
     tokenizer stream."""
 
-    def __init__(self, engine: Host, prompt: Prompt, request: Generate, *, cached: bool) -> None:
+    def __init__(
+        self,
+        engine: Host,
+        prompt: Prompt,
+        request: Generate,
+        *,
+        cached: bool,
+        images: ImageInputs | None = None,
+    ) -> None:
         self.prompt = prompt
         self.generated = 0
         self.finish: Finish | None = None
@@ -71,7 +83,7 @@ class Generation:
             prompt.ids,
             needed,
             guidance=guidance,
-            wanted=cached,
+            wanted=cached and images is None,  # images are read on a new generator's first run
             min_capacity=engine.facts.min_cache_length,
         )
         lease = self.lease
@@ -114,6 +126,7 @@ class Generation:
         self._chunk = engine.prefill_chunk
         self._slack = engine.rewind_slack
         self._appended = self.cached_tokens  # prompt tokens in the generator so far
+        self._images = images  # read by the first step, then let go (the pixels are big)
 
     @property
     def prefilling(self) -> bool:
@@ -129,8 +142,12 @@ class Generation:
         character, so a reply cut off by the length limit ends on a whole character.
         """
         if self.prefilling:
-            end = self._appended + self._chunk
-            self.generator.append_tokens(self.prompt.ids[self._appended : end])
+            if self._images is not None:  # the images and all before them, in one call
+                self.generator.set_inputs(self._images.named(self.prompt.ids))
+                end, self._images = self._images.end, None
+            else:
+                end = self._appended + self._chunk
+                self.generator.append_tokens(self.prompt.ids[self._appended : end])
             self._appended = min(end, len(self.prompt.ids))
             self.lease.holds(self.generator.token_count())
             self.lease.prefilled(self._appended)
@@ -191,8 +208,9 @@ class Generation:
             self.logprobs.forced(int(forced), len(row))
             if self._shadow is not None:
                 self._shadow.consume(int(forced))
-        if self._penalty != 1.0:
-            row = penalize_repeats(row, [int(t) for t in sequence[:now]], self._penalty)
+        if self._penalty != 1.0:  # image slots (negative ids) are no tokens to penalize
+            seen = [int(t) for t in sequence[:now] if t >= 0]
+            row = penalize_repeats(row, seen, self._penalty)
         banned = self._eos if now < self._min_length else ()
         if self._shadow is not None:
             masked = self._shadow.masked(row, banned)

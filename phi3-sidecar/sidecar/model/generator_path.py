@@ -1,17 +1,19 @@
 """The Generator path: onnxruntime-genai's own Model and a Generator per reply (generation.py
 steps it). Every reply takes it when batched decode is off (DECODE_BATCH_ROWS=1, a device, drafts);
 with batched decode only what that path cannot serve does, and the Model (the decoder's weights
-a second time) is loaded on first use.
+a second time) is loaded on first use. A vision model (vision.py) takes it for every reply: its
+decoder reads embeddings, which the batched path does not make; its image processor is here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime_genai as og
 
 from sidecar.ipc import Generate, Guidance
@@ -22,6 +24,7 @@ from sidecar.model.folder import ModelFolderError, first_line
 from sidecar.model.guidance import refusal
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import PromptCache
+from sidecar.model.vision import ImageRefused, ImageTags
 
 log = logging.getLogger("sidecar.model.generator_path")
 
@@ -47,6 +50,7 @@ class GeneratorPath:
         self._model = self._load() if load else None
         # A guided reply's log probabilities need a matcher of their own (logprobs.py)
         self.shadow_grammars: Grammars | None = None
+        self._processor: og.MultiModalProcessor | None = None  # a vision model's
 
     @property
     def loaded(self) -> bool:
@@ -67,6 +71,35 @@ class GeneratorPath:
             if self._device != "cpu":
                 raise DeviceUnavailable(device_error(self._device, exc)) from exc
             raise folder_error(self._path, exc) from exc
+
+    def open_processor(self) -> None:
+        """Load a vision model's image processor (processor_config.json) now, so that a folder
+        whose processor cannot load fails at start, not at its first image."""
+        try:
+            self._processor = self.model.create_multimodal_processor()
+        except Exception as exc:
+            raise folder_error(self._path, exc) from exc
+
+    def process_images(self, pngs: Sequence[bytes], tags: ImageTags) -> ProcessedImages:
+        """The processor's tensors for these images (PNG bytes the web process decoded and
+        re-encoded: onnxruntime-extensions' decoder ends the process on some malformed bytes)
+        and each image's prompt tokens. The processor is given a prompt of tags only, never
+        user text. An image it refuses (too narrow once scaled, a side over 16,384 pixels)
+        raises ImageRefused."""
+        if self._processor is None:
+            self.open_processor()
+        assert self._processor is not None
+        try:
+            images = og.Images.open_bytes(*pngs)
+            named = self._processor(tags.processor_prompt(len(pngs)), images=images)
+            counts = [int(n) for n in named["num_image_tokens"].as_numpy().ravel()]
+        except RuntimeError as exc:
+            raise ImageRefused(
+                f"the model's image processor refused an image: {first_line(exc)}"
+            ) from exc
+        if len(counts) != len(pngs):
+            raise ImageRefused(f"the image processor read {len(counts)} of {len(pngs)} images")
+        return ProcessedImages(named, counts)
 
     def new_generator(
         self, capacity: int, request: Generate, prompt: Prompt, guidance: Guidance | None
@@ -124,6 +157,16 @@ class GeneratorPath:
         fields = {"capacity": capacity, "bytes": spare.nbytes}
         log.info("spare generator", extra={"fields": fields})
 
+    def rewinds(self, generator: og.Generator) -> bool:
+        """Whether this model's generators can be rewound, tried on one that is done with
+        (onnxruntime-genai 0.18 refuses it for phi3v, even after a text-only prompt): the
+        conversation cache lends generators by rewinding them."""
+        try:
+            generator.rewind_to(0)
+        except RuntimeError:
+            return False
+        return True
+
     def kv_bytes_per_token(self, generator: og.Generator) -> int:
         """K and V of every layer for one token, from the first layer's present key (shape
         [batch, kv_heads, length, head_size], in the model's KV type): 786,432 bytes for
@@ -131,6 +174,54 @@ class GeneratorPath:
         key = generator.get_output("present.0.key")
         per_layer = int(key.shape[1]) * int(key.shape[3]) * int(key.dtype.itemsize)
         return 2 * self.options.num_layers * per_layer
+
+
+class ProcessedImages:
+    """A request's images as the processor made them (pixel_values, image_sizes,
+    num_image_tokens: image first on every axis 0) and each one's prompt tokens."""
+
+    def __init__(self, named: og.NamedTensors, counts: list[int]) -> None:
+        self._named = named
+        self.counts = counts
+
+    def inputs(self, kept: Sequence[int], ids: Sequence[int]) -> ImageInputs | None:
+        """What the prompt `ids` (images numbered by vision.number_images) reads its images
+        from: the tensors of the `kept` images, in that order; None when it holds none."""
+        if not kept:
+            return None
+        # NamedTensors cannot be iterated: keys() is its only listing
+        names = [name for name in self._named.keys() if name != "input_ids"]  # noqa: SIM118
+        tensors: dict[str, Any]
+        if list(kept) == list(range(len(self.counts))):
+            tensors = {name: self._named[name] for name in names}
+        else:  # images of left-out turns are gone: their rows are too
+            tensors = {name: _as_input(self._named[name].as_numpy()[list(kept)]) for name in names}
+        end = max(at for at, token in enumerate(ids) if token < 0) + 1
+        return ImageInputs(tensors, end)
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """The first call of an image prompt: onnxruntime-genai runs the vision graph on a
+    generator's first run only (a later set_inputs or append reads no image features), so one
+    call reads every token up to the last image; the rest of the prompt follows in chunks."""
+
+    tensors: Mapping[str, Any]
+    end: int  # the prompt's tokens up to and with its last image's
+
+    def named(self, ids: Sequence[int]) -> og.NamedTensors:
+        named = og.NamedTensors()
+        named["input_ids"] = np.asarray([ids[: self.end]], dtype=np.int32)
+        for name, value in self.tensors.items():
+            named[name] = value
+        return named
+
+
+def _as_input(array: np.ndarray) -> np.ndarray:
+    """A numpy copy onnxruntime-genai takes: its as_numpy() gives int64 as numpy's longlong,
+    which it refuses back ("Unsupported numpy type"); the same bytes as int64 it takes."""
+    array = np.ascontiguousarray(array)
+    return array.view(np.int64) if array.dtype.kind == "i" and array.itemsize == 8 else array
 
 
 def folder_error(path: Path, exc: Exception) -> ModelFolderError:

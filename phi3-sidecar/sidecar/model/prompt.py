@@ -18,6 +18,14 @@ place of each message, which tells exactly which characters are template and whi
   about roles, and only for requests that contain such strings.
 In both cases no token id of an added token can come from message content.
 
+Images (a vision model, vision.py): each image's place in a message (ipc.Generate.image_slots)
+gets a marker no text can forge (a nonce, like the messages' placeholders), and the text is cut
+there: the pieces are encoded separately, as the model's own processor encodes the text between
+its tags, and the image stands in the ids as a run of its token count of the id -(i+1) (image i
+of the request; vision.number_images numbers them as the processor does). Typed text that reads
+like an image tag is text like any other. An image goes with its turn when older turns are
+left out, and its tokens count towards the limit like any others.
+
 What else a template does with content is followed, never assumed: each placeholder is padded
 with whitespace, so the rendering shows whether the template trims content (Llama 3's and
 Gemma's do: `| trim`), and the content is trimmed the same way. A model whose template has no
@@ -46,10 +54,11 @@ class Tokenizer(Protocol):
 
 
 class PromptTooLong(Exception):
-    def __init__(self, prompt_tokens: int, limit: int) -> None:
+    def __init__(self, prompt_tokens: int, limit: int, image_tokens: int = 0) -> None:
         super().__init__(f"prompt of {prompt_tokens} tokens exceeds the limit of {limit}")
         self.prompt_tokens = prompt_tokens
         self.limit = limit
+        self.image_tokens = image_tokens  # of prompt_tokens, those that stand for images
 
 
 class UnsafePrompt(Exception):
@@ -63,9 +72,28 @@ class TemplateRefused(Exception):
 
 @dataclass(frozen=True)
 class Prompt:
-    ids: list[int]
+    ids: list[int]  # negative ids: image slots (vision.number_images)
     dropped_messages: int
     max_new_tokens: int
+    image_tokens: int = 0  # of ids, those that stand for images
+
+
+@dataclass(frozen=True)
+class ImagePlacement:
+    """A request's images for the prompt: where each stands (ipc.Generate.image_slots), its
+    prompt tokens (the processor's count), and the text the model's tag puts after each."""
+
+    slots: Sequence[tuple[int, int]]
+    tokens: Sequence[int]
+    after: str = ""
+
+
+@dataclass(frozen=True)
+class _Image:
+    index: int  # the request's image
+
+
+Segment = str | int | _Image  # text, a template's special token id, an image
 
 
 Message = tuple[Role, str]
@@ -96,8 +124,12 @@ class PromptBuilder:
         # Tokenizers that put BOS in front of every encode(): keep it once, at the start.
         self._auto_bos = bos_id if probe and bos_id is not None and probe[0] == bos_id else None
 
-    def encode(self, messages: Sequence[Message]) -> list[int]:
+    def encode(self, messages: Sequence[Message], images: _ImageMarks | None = None) -> list[int]:
         segments = self._segments(self._fold_system(messages))
+        if images is not None:
+            marked = images.split(segments)
+            if any(isinstance(s, _Image) for s in marked):
+                return self._encode_cut(marked, images.tokens)
         legit = [s for s in segments if isinstance(s, int)]
         if all(isinstance(s, int) or not self._has_added(s) for s in segments):
             text = "".join(self._text_of(s) for s in segments)
@@ -107,13 +139,19 @@ class PromptBuilder:
                 return self._with_bos(ids)
         return self._encode_cut(segments)
 
-    def fit(self, messages: Sequence[Message], max_new_tokens: int, max_length: int) -> Prompt:
+    def fit(
+        self,
+        messages: Sequence[Message],
+        max_new_tokens: int,
+        max_length: int,
+        images: ImagePlacement | None = None,
+    ) -> Prompt:
         """Drop the oldest turns until prompt + max_new_tokens fits in max_length.
 
         The system message and the newest user message are never dropped; whole turns go (a
-        user message with the replies that follow it). If even the shortest prompt leaves no
-        room for max_new_tokens, the reply budget shrinks to what is left; with no room for a
-        single token the request is refused (PromptTooLong).
+        user message with the replies that follow it, and their images). If even the shortest
+        prompt leaves no room for max_new_tokens, the reply budget shrinks to what is left;
+        with no room for a single token the request is refused (PromptTooLong).
         """
         for _, content in messages:
             if not _is_utf8(content):
@@ -121,13 +159,16 @@ class PromptBuilder:
                 # written into the prompt may hold one): the tokenizer would fail, quoting
                 # the whole text in its error.
                 raise UnsafePrompt("a message holds a lone surrogate")
+        marks = _ImageMarks(images) if images is not None and images.slots else None
+        if marks is not None:
+            messages = marks.insert(messages)
         system = [m for m in messages[:1] if m[0] == "system"]
         rest = list(messages[len(system) :])
         cuts = [0] + [i for i in range(1, len(rest)) if rest[i][0] == "user"]
         cuts = sorted(set(cuts) | {len(rest) - 1})
 
         def ids_for(cut: int) -> list[int]:
-            return self.encode(system + rest[cut:])
+            return self.encode(system + rest[cut:], marks)
 
         # Fewer messages never means more tokens, so binary-search the first cut that fits.
         lo, hi = 0, len(cuts) - 1
@@ -140,11 +181,11 @@ class PromptBuilder:
             else:
                 lo = mid + 1
         if best is not None:
-            return Prompt(best[1], best[0], max_new_tokens)
+            return Prompt(best[1], best[0], max_new_tokens, _image_count(best[1]))
         ids = ids_for(cuts[-1])
         if len(ids) + 1 > max_length:
-            raise PromptTooLong(len(ids), max_length)
-        return Prompt(ids, cuts[-1], max_length - len(ids))
+            raise PromptTooLong(len(ids), max_length, _image_count(ids))
+        return Prompt(ids, cuts[-1], max_length - len(ids), _image_count(ids))
 
     def plain(self, prompt: str | Sequence[int], max_new_tokens: int, max_length: int) -> Prompt:
         """A plain prompt (/v1/completions): the text encoded as the tokenizer encodes it (its
@@ -251,11 +292,16 @@ class PromptBuilder:
             return [self._auto_bos, *ids]
         return ids
 
-    def _encode_cut(self, segments: list[str | int]) -> list[int]:
+    def _encode_cut(
+        self, segments: Sequence[Segment], image_tokens: Sequence[int] = ()
+    ) -> list[int]:
         ids: list[int] = []
         for segment in segments:
             if isinstance(segment, int):
                 ids.append(segment)
+                continue
+            if isinstance(segment, _Image):
+                ids.extend([-(segment.index + 1)] * image_tokens[segment.index])
                 continue
             for piece in self._cut(segment):
                 piece_ids = self._strip_bos(list(self._tokenizer.encode(piece)))
@@ -276,6 +322,49 @@ class PromptBuilder:
                 at = match.start() + 1  # "<|end|>" -> "<" + "|end|>"
                 todo += [piece[at:], piece[:at]]
         return pieces
+
+
+class _ImageMarks:
+    """Each image's place as a marker in its message's text (a nonce no text can forge), and
+    the markers back as images once the template has rendered the messages."""
+
+    def __init__(self, placement: ImagePlacement) -> None:
+        nonce = secrets.token_hex(8)
+        self._mark = "\ue002" + nonce + ":{}\ue003"
+        self._pattern = re.compile("\ue002" + nonce + ":(\\d+)\ue003")
+        self._placement = placement
+        self.tokens = placement.tokens
+
+    def insert(self, messages: Sequence[Message]) -> list[Message]:
+        out = list(messages)
+        places: dict[int, list[tuple[int, int]]] = {}
+        for image, (message, offset) in enumerate(self._placement.slots):
+            places.setdefault(message, []).append((offset, image))
+        for message, spots in places.items():
+            role, text = out[message]
+            # From the end, so earlier offsets still hold; images at one offset stay in order
+            for offset, image in sorted(spots, reverse=True):
+                marked = self._mark.format(image) + self._placement.after
+                text = text[:offset] + marked + text[offset:]
+            out[message] = (role, text)
+        return out
+
+    def split(self, segments: Sequence[str | int]) -> list[Segment]:
+        out: list[Segment] = []
+        for segment in segments:
+            if not isinstance(segment, str):
+                out.append(segment)
+                continue
+            for at, piece in enumerate(self._pattern.split(segment)):
+                if at % 2:
+                    out.append(_Image(int(piece)))
+                elif piece:
+                    out.append(piece)
+        return out
+
+
+def _image_count(ids: Sequence[int]) -> int:
+    return sum(1 for i in ids if i < 0)
 
 
 def _is_utf8(text: str) -> bool:

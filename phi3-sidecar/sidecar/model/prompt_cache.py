@@ -108,7 +108,16 @@ class Entry:
 
 
 Reason = Literal[
-    "reused", "spare", "recycled", "miss", "too_big", "declined", "unscoped_off", "off", "seeded"
+    "reused",
+    "spare",
+    "recycled",
+    "miss",
+    "too_big",
+    "no_rewind",
+    "declined",
+    "unscoped_off",
+    "off",
+    "seeded",
 ]
 
 # Why a lease reuses what it does (Lease.reason): the first is a hit, the rest start from token 0.
@@ -118,7 +127,9 @@ REASONS: dict[Reason, str] = {
     "recycled": "no entry matched; an idle one that had to be evicted was taken, emptied",
     "miss": "no entry matched; a new generator is made and kept",
     "too_big": "no entry matched; a new generator is made, too big for the budget to keep",
-    "declined": "the request asked for no cache (cache_prompt false; the warm-up)",
+    "no_rewind": "the model's generators cannot be rewound (onnxruntime-genai refuses it for "
+    "phi3v, a vision model): every request gets a new one, none is kept",
+    "declined": "the request asked for no cache (cache_prompt false; the warm-up; images)",
     "unscoped_off": "no scope, and PROMPT_CACHE_UNSCOPED=false",
     "off": "the cache is off (PROMPT_CACHE_MB=0, or not sized yet at warm-up)",
     "seeded": "a seeded sampling request starts fresh, so that its seed gives its reply",
@@ -197,6 +208,9 @@ class PromptCache:
     chunk: int = 64  # the engine's PREFILL_CHUNK
     exact: bool = False  # PROMPT_CACHE_EXACT
     unscoped: bool = True  # PROMPT_CACHE_UNSCOPED: requests without a scope share a pool
+    # False: the model's generators cannot be rewound (measured at warm-up), and lending one
+    # means rewinding it: the cache stays off
+    rewinds: bool = True
     entries: list[Entry] = field(default_factory=list)
     evictions: int = 0
     # The batched path's tiers (kv_tiers.KvTiers): idle entries move down (compact RAM, disk)
@@ -237,7 +251,9 @@ class PromptCache:
         have (a sliding window)."""
         sampling = request.sampling  # the generator's mode (ipc.Generate.sampling)
         reason: Reason | None = None
-        if not (wanted and request.use_cache):
+        if not self.rewinds:
+            reason = "no_rewind"
+        elif not (wanted and request.use_cache):
             reason = "declined"
         elif request.cache_scope is None and not self.unscoped:
             # The shared pool (an oracle for what others sent) does not exist then.

@@ -1,4 +1,6 @@
-"""Images on a vision model: which model types read them, and what one costs in prompt tokens.
+"""Images on a vision model: which model types read them, how a prompt marks them, and what
+one costs in prompt tokens. Pure Python; onnxruntime-genai's processor is called in
+generator_path.py.
 
 `image_tokens` is the one home of Phi-3-vision's token count (docs/models.md quotes it;
 tests/models checks it against onnxruntime-genai's own processor, so a version of
@@ -8,6 +10,10 @@ onnxruntime-genai or onnxruntime-extensions that counts otherwise fails a test).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.ipc import Generate
 
 CROP_SIDE = 336  # pixels per side of a crop (CLIP ViT-L/14 at 336)
 MAX_CROPS = 16  # tiles of the HD transform; onnxruntime-extensions ignores `num_crops`
@@ -45,3 +51,67 @@ def image_tokens(width: int, height: int) -> int:
     h, w = hd_size(width, height)
     rows, cols = h // CROP_SIDE, w // CROP_SIDE
     return (rows * cols + 1) * TOKENS_PER_CROP + 1 + (rows + 1) * TOKENS_PER_ROW
+
+
+class ImageRefused(Exception):
+    """The request's images cannot be read by this model (ipc refusal invalid_image); str() is
+    one sentence for the client, naming no image content."""
+
+
+@dataclass(frozen=True)
+class ImageTags:
+    """How a model type's prompts mark an image."""
+
+    tag: str  # image k's tag as the processor reads it ({k}: 1, 2, ...)
+    after: str  # the text the model's own prompts put after each tag
+
+    def processor_prompt(self, count: int) -> str:
+        """A prompt of tags only: what the processor is given, never user text."""
+        return "".join(self.tag.format(k=k) for k in range(1, count + 1))
+
+
+# The model types whose images the worker places. phi3v's processor expands `<|image_k|>` to
+# image k's token count of the id -k, which the embedding graph replaces by the image's
+# features; the worker writes those runs itself, so no text ever becomes a tag.
+IMAGE_TAGS: dict[str, ImageTags] = {"phi3v": ImageTags("<|image_{k}|>", "\n")}
+# onnxruntime-genai 0.18 reads images for these types too, but their prompts mark images
+# otherwise (Phi-4-multimodal's fixed ids, Qwen's <|image_pad|>, Gemma's <start_of_image>, ...):
+# the worker does not place them yet, so such a model serves text and says it reads no images.
+OTHER_IMAGE_TYPES = frozenset(
+    {"phi4mm", "qwen2_5_vl", "qwen3_vl", "gemma3", "gemma4", "mistral3", "fara", "lfm2_vl"}
+)
+
+
+def image_tags(model_type: str) -> ImageTags | None:
+    """How `model_type` marks images; None: the sidecar reads no images with it."""
+    return IMAGE_TAGS.get(model_type)
+
+
+def check_slots(request: Generate) -> None:
+    """Each image has one slot, in a user message, at an offset inside its text (the web
+    process places them; a request that breaks this is refused, never guessed at)."""
+    if len(request.images) != len(request.image_slots):
+        raise ImageRefused(
+            f"{len(request.images)} images with {len(request.image_slots)} places for them"
+        )
+    for message, offset in request.image_slots:
+        if not 0 <= message < len(request.messages):
+            raise ImageRefused(f"an image is placed in message {message}, which is not there")
+        role, text = request.messages[message]
+        if role != "user":
+            raise ImageRefused(f"an image is placed in a {role} message; only users send images")
+        if not 0 <= offset <= len(text):
+            raise ImageRefused(f"an image is placed at {offset}, outside its message's text")
+
+
+def number_images(ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """A prompt whose image runs say the request's image (-(i+1) for image i), numbered as the
+    processor numbers them: -k for the k-th image the prompt holds. Returns those ids and the
+    request's indices of the images held, in order (an image of a left-out turn is gone)."""
+    order: dict[int, int] = {}
+    out = list(ids)
+    for at, token in enumerate(out):
+        if token < 0:
+            k = order.setdefault(token, len(order) + 1)
+            out[at] = -k
+    return out, [-token - 1 for token in order]

@@ -37,6 +37,7 @@ from sidecar.model.guidance import GuidanceRefused
 from sidecar.model.kv_tiers import NoRoom, Restored
 from sidecar.model.memory import return_freed_memory
 from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
+from sidecar.model.vision import ImageRefused
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.worker")
@@ -90,6 +91,7 @@ class Backend(Protocol):
     """What the scheduler needs of a model (engine.Engine; tests wrap it)."""
 
     max_length: int
+    image_input: bool  # whether requests may carry images (a vision model)
 
     def start(self, request: ipc.Generate) -> Stepper: ...
 
@@ -143,7 +145,8 @@ def _load(settings: Settings, outbox: Connection) -> Backend | None:
         reason = f"loading the model failed: {type(exc).__name__}: {first_line(exc)}"
         outbox.send(ipc.Phase("failed", reason))
         return None
-    outbox.send(ipc.Phase("ready", context_length=engine.max_length))
+    ready = ipc.Phase("ready", context_length=engine.max_length, image_input=engine.image_input)
+    outbox.send(ready)
     outbox.send(engine.cache_stats())  # the KV bound chosen, before any request
     return engine
 
@@ -247,15 +250,19 @@ class Scheduler:
         except PromptTooLong as exc:
             # a plain prompt (/v1/completions) has no turns to leave out
             turns = " even with all older turns left out" if request.prompt is None else ""
+            images = f" ({exc.image_tokens} of them for images)" if exc.image_tokens else ""
             self._outbox.send(
                 ipc.Rejected(
                     request.key,
                     "context_length_exceeded",
-                    f"the prompt takes {exc.prompt_tokens} tokens{turns}; the limit is "
-                    f"{exc.limit} tokens for prompt and reply together",
+                    f"the prompt takes {exc.prompt_tokens} tokens{images}{turns}; the limit "
+                    f"is {exc.limit} tokens for prompt and reply together",
                     limit_tokens=exc.limit,
                 )
             )
+            return True
+        except ImageRefused as exc:
+            self._outbox.send(ipc.Rejected(request.key, "invalid_image", str(exc)))
             return True
         except UnsafePrompt as exc:
             # A plain prompt's reason names no text (token ids, an empty encoding)
@@ -297,6 +304,7 @@ class Scheduler:
                 generation.cache_reason,
                 generation.restored.tier,
                 generation.restored.seconds,
+                image_tokens=prompt.image_tokens,
             )
         )
         return True
