@@ -107,8 +107,10 @@ class Settings(BaseSettings):
         "tokens of one on a 2-vCPU AMD EPYC. Greedy replies are the same either way; a seeded "
         "sampling reply is the sidecar's sampler's for that seed, not onnxruntime-genai's. "
         "Structured output and tool calls are batched too (llguidance). A decoder the direct "
-        "path does not know keeps a Generator. Set it to MAX_CONCURRENCY to batch every "
-        "active reply.",
+        "path does not know keeps a Generator, and so does a vision model (phi3v: its decoder "
+        "reads embeddings): there N replies take turns at 1/N of the speed each, and a prompt's "
+        "images are one step the others wait for (docs/models.md). Set it to MAX_CONCURRENCY "
+        "to batch every active reply.",
     )
     worker_stall_s: float = Field(
         default=60.0,
@@ -117,7 +119,10 @@ class Settings(BaseSettings):
         description="Seconds the model worker may go without finishing a step (a token, or a "
         "chunk of PREFILL_CHUNK prompt tokens) while it is ready, before the watchdog fails its "
         "replies, kills it and starts another. Keep it above the longest step: one prompt chunk "
-        "on the slowest CPU the sidecar runs on. A replacement worker still loading is replaced "
+        "on the slowest CPU the sidecar runs on; on a vision model, a prompt's images and every "
+        "token before them are one step (about 1,900 to 2,700 tokens an image: a minute or more "
+        "of Phi-3.5-vision on 2 vCPUs, docs/models.md), so raise it there. A replacement worker "
+        "still loading is replaced "
         "too when it reports no progress for this plus twice the first worker's load time.",
     )
     prompt_cache_mb: int = Field(
@@ -129,7 +134,9 @@ class Settings(BaseSettings):
         "decode, idle conversations move from their KV slot (0.75 MiB a token for Phi-3-mini) "
         "to compact RAM (KV_COMPACT) and then to PROMPT_CACHE_DIR, least recently used first, "
         "and only the bytes they really hold count; on the Generator path every generator "
-        "counts, in use or idle, for its whole length. 0 turns the cache off. The kept "
+        "counts, in use or idle, for its whole length. 0 turns the cache off; it is off "
+        "whatever this says on a model whose generators cannot be rewound (phi3v, a vision "
+        "model: cache_reason no_rewind). The kept "
         "conversations also stay within KV_MEMORY_MB with the running replies. "
         "docs/conversation-cache.md.",
     )
