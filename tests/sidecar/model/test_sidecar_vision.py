@@ -183,8 +183,9 @@ def test_guidance_with_an_image(engine: Engine) -> None:
         }
     )
     guided = ipc.Guidance("json_schema", json.dumps(schema))
-    text = reply(engine, asking(RED_PNG, new=64, guidance=guided))
-    assert json.loads(text)["colour"] in ("red", "green", "blue")
+    generation = engine.start(asking(RED_PNG, new=64, guidance=guided))
+    assert generation.prompt.image_tokens == 1921
+    assert json.loads(run(generation))["colour"] in ("red", "green", "blue")
 
 
 def test_text_only_on_the_vision_model_skips_the_cache(engine: Engine) -> None:
