@@ -193,10 +193,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def catalog_table() -> str:
     """`--list`: one line per catalog model."""
-    rows = [("NAME", "DEVICE", "SIZE", "CONTEXT", "LICENCE", "REPOSITORY / FOLDER")]
+    rows = [("NAME", "DEVICE", "INPUT", "SIZE", "CONTEXT", "LICENCE", "REPOSITORY / FOLDER")]
     for e in catalog.ENTRIES.values():
         where = f"{e.repo_id}/{e.subfolder}" if e.subfolder else e.repo_id
-        rows.append((e.name, e.device, e.size_text, str(e.context_length), e.licence, where))
+        reads = "text+image" if e.images else "text"
+        rows.append((e.name, e.device, reads, e.size_text, str(e.context_length), e.licence, where))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
