@@ -112,7 +112,7 @@ class KvModel:
 
         genai_config = read_genai_config(folder)
         spec = read_spec(genai_config)
-        # As engine.py's _batch_path: the session's config entries, the CPU budget's threads.
+        # As model/batch_setup.py's batch_path: the session's config, the CPU budget's threads.
         options = session_options(threads, thread_spinning=True)
         config = {k: str(v) for k, v in options.items() if k.startswith("session.")}
         length = int(genai_config["model"]["context_length"])

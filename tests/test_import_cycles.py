@@ -1,7 +1,7 @@
-"""No import cycles inside either service or scripts/: each module's imports (at the top and
-inside functions alike; not those under `if TYPE_CHECKING:`) read with ast, and the graph
+"""No import cycles inside either service or scripts/: each module's imports (at the top,
+inside functions and under `if TYPE_CHECKING:` alike) read with ast, and the graph
 searched for strongly connected components. A cycle means two modules each decide part of the
-other's concept; a deferred import that hides one is still one."""
+other's concept; a deferred or type-only import that hides one is still one."""
 
 from __future__ import annotations
 
@@ -30,18 +30,8 @@ def modules(name: str, root: Path) -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
     for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            yield from (n for child in node.orelse for n in _imports_in(child))
-            continue
         yield from _imports_in(node)
 
 
@@ -125,7 +115,7 @@ def test_no_import_cycles(name: str) -> None:
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-def test_the_search_finds_a_cycle_through_a_deferred_import(tmp_path: Path) -> None:
+def test_the_search_finds_cycles_through_deferred_and_type_only_imports(tmp_path: Path) -> None:
     root = tmp_path / "pkg"
     (root / "sub").mkdir(parents=True)
     (root / "__init__.py").write_text("")
@@ -139,5 +129,7 @@ def test_the_search_finds_a_cycle_through_a_deferred_import(tmp_path: Path) -> N
     (root / "free.py").write_text("import pkg.c\n")
     graph = import_graph("pkg", root)
     assert graph["pkg.sub.b"] == {"pkg.c"}
-    assert graph["pkg.c"] == {"pkg.a"}  # not pkg.free: that import never runs
-    assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+    # pkg.free too: a type-only import still makes each module know the other
+    assert graph["pkg.c"] == {"pkg.a", "pkg.free"}
+    # one strongly connected component holds both loops
+    assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.free", "pkg.sub.b"]]

@@ -1,4 +1,5 @@
-"""onnxruntime-genai behind a small interface. The only module that imports it.
+"""onnxruntime-genai behind a small interface (with generator_path.py, the only modules that
+import it).
 
 It runs in the model worker process only (see worker.py), so the GIL that every Generator call
 holds never stalls the web process's event loop. The engine loads the model and tokenizer, sizes
@@ -18,24 +19,26 @@ import logging
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Generate, Guidance
-from sidecar.model.batch_decoder import BatchDecoder, Unsupported, read_spec
 from sidecar.model.batch_guidance import Grammars, RowGuide
-from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchGeneration, BatchScheduler, serves
+from sidecar.model.batch_scheduler import BatchGeneration, BatchScheduler, serves
+from sidecar.model.batch_setup import BatchOptions, KvOptions, batch_path, size_kv_memory
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
-from sidecar.model.device import DeviceUnavailable, device_error, use_device
-from sidecar.model.drafts import use_prompt_lookup
+from sidecar.model.device import use_device
 from sidecar.model.family import read_facts
-from sidecar.model.folder import ModelFolderError, first_line, read_genai_config
-from sidecar.model.generation import Generation, turn_options
-from sidecar.model.guidance import refusal
-from sidecar.model.kv_setup import KvOptions, attach_tiers, size_kv_memory
+from sidecar.model.folder import read_genai_config
+from sidecar.model.generation import Generation
+from sidecar.model.generator_path import (
+    GeneratorOptions,
+    GeneratorPath,
+    generator_only,
+    grammar_eos,
+)
 from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
-from sidecar.model.prompt import Prompt, PromptBuilder, UnsafePrompt
+from sidecar.model.prompt import PromptBuilder, UnsafePrompt
 from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
 from sidecar.settings import Settings
 
@@ -70,7 +73,6 @@ class Engine:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
-        self.prompt_lookup_tokens = prompt_lookup_tokens
         genai_config = read_genai_config(path)
         self.context_length = int(genai_config["model"]["context_length"])
         self.max_length = min(max_length or self.context_length, self.context_length)
@@ -100,8 +102,8 @@ class Engine:
         overlay = {"model": {"decoder": {"session_options": self.session_options}}}
         config.overlay(json.dumps(overlay))
         use_device(config, device, provider_options or {})
-        self._config, self._path, self._device = config, path, device
-        unbatched = _generator_only(decode_batch_rows, device, prompt_lookup_tokens)
+        self._path = path
+        unbatched = generator_only(decode_batch_rows, device, prompt_lookup_tokens)
         if unbatched is not None and decode_batch_rows > 1:
             log.warning(
                 "batched decode is off: every reply gets a Generator",
@@ -109,14 +111,20 @@ class Engine:
             )
         # With batched decode the decoder's weights live in batch_decoder.py's session; the
         # Generator's model (the same weights again) is loaded only if a request needs it.
-        self._model = None if unbatched is None else self._load_model()
-        self.tokenizer = og.Tokenizer(self._model if self._model is not None else config)
+        self.tokenizer = og.Tokenizer(config)
         template = _TemplateTokenizer(self.tokenizer)
         self.facts = read_facts(
             path, genai_config, template, self.tokenizer.eos_token_ids, self.tokenizer.bos_token_id
         )
         log.info("model", extra={"fields": self.facts.log_fields()})
         self.eos_ids = self.facts.eos_ids
+        options = GeneratorOptions(
+            vocab_size=self.vocab_size,
+            prompt_lookup_tokens=prompt_lookup_tokens,
+            grammar_eos=grammar_eos(genai_config, self.eos_ids),
+            num_layers=self.num_layers,
+        )
+        self.generators = GeneratorPath(config, path, device, options, load=unbatched is not None)
         self.prompts = PromptBuilder(
             template,
             self.facts.added_tokens,
@@ -128,44 +136,38 @@ class Engine:
         self.batch: BatchScheduler | None = None
         self.grammars: Grammars | None = None  # guided replies on the batched path
         if unbatched is None:
-            self.batch = self._batch_path(
-                path, genai_config, decode_batch_rows, max_concurrency, num_threads
+            batch_options = BatchOptions(
+                rows=decode_batch_rows,
+                concurrency=max_concurrency,
+                threads=num_threads or cpu_budget().count,
+                session_options=self.session_options,
+                max_length=self.max_length,
+                chunk=prefill_chunk,
+                cached=bool(self._cache_budget),
+                exact=prompt_cache_exact,
+                unscoped=prompt_cache_unscoped,
+                kv=self._kv,
+            )
+            self.batch = batch_path(
+                path,
+                genai_config,
+                batch_options,
+                eos_ids=self.eos_ids,
+                new_stream=self.tokenizer.create_stream,
+                vocab_size=self.vocab_size,
             )
         if self.batch is not None:
-            self.grammars = Grammars(
-                path / "tokenizer.json", self.vocab_size, _first_eos(genai_config, self.eos_ids)
-            )
-        if self.batch is None and self._model is None:
-            self._model = self._load_model()
-        # Log probabilities (logprobs.py): each token's text, and on the Generator path a
-        # guided reply's mask, both made on first use
+            self.grammars = Grammars(path / "tokenizer.json", self.vocab_size, options.grammar_eos)
+        elif not self.generators.loaded:
+            self.generators.model  # noqa: B018 (the batched path cannot serve: load it now)
+        # Log probabilities (logprobs.py): each token's text, made on first use
         self._token_texts = TokenTexts(path / "tokenizer.json", self._decode_one)
-        self._shadow_grammars: Grammars | None = None
 
     @property
     def model(self) -> og.Model:
-        """onnxruntime-genai's model, loaded on first use when batched decode is on."""
-        if self._model is None:
-            log.info("loading the Generator's model for a request batched decode does not serve")
-            self._model = self._load_model()
-        return self._model
-
-    def _load_model(self) -> og.Model:
-        try:
-            return og.Model(self._config)
-        except Exception as exc:
-            if self._device != "cpu":
-                raise DeviceUnavailable(device_error(self._device, exc)) from exc
-            raise self._folder_error(exc) from exc
-
-    def _folder_error(self, exc: Exception) -> ModelFolderError:
-        """The model's files cannot be loaded (by onnxruntime-genai, or by the batched
-        path's session, which reads the same decoder): one sentence for /readyz."""
-        return ModelFolderError(
-            f"onnxruntime-genai could not load the model in {str(self._path)!r}: "
-            f"{first_line(exc)}; "
-            "check that the folder is complete (download it again)"
-        )
+        """onnxruntime-genai's model (generator_path.py), loaded on first use with batched
+        decode."""
+        return self.generators.model
 
     def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
         """Render and fit the prompt (may raise PromptTooLong), then continue a cached
@@ -187,7 +189,7 @@ class Engine:
             generation.guide = guide
             generation.logprobs = self.logprobs_for(request)
             return generation
-        if request.logprobs is not None and self.prompt_lookup_tokens:
+        if request.logprobs is not None and self.generators.options.prompt_lookup_tokens:
             cached = False  # a cached generator may draft (drafts.py): a fresh one does not
         return Generation(self, prompt, request, cached=cached)
 
@@ -199,48 +201,11 @@ class Engine:
         return ReplyLogprobs(request.logprobs, self._token_texts, temperature)
 
     def shadow_guide(self, guidance: Guidance | None) -> RowGuide | None:
-        """On the Generator path, a matcher that follows a guided reply for its log
-        probabilities' mask (logprobs.py); None: unguided, or llguidance cannot read this
-        model's tokenizer (logged; the values then ignore the grammar)."""
-        if guidance is None:
-            return None
-        if self._shadow_grammars is None:
-            self._shadow_grammars = self.grammars or Grammars(
-                self._path / "tokenizer.json",
-                self.vocab_size,
-                _first_eos(read_genai_config(self._path), self.eos_ids),
-            )
-        if self._shadow_grammars.unavailable is not None:
-            return None
-        return self._shadow_grammars.matcher(guidance)
+        """On the Generator path, a matcher for a guided reply's log probabilities' mask."""
+        return self.generators.shadow_guide(guidance, self.grammars)
 
     def _decode_one(self, token: int) -> str:
         return str(self.tokenizer.decode([token]))
-
-    def new_generator(
-        self, capacity: int, request: Generate, prompt: Prompt, guidance: Guidance | None
-    ) -> tuple[og.Generator, og.GeneratorParams]:
-        """A generator of `capacity` tokens for `request` (its sampling mode, seed, grammar and
-        drafts are fixed for the generator's life), and its params."""
-        sampling = request.sampling
-        params = og.GeneratorParams(self.model)
-        options = {"max_length": capacity, **turn_options(request, prompt, self.vocab_size)}
-        options |= {"do_sample": sampling}
-        if request.seed is not None:
-            options["random_seed"] = request.seed
-        params.set_search_options(**options)
-        # Drafts for greedy, unguided replies without log probabilities only (drafts.py)
-        drafted = not sampling and guidance is None and request.logprobs is None
-        use_prompt_lookup(params, self.prompt_lookup_tokens if drafted else 0)
-        try:
-            if guidance is not None:
-                params.set_guidance(guidance.kind, guidance.data, guidance.ff_tokens)
-            return og.Generator(self.model, params), params
-        except RuntimeError as exc:
-            # the grammar, or llguidance's reading of this model's tokenizer ("llg_")
-            if guidance is not None and ("grammar" in str(exc) or "llg_" in str(exc)):
-                raise refusal(exc) from exc
-            raise
 
     def _batch_guides(self, request: Generate) -> bool:
         """Whether the batched path can follow this request's grammar: a model whose tokenizer
@@ -249,52 +214,6 @@ class Engine:
         return request.guidance is None or (
             self.grammars is not None and self.grammars.unavailable is None
         )
-
-    def _batch_path(
-        self,
-        path: Path,
-        genai_config: Mapping[str, Any],
-        rows: int,
-        concurrency: int,
-        threads: int,
-    ) -> BatchScheduler | None:
-        """The batched path, or None (logged) where it cannot drive this model's decoder."""
-        try:
-            spec = read_spec(genai_config)
-            slots = concurrency + (CACHE_SLOTS if self._cache_budget else 0)
-            options = self.session_options.items()
-            config = {k: str(v) for k, v in options if k.startswith("session.")}
-            decoder = BatchDecoder(
-                path, spec, config, threads or cpu_budget().count, slots, self.max_length
-            )
-        except Unsupported as exc:
-            log.warning(
-                "batched decode is off: every reply gets a Generator",
-                extra={"fields": {"reason": str(exc)}},
-            )
-            return None
-        except Exception as exc:
-            raise self._folder_error(exc) from exc
-        cache = PromptCache(0, decoder.pool.bytes_per_token, self.max_length, self.prefill_chunk)
-        cache.exact, cache.unscoped = self.cache.exact, self.cache.unscoped
-        scheduler = BatchScheduler(
-            decoder,
-            cache,
-            rows=rows,
-            chunk=self.prefill_chunk,
-            eos_ids=self.eos_ids,
-            new_stream=self.tokenizer.create_stream,
-            vocab_size=self.vocab_size,
-        )
-        attach_tiers(
-            scheduler,
-            path,
-            spec,
-            self._kv,
-            threads=threads or cpu_budget().count,
-            cached=bool(self._cache_budget),
-        )
-        return scheduler
 
     def warm_up(self) -> None:
         """Read a short prompt and generate one token (not cached); size the KV cache's
@@ -305,10 +224,10 @@ class Engine:
             generation = Generation(self, prompt, request, cached=False)
             while generation.step() is None:
                 pass
-            self.cache.bytes_per_token = self._kv_bytes_per_token(generation)
+            self.cache.bytes_per_token = self.generators.kv_bytes_per_token(generation.generator)
             generation.release(reusable=False)
             self.cache.budget_bytes = self._cache_budget
-            self._make_spare()
+            self.generators.make_spare(self.cache, self._spare_needed, self.facts.min_cache_length)
             return
         batched = self.batch.start(prompt, request, cached=False)
         while batched.finish is None:
@@ -316,20 +235,6 @@ class Engine:
         batched.release(reusable=False)
         self.batch.cache.budget_bytes = self._cache_budget
         self.max_length = size_kv_memory(self.batch, self._kv, self.max_length)
-
-    def _make_spare(self) -> None:
-        """One idle greedy generator, made now: the first cached request takes it instead of
-        allocating and zero-filling a KV cache of its own (prompt_cache.py, "A spare"), so
-        loading pays for it, not the first reply."""
-        capacity = self.cache.spare_capacity(self._spare_needed, self.facts.min_cache_length)
-        if not capacity:
-            return
-        params = og.GeneratorParams(self.model)
-        params.set_search_options(max_length=capacity, do_sample=False)
-        use_prompt_lookup(params, self.prompt_lookup_tokens)  # greedy: drafts as configured
-        spare = self.cache.keep_spare(og.Generator(self.model, params), params, capacity)
-        fields = {"capacity": capacity, "bytes": spare.nbytes}
-        log.info("spare generator", extra={"fields": fields})
 
     def cache_stats(self) -> CacheStats:
         if self.batch is None:
@@ -342,38 +247,6 @@ class Engine:
             kv_reserved_bytes=batch.memory.reserved_bytes,
             kv_waits=batch.memory.waits,
         )
-
-    def _kv_bytes_per_token(self, generation: Generation) -> int:
-        """K and V of every layer for one token, from the first layer's present key (shape
-        [batch, kv_heads, length, head_size], in the model's KV type): 786,432 bytes for
-        Phi-3-mini (fp32)."""
-        key = generation.generator.get_output("present.0.key")
-        per_layer = int(key.shape[1]) * int(key.shape[3]) * int(key.dtype.itemsize)
-        return 2 * self.num_layers * per_layer
-
-
-def _generator_only(rows: int, device: str, prompt_lookup_tokens: int) -> str | None:
-    """Why every reply gets a Generator whatever the decoder (None: the batched path, where
-    _batch_path can drive the decoder)."""
-    if rows <= 1:
-        return "DECODE_BATCH_ROWS=1"
-    if device != "cpu":
-        return f"MODEL_DEVICE={device}: the batched path is CPU only"
-    if prompt_lookup_tokens:
-        # Drafts are onnxruntime-genai's (a Generator's speculative options)
-        return "PROMPT_LOOKUP_TOKENS > 0: drafts are a Generator's"
-    return None
-
-
-def _first_eos(genai_config: Mapping[str, Any], eos_ids: frozenset[int]) -> int:
-    """The end token a grammar allows, as onnxruntime-genai's: the first of the
-    configuration's eos_token_id (the lowest end id if it names none)."""
-    configured = genai_config["model"].get("eos_token_id")
-    if isinstance(configured, list) and configured:
-        return int(configured[0])
-    if isinstance(configured, int):
-        return configured
-    return min(eos_ids)
 
 
 class _TemplateTokenizer:

@@ -11,27 +11,47 @@ chunk and the others' tokens interleave with the chunks. The greedy tokens are t
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
+from sidecar.ipc import Drafts, Finish, Generate, Guidance, TokenLogprob
+from sidecar.model.batch_guidance import RowGuide
 from sidecar.model.drafts import draft_counts
+from sidecar.model.family import ModelFacts
+from sidecar.model.generator_path import GeneratorPath, turn_options
 from sidecar.model.guidance import fitted, room
 from sidecar.model.kv_tiers import Restored
+from sidecar.model.logprobs import ReplyLogprobs
 from sidecar.model.prompt import Prompt
+from sidecar.model.prompt_cache import PromptCache
 from sidecar.model.sampling import penalize_repeats
 from sidecar.model.stops import StopFilter
 
-if TYPE_CHECKING:
-    from sidecar.model.engine import Engine
+
+class Host(Protocol):
+    """What a generation reads of the engine that made it (engine.Engine); a protocol, so
+    this module needs nothing of the engine's."""
+
+    eos_ids: frozenset[int]
+    max_length: int
+    cache: PromptCache  # the Generator path's conversation cache
+    facts: ModelFacts
+    generators: GeneratorPath
+    prefill_chunk: int
+    rewind_slack: int
+    tokenizer: Any  # onnxruntime-genai's Tokenizer: create_stream()
+
+    def logprobs_for(self, request: Generate) -> ReplyLogprobs | None: ...
+
+    def shadow_guide(self, guidance: Guidance | None) -> RowGuide | None: ...
 
 
 class Generation:
     """One reply: a generator (lent by the conversation cache, or made for it) and its own
     tokenizer stream."""
 
-    def __init__(self, engine: Engine, prompt: Prompt, request: Generate, *, cached: bool) -> None:
+    def __init__(self, engine: Host, prompt: Prompt, request: Generate, *, cached: bool) -> None:
         self.prompt = prompt
         self.generated = 0
         self.finish: Finish | None = None
@@ -55,8 +75,11 @@ class Generation:
             min_capacity=engine.facts.min_cache_length,
         )
         lease = self.lease
+        vocab_size = engine.generators.options.vocab_size
         if lease.fresh:
-            generator, params = engine.new_generator(lease.capacity, request, prompt, guidance)
+            generator, params = engine.generators.new_generator(
+                lease.capacity, request, prompt, guidance
+            )
             entry = lease.attach(generator, params)
         else:
             assert lease.entry is not None
@@ -67,7 +90,7 @@ class Generation:
                     lease.reused -= 1  # only a rewind re-arms the grammar (guidance.py)
                 if generator.token_count() > lease.reused:
                     generator.rewind_to(lease.reused)
-                entry.params.set_search_options(**turn_options(request, prompt, engine.vocab_size))
+                entry.params.set_search_options(**turn_options(request, prompt, vocab_size))
             except Exception:
                 lease.give_back(reusable=False)
                 raise
@@ -81,7 +104,9 @@ class Generation:
         self._shadow = engine.shadow_guide(guidance) if self.logprobs is not None else None
         self._penalty = request.repetition_penalty or 1.0
         self._min_length = len(prompt.ids) + min(request.min_new_tokens, prompt.max_new_tokens)
-        drafting = engine.prompt_lookup_tokens and not sampling and not self.guided
+        drafting = (
+            engine.generators.options.prompt_lookup_tokens and not sampling and not self.guided
+        )
         drafting = drafting and self.logprobs is None
         self._drafts_before = draft_counts(self.generator) if drafting else None
         self._stream = engine.tokenizer.create_stream()
@@ -205,29 +230,3 @@ class Generation:
             return None
         elapsed = self.last_token_at - self.first_token_at
         return (self.generated - 1) / elapsed if elapsed > 0 else None
-
-
-def _top_k(top_k: int | None, vocab_size: int) -> int:
-    """0 (no cut) when absent; a cut wider than the vocabulary is no cut either, and
-    onnxruntime-genai fails on it, so it is capped."""
-    if top_k is None:
-        return 0
-    return min(top_k, vocab_size) if vocab_size else top_k
-
-
-def turn_options(request: Generate, prompt: Prompt, vocab_size: int) -> dict[str, Any]:
-    """The search options of one turn: those a continued generator takes again (min_length is
-    absolute, and the sampling values are read at every step); max_length, do_sample and the
-    seed are fixed when a generator is made."""
-    min_new = min(request.min_new_tokens, prompt.max_new_tokens)
-    # EOS is suppressed until min_length; 0 clears a previous turn's minimum.
-    options: dict[str, Any] = {"min_length": len(prompt.ids) + min_new if min_new else 0}
-    # Applies to greedy and sampled replies alike; 1.0 clears a previous turn's penalty.
-    options["repetition_penalty"] = request.repetition_penalty or 1.0
-    if request.sampling:  # a temperature below ipc.MIN_TEMPERATURE is greedy
-        options |= {
-            "temperature": request.temperature,
-            "top_p": request.top_p if request.top_p is not None else 1.0,
-            "top_k": _top_k(request.top_k, vocab_size),
-        }
-    return options

@@ -319,7 +319,7 @@ def test_the_generators_model_is_loaded_only_when_a_request_needs_it(
     reply is the batched one."""
     engine = Engine(small_model_dir, num_threads=1, decode_batch_rows=4, max_concurrency=2)
     engine.warm_up()
-    assert engine._model is None
+    assert not engine.generators.loaded
     request = Generate("g", (("user", PROMPTS[6]),), max_new_tokens=20)
     batched = engine.start(request)
     assert engine.batch is not None and getattr(batched, "batched", False)
@@ -334,5 +334,5 @@ def test_the_generators_model_is_loaded_only_when_a_request_needs_it(
     while alone.finish is None:
         reference_text += alone.step() or ""
     alone.release(reusable=False)
-    assert engine._model is not None
+    assert engine.generators.loaded
     assert text == reference_text

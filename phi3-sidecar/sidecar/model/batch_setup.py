@@ -1,22 +1,27 @@
-"""The batched path's KV memory as the settings ask (KV_MEMORY_MB, KV_COMPACT, PROMPT_CACHE_DIR,
-PROMPT_CACHE_DISK_MB, PROMPT_CACHE_EXACT): the tiers attached to a new BatchScheduler, and the
-one bound sized once the model is loaded (kv_tiers.py says what they do)."""
+"""The batched path, set up as the settings ask: its decoder and scheduler (or None where it
+cannot drive the model's decoder), and its KV memory (KV_MEMORY_MB, KV_COMPACT,
+PROMPT_CACHE_DIR, PROMPT_CACHE_DISK_MB, PROMPT_CACHE_EXACT): the tiers attached to the new
+BatchScheduler, and the one bound sized once the model is loaded (kv_tiers.py says what they
+do)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from sidecar.model import kv_compact
-from sidecar.model.batch_decoder import DecoderSpec
-from sidecar.model.batch_scheduler import BatchScheduler
+from sidecar.model.batch_decoder import BatchDecoder, DecoderSpec, Unsupported, read_spec
+from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchScheduler
+from sidecar.model.generator_path import folder_error
 from sidecar.model.kv_compact import Encoding
 from sidecar.model.kv_disk import DiskTier, Shape, model_fingerprint
 from sidecar.model.memory import default_kv_bytes, memory_limit, service_resident_bytes
+from sidecar.model.prompt_cache import PromptCache
 
-log = logging.getLogger("sidecar.model.kv_setup")
+log = logging.getLogger("sidecar.model.batch_setup")
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,58 @@ class KvOptions:
             cache_dir,
             disk_mb * 2**20,
         )
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    rows: int  # DECODE_BATCH_ROWS
+    concurrency: int  # MAX_CONCURRENCY: a KV slot each, and CACHE_SLOTS more when cached
+    threads: int
+    session_options: Mapping[str, Any]
+    max_length: int
+    chunk: int  # PREFILL_CHUNK
+    cached: bool  # the conversation cache has a budget (PROMPT_CACHE_MB)
+    exact: bool
+    unscoped: bool
+    kv: KvOptions
+
+
+def batch_path(
+    path: Path,
+    genai_config: Mapping[str, Any],
+    options: BatchOptions,
+    *,
+    eos_ids: frozenset[int],
+    new_stream: Callable[[], Any],
+    vocab_size: int,
+) -> BatchScheduler | None:
+    """The batched path, or None (logged) where it cannot drive this model's decoder."""
+    try:
+        spec = read_spec(genai_config)
+        slots = options.concurrency + (CACHE_SLOTS if options.cached else 0)
+        config = {k: str(v) for k, v in options.session_options.items() if k.startswith("session.")}
+        decoder = BatchDecoder(path, spec, config, options.threads, slots, options.max_length)
+    except Unsupported as exc:
+        log.warning(
+            "batched decode is off: every reply gets a Generator",
+            extra={"fields": {"reason": str(exc)}},
+        )
+        return None
+    except Exception as exc:
+        raise folder_error(path, exc) from exc
+    cache = PromptCache(0, decoder.pool.bytes_per_token, options.max_length, options.chunk)
+    cache.exact, cache.unscoped = options.exact, options.unscoped
+    scheduler = BatchScheduler(
+        decoder,
+        cache,
+        rows=options.rows,
+        chunk=options.chunk,
+        eos_ids=eos_ids,
+        new_stream=new_stream,
+        vocab_size=vocab_size,
+    )
+    attach_tiers(scheduler, path, spec, options.kv, threads=options.threads, cached=options.cached)
+    return scheduler
 
 
 def attach_tiers(
