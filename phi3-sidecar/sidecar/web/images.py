@@ -15,11 +15,12 @@ decoded here with Pillow, bounded before it is decoded, and re-encoded as a PNG.
   by its EXIF orientation (as browsers show it), transparency laid on white, RGB.
 - Sizes a vision model can use. Each side from MIN_SIDE pixels: a smaller image (the 1 x 1
   tracking pixel) is less than one 14-pixel patch of Phi-3.5-vision's image encoder, so it
-  shows the model next to nothing, yet costs a whole image's tokens (about 2,500). Each side
-  up to MAX_SIDE: onnxruntime-extensions' processor refuses a longer one. The long side at
-  most MAX_ASPECT times the short one: Phi-3-vision's processor scales the long side to at
-  most 16 crops of 336 pixels, so the short side of a 20 x 30000 image keeps 3 pixels (it
-  refuses 1 x 5377, which keeps none), and Qwen2-VL's refuses past 200.
+  shows the model next to nothing, yet costs a whole image's tokens (2,509 for a 1 x 1).
+  Each side up to MAX_SIDE: onnxruntime-extensions' PNG decoder refuses a longer one (20 x
+  30000 among them). The long side at most MAX_ASPECT times the short one: Phi-3-vision's
+  processor scales the long side to 16 crops of 336 pixels, so the short side of a 20 x 16000
+  image keeps 6 of its 336 pixels (the rest is padding; 1 x 5377 keeps none, and the
+  processor fails), and Qwen2-VL's processor refuses past 200.
 
 Decoding runs in a thread, at most DECODING_AT_ONCE images at a time, so images never hold
 the event loop (the probes, the streams) and many at once queue instead of taking every CPU.

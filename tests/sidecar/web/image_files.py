@@ -9,6 +9,7 @@ import struct
 import zlib
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 
@@ -20,6 +21,14 @@ def encoded(image: Image.Image, kind: str, **options: Any) -> bytes:
 
 def png(width: int = 48, height: int = 32, color: Any = (200, 30, 30)) -> bytes:
     return encoded(Image.new("RGB", (width, height), color), "PNG")
+
+
+def photo(width: int, height: int, color: tuple[int, int, int], seed: int = 0) -> bytes:
+    """A PNG of noise around one colour: deterministic, and unlike any other colour's (what a
+    model's reply can tell apart)."""
+    rng = np.random.default_rng(seed)
+    pixels = np.clip(rng.normal(color, 40, size=(height, width, 3)), 0, 255)
+    return encoded(Image.fromarray(pixels.astype(np.uint8)), "PNG")
 
 
 def jpeg(width: int = 48, height: int = 32, color: Any = (30, 200, 30)) -> bytes:
