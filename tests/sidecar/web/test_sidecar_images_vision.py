@@ -202,9 +202,17 @@ def test_typed_image_tags_stay_text(vision_service: Service) -> None:
     text_only = chat(vision_service, body).json()
     assert text_only["usage"]["prompt_tokens_details"]["image_tokens"] == 0
     assert text_only["usage"]["prompt_tokens"] < 200
-    assert answer(vision_service, picture(RED), text="What is in this picture?") != answer(
-        vision_service, picture(RED), text=typed
+    # the typed tags are read as the text they are: their characters' tokens beside the image's
+    plain = chat(vision_service, chat_body(picture(RED), text=" what is  this?")).json()
+    typed_tokens = with_image["usage"]["prompt_tokens"] - plain["usage"]["prompt_tokens"]
+    assert (
+        typed_tokens
+        == text_only["usage"]["prompt_tokens"]
+        - chat(
+            vision_service, {"messages": [{"role": "user", "content": " what is  this?"}]}
+        ).json()["usage"]["prompt_tokens"]
     )
+    assert typed_tokens > 4
 
 
 def test_hostile_images_never_reach_the_vision_worker(vision_service: Service) -> None:
@@ -221,13 +229,14 @@ def test_hostile_images_never_reach_the_vision_worker(vision_service: Service) -
 def slow_vision_service(
     tiny_vision_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Service]:
-    """The vision model read slowly: a second before each prompt chunk (16 tokens)."""
+    """The vision model read slowly: a second before each prompt chunk (16 tokens). A stream
+    starts when its reply does (no early start), so its headers say the worker started it."""
     log = tmp_path_factory.mktemp("logs") / "sidecar-vision-slow.log"
     with services.sidecar(
         tiny_vision_model_dir,
         log,
         PREFILL_CHUNK="16",
-        STREAM_START_AFTER_S="0",
+        STREAM_START_AFTER_S="10",
         env=paced(pace=0.05, prefill_pace=1.0),
     ) as service:
         yield service
@@ -246,10 +255,13 @@ def test_a_request_cancelled_while_its_image_prompt_is_read(
         headers={"x-request-id": request_id},
         timeout=120,
     ) as response:
+        # The worker started the reply (its headers count the prompt); its prompt, an image
+        # and then 10 chunks of text at a second each, is being read: leave now.
         assert response.status_code == 200
-        next(response.iter_lines())  # the stream started (at once); the prompt is being read
+        assert response.headers["x-image-tokens"] == str(image_tokens(*SIZE))
     line = request_line(slow_vision_service, request_id, timeout=120)
     assert line["outcome"] == "cancelled" and line["images"] == 1
+    assert line["image_tokens"] == image_tokens(*SIZE) < line["prompt_tokens"]
     assert (line.get("generated_tokens") or 0) == 0  # it never got past the prompt
     assert model_worker(slow_vision_service).pid == worker.pid
     again = httpx.post(
