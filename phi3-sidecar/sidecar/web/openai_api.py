@@ -10,8 +10,11 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
   messages      as /predict's (roles system|user|assistant, system only first, the last one
                 from the user), plus role developer (OpenAI's newer name for system) and a
                 message `name` (accepted, not shown to the model); content is a string or a
-                list of text parts [{"type": "text", "text": "..."}], joined with newlines;
-                other parts (image_url, input_audio, ...) are refused
+                list of parts: text [{"type": "text", "text": "..."}], joined with newlines,
+                and, in user messages, images {"type": "image_url", "image_url": {"url":
+                "data:image/png;base64,...", "detail"}} (messages.py: where each stands;
+                images.py: what is accepted; a model that reads text only answers 400
+                image_input_unsupported); other parts (input_audio, ...) are refused
   model         any string of up to 256 characters, echoed (absent: the served model's name).
                 Not checked against the one model served: clients often send a fixed name.
                 GET /v1/models/{id} is the place where an unknown id is a 404 model_not_found.
@@ -56,7 +59,8 @@ Reply, stream false: 200 application/json once the reply is complete:
    "finish_reason": "stop" | "length" | "tool_calls"}],  ("length" also when the reply
    reached REPLY_TIME_LIMIT_S, counted from the request's arrival: outcome time_limit)
    "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
-             "prompt_tokens_details": {"cached_tokens": ...}}}
+             "prompt_tokens_details": {"cached_tokens": ..., "image_tokens": ...}}}
+  (image_tokens: of prompt_tokens, those that stand for images)
   With PROMPT_LOOKUP_TOKENS on, a greedy reply's usage also has "completion_tokens_details":
   {"accepted_prediction_tokens": ..., "rejected_prediction_tokens": ...}: the prompt-lookup
   draft tokens the model accepted and rejected.
