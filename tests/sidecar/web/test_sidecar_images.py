@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -385,3 +386,47 @@ def test_an_image_stands_where_the_next_text_part_begins(
     assert [ref.param for ref in placed] == [
         f"messages.1.content.{i}.image_url.url" for i in indices
     ]
+
+
+def test_images_are_decoded_beside_the_event_loop_two_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five requests' images at once: two are decoded (in threads), the others wait for their
+    turn, and the event loop goes on meanwhile (this test runs on it)."""
+    release = threading.Event()
+    inside: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+    original = images.decode
+
+    def held(media_type: str, data: str, limits: Limits) -> bytes:
+        with lock:
+            inside.append(1)
+            most[0] = max(most[0], len(inside))
+        release.wait(30)
+        with lock:
+            inside.pop()
+        return original(media_type, data, limits)
+
+    monkeypatch.setattr(images, "decode", held)
+    checker = Images(Settings())
+
+    async def scenario() -> list[tuple[bytes, ...]]:
+        def request() -> Any:
+            record = RequestRecord("rid", "POST", "/predict")
+            return checker.prepare(refs(data_url(png())), record)
+
+        tasks = [asyncio.create_task(request()) for _ in range(5)]
+        for _ in range(3000):  # the loop turns while two decodes are held in their threads
+            if len(inside) == images.DECODING_AT_ONCE:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert len(inside) == images.DECODING_AT_ONCE  # the third waits for a turn
+        release.set()
+        return list(await asyncio.gather(*tasks))
+
+    results = asyncio.run(scenario())
+    assert len(results) == 5 and all(len(r) == 1 for r in results)
+    assert most[0] == images.DECODING_AT_ONCE
