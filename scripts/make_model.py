@@ -9,6 +9,10 @@ special tokens and chat template. Same arguments, byte-identical files.
 
     python scripts/make_model.py --preset tiny --out DIR
     python scripts/make_model.py --preset phi3-mini --out DIR --block-size 128 --int4-embedding
+    python scripts/make_model.py --preset tiny-vision --out DIR   # a phi3v folder: images
+
+`tiny-vision` writes a Phi-3.5-vision-style folder (scripts/modelgen/vision.py): the tiny
+decoder reading embeddings, an embedding graph and a vision graph; it takes no variant option.
 
 The variant options make what the official builder's options of the same names make (see
 docs/benchmarks.md, "Model variants"): --block-size (block_size), --int4-embedding (Gather in
@@ -41,6 +45,7 @@ from scripts.modelgen.config import (
 )
 from scripts.modelgen.graph import build_graph
 from scripts.modelgen.tokenizer import CHAT_TEMPLATE, write_tokenizer
+from scripts.modelgen.vision import VISION_PRESETS, make_vision_model
 from scripts.modelgen.vocab import MIN_VOCAB, PHI3_VOCAB, SPECIALS, special_ids
 from scripts.modelgen.weights import BLOCK, EOS_BOOST, DataFile
 
@@ -98,7 +103,7 @@ def make_model(
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Shape, Variant]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--preset", choices=sorted(PRESETS | VISION_PRESETS), default="tiny")
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--graph-only", action="store_true", help="skip the weights file")
@@ -131,7 +136,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Shape, Varia
         p.add_argument(flag, type=int, dest=field, help=f"override the preset's {field}")
     args = p.parse_args(argv)
     shape = replace(
-        PRESETS[args.preset],
+        {**PRESETS, **VISION_PRESETS}[args.preset],
         **{f: getattr(args, f) for f in FLAGS.values() if getattr(args, f) is not None},
     )
     if shape.hidden % shape.heads or shape.heads % shape.kv_heads or shape.head_size % 2:
@@ -142,6 +147,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Shape, Varia
     if shape.hidden % block or shape.intermediate % block:
         p.error(f"hidden and intermediate sizes must be multiples of the block size {block}")
     variant = Variant(block, args.int4_embedding, args.prune_lm_head, args.kv_cache)
+    if args.preset in VISION_PRESETS and (variant != Variant() or args.graph_only):
+        p.error(f"--preset {args.preset} takes no variant option and no --graph-only")
     return args, shape, variant
 
 
@@ -159,7 +166,10 @@ FLAGS = {
 def main(argv: list[str] | None = None) -> int:
     args, shape, variant = parse_args(argv)
     began = time.perf_counter()
-    size = make_model(shape, args.out, args.seed, args.graph_only, variant)
+    if args.preset in VISION_PRESETS:
+        size = make_vision_model(shape, args.out, args.seed)
+    else:
+        size = make_model(shape, args.out, args.seed, args.graph_only, variant)
     took = time.perf_counter() - began
     what = "graph only, weights file would be" if args.graph_only else "weights file"
     print(

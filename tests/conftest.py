@@ -38,6 +38,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vision_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny phi3v folder (Phi-3.5-vision's layout): the tiny decoder, images read."""
+    return build_model("tiny-vision", tmp_path_factory.mktemp("models") / "tiny-vision")
+
+
+@pytest.fixture(scope="session")
 def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model("small", tmp_path_factory.mktemp("models") / "small")
 
