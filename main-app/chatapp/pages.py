@@ -36,6 +36,8 @@ def index() -> str:
         max_request_bytes=current_app.config["MAX_CONTENT_LENGTH"],
         max_messages=current_app.config["MAX_MESSAGES"],
         max_new_tokens_limit=current_app.config["MAX_NEW_TOKENS_LIMIT"],
+        max_image_bytes=current_app.config["MAX_IMAGE_BYTES"],
+        max_images=current_app.config["MAX_IMAGES"],
     )
 
 
