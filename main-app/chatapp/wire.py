@@ -13,7 +13,8 @@ OpenAI's content parts, to carry images: `{"type": "text", "text": "..."}` and
 nothing). A request holds at most `MAX_IMAGES` images, each at most `MAX_IMAGE_BYTES`, and
 its text (the body less its image URLs) at most `MAX_REQUEST_BYTES` (`chatapp.images`). A
 user message with an image may have no text. Parts go on in their order (the page puts the
-images first, Phi-3-vision's own convention); a message without images goes on as one string.
+images first, Phi-3-vision's own convention); a message without images goes on as one string
+(text parts joined a part per line, as the sidecar reads them).
 
 Only the first message may be a system message; system and user messages must not be blank,
 nor contain control characters other than tab, newline and carriage return (nor lone
@@ -193,15 +194,15 @@ def _content(
             raise _invalid(
                 f"Message {number} has a content part that is neither text nor an image_url."
             )
-    if not found:  # text parts alone: one string, as before
-        return "".join(part["text"] for part in parts), 0
+    if not found:  # text parts alone: one string, one part per line (as the sidecar reads them)
+        return "\n".join(part["text"] for part in parts), 0
     return parts, found
 
 
 def _text_of(content: str | list[dict[str, Any]]) -> str:
     if isinstance(content, str):
         return content
-    return "".join(part["text"] for part in content if part["type"] == "text")
+    return "\n".join(part["text"] for part in content if part["type"] == "text")
 
 
 def parse_chat_request(

@@ -55,7 +55,8 @@ def test_text_only_turns_stay_strings_and_detail_goes_on(
     client: FlaskClient, fake: FakeSidecar
 ) -> None:
     """A message without images goes as its string (a sidecar from before images reads it);
-    text parts alone are one string; `detail` goes on as given."""
+    text parts alone are one string, a part per line (as the sidecar joins them); `detail` goes
+    on as given."""
     part = {"type": "image_url", "image_url": {"url": data_url(PNG), "detail": "low"}}
     body = {
         "messages": [
@@ -71,7 +72,7 @@ def test_text_only_turns_stay_strings_and_detail_goes_on(
     with client.post("/chat", json=body) as response:
         assert response.status_code == 200
     sent = fake.requests[0]["messages"]
-    assert [m["content"] for m in sent[:3]] == ["Be brief.", "Hello", "Hi."]
+    assert [m["content"] for m in sent[:3]] == ["Be brief.", "Hel\nlo", "Hi."]
     assert sent[3]["content"] == [part, {"type": "text", "text": "And this?"}]
 
 
