@@ -8,7 +8,9 @@ to record what it received; the real vision model is in test_images_real.py."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -270,21 +272,35 @@ def test_limits_are_checked_in_the_page(start_app: AppFactory, page: Page) -> No
         assert fake.requests == []
 
 
+@pytest.mark.parametrize(
+    ("name", "mime", "sent_as", "size"),
+    [
+        ("wide.png", "image/png", "image/png", (2400, 1800)),  # a PNG stays PNG when it fits
+        ("photo.jpg", "image/jpeg", "image/jpeg", (1800, 2400)),  # a phone's portrait photo
+    ],
+)
 def test_a_large_image_is_made_smaller_before_it_is_sent(
-    vision_app: tuple[FakeSidecar, services.Service], page: Page
+    vision_app: tuple[FakeSidecar, services.Service],
+    page: Page,
+    name: str,
+    mime: str,
+    sent_as: str,
+    size: tuple[int, int],
 ) -> None:
     fake, app = vision_app
-    replies(fake, "Wide.")
+    replies(fake, "Large.")
     page.goto(app.url)
-    photo = gradient_png(2400, 1800)  # 4.3 megapixels: more than the model reads
-    attach_by_button(page, file_payload("wide.png", "image/png", photo))
+    png = gradient_png(*size)  # 4.3 megapixels: more than the model reads
+    photo = png if mime == "image/png" else image_bytes(*size, (90, 140, 60), "JPEG")
+    attach_by_button(page, file_payload(name, mime, photo))
     expect(page.locator("#attachments .attachment")).to_have_count(1)
     body = chat_request(page, lambda: send(page, "Describe"))
-    ((mime, data),) = sent_images(body)[-1]
-    assert mime == "image/png"  # a PNG stays PNG when it fits
+    ((sent_mime, data),) = sent_images(body)[-1]
+    assert sent_mime == sent_as
     width, height = size_of(data)
     assert width * height <= 1344 * 1344
-    assert (width, height) == (1551, 1163)  # the aspect ratio kept, 1,803,813 pixels
+    # The aspect ratio kept, 1,803,813 pixels.
+    assert (width, height) == ((1551, 1163) if size[0] > size[1] else (1163, 1551))
     expect(reply(page)).to_have_attribute("data-state", "done")
 
 
@@ -315,6 +331,30 @@ def test_edit_and_regenerate_keep_the_images(
     page.reload()
     expect(page.locator(".message.user .text")).to_have_text("Which colour is it?")
     shown(page, ".message.user .open-image img")
+
+
+def test_the_json_export_holds_the_images(
+    vision_app: tuple[FakeSidecar, services.Service], page: Page
+) -> None:
+    fake, app = vision_app
+    replies(fake, "Red.")
+    page.goto(app.url)
+    attach_by_button(page, file_payload("red.png", "image/png", RED))
+    send(page, "Colour?")
+    expect(reply(page)).to_have_attribute("data-state", "done")
+    page.locator("#chat-menu summary").click()
+    with page.expect_download() as download:
+        page.locator("#export-json").click()
+    exported = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    (image,) = exported["messages"][0]["images"]
+    assert (image["type"], image["name"]) == ("image/png", "red.png")
+    assert from_data_url(image["url"]) == ("image/png", RED)
+    assert "images" not in exported["messages"][1]
+    page.locator("#chat-menu summary").click()
+    with page.expect_download() as download:
+        page.locator("#export-markdown").click()
+    markdown = Path(download.value.path()).read_text(encoding="utf-8")
+    assert "## You\n\n_(image 1: red.png)_\n\nColour?" in markdown
 
 
 def test_deleting_a_chat_deletes_its_images(
