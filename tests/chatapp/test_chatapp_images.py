@@ -276,3 +276,15 @@ def test_the_openai_capability_from_the_model_list(
     assert detail["model"] == "vision-model"
     assert detail.get("image_input") == shown
     assert ("image_input" in detail) == (shown is not None)
+
+
+def test_the_page_may_show_blob_images_only(client: FlaskClient) -> None:
+    """The pictures a person attached are shown from object URLs (blob:); no other image
+    source is allowed (data: would let a reply's markup carry one past the sanitiser's
+    allow-list, were it ever to let an image through)."""
+    response = client.get("/")
+    policy = [p.strip() for p in response.headers["Content-Security-Policy"].split(";")]
+    assert "img-src 'self' blob:" in policy
+    html = response.get_data(as_text=True)
+    assert 'data-max-image-bytes="5242880"' in html and 'data-max-images="4"' in html
+    assert 'accept="image/png,image/jpeg,image/webp,image/gif"' in html
