@@ -45,8 +45,29 @@ async function wireMessage({ role, content, images }) {
   return { role, content: parts };
 }
 
-const imageUrls = (message) =>
-  Array.isArray(message.content) ? message.content.filter((part) => part.type === "image_url").map((part) => part.image_url.url) : [];
+const isImage = (part) => part.type === "image_url";
+
+/** `message` with its image URLs emptied: what the app counts against MAX_BYTES. */
+function textPart(message) {
+  if (!Array.isArray(message.content)) return message;
+  const content = message.content.map((part) => (isImage(part) ? { ...part, image_url: { url: "" } } : part));
+  return { ...message, content };
+}
+
+/** The messages to send: a turn left empty (an image alone, no longer kept) goes, and the
+ * reply to it. */
+function sendable(messages) {
+  const kept = [];
+  for (let index = 0; index < messages.length; index += 1) {
+    const message = messages[index];
+    if (message.role === "user" && message.content === "" && index < messages.length - 1) {
+      if (messages[index + 1].role === "assistant") index += 1;
+      continue;
+    }
+    kept.push(message);
+  }
+  return kept;
+}
 
 /** The request for `history`: the system prompt first, then the conversation; its oldest turns
  * go first when it is too big for one request (the model service would leave them out of the
@@ -57,12 +78,11 @@ async function fittedBody(history, chat) {
   const system = state.settings.system.trim() ? [{ role: "system", content: clean(state.settings.system) }] : [];
   const encoder = new TextEncoder();
   const fits = (list) => {
-    const urls = list.flatMap(imageUrls);
-    const bytes = encoder.encode(JSON.stringify(requestBody(list, chat))).length;
-    const text = bytes - urls.reduce((sum, url) => sum + url.length, 0);
-    return list.length <= MAX_MESSAGES && urls.length <= MAX_IMAGES && text <= MAX_BYTES * 0.95;
+    const images = list.reduce((sum, m) => sum + (Array.isArray(m.content) ? m.content.filter(isImage).length : 0), 0);
+    const text = encoder.encode(JSON.stringify(requestBody(list.map(textPart), chat))).length;
+    return list.length <= MAX_MESSAGES && images <= MAX_IMAGES && text <= MAX_BYTES * 0.95;
   };
-  const kept = [...system, ...(await Promise.all(history.map(wireMessage)))];
+  const kept = [...system, ...sendable(await Promise.all(history.map(wireMessage)))];
   const first = system.length;
   while (kept.length > first + 1 && !fits(kept)) kept.splice(first, 1);
   while (kept.length > first + 1 && kept[first].role !== "user") kept.splice(first, 1);

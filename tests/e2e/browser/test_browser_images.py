@@ -401,7 +401,12 @@ def test_an_image_the_browser_lost_is_said_and_left_out(
     attach_by_button(page, file_payload("red.png", "image/png", RED))
     send(page, "Look")
     expect(reply(page)).to_have_attribute("data-state", "done")
-    assert _eventually(page, lambda: kept_images(page) == 1)
+    paste(page, "image.png", "image/png", GREEN)  # an image alone
+    expect(page.locator("#attachments .attachment")).to_have_count(1)
+    page.locator("#send").click()
+    expect(page.locator(".message.assistant")).to_have_count(2)
+    expect(reply(page)).to_have_attribute("data-state", "done")
+    assert _eventually(page, lambda: kept_images(page) == 2)
     page.evaluate(
         """() => new Promise((resolve) => {
           const open = indexedDB.open("chat-images");
@@ -413,11 +418,15 @@ def test_an_image_the_browser_lost_is_said_and_left_out(
         })"""
     )
     page.reload()
-    expect(page.locator(".message.user .missing-image")).to_have_text(
-        "Image not kept in this browser: the model no longer sees it. Attach it again."
-    )
+    missing = "Image not kept in this browser: the model no longer sees it. Attach it again."
+    expect(page.locator(".message.user .missing-image")).to_have_text([missing, missing])
     body = chat_request(page, lambda: send(page, "Again"))
-    assert body["messages"][0] == {"role": "user", "content": "Look"}
+    # The text stays; a turn that was an image alone goes, and its reply with it.
+    assert body["messages"] == [
+        {"role": "user", "content": "Look"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "Again"},
+    ]
     expect(reply(page)).to_have_attribute("data-state", "done")
 
 
