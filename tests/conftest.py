@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
+from scripts.run import services
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,8 @@ def build_model(preset: str, out: Path, *extra: str) -> Path:
     subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "make_model.py"),
+            "-m",
+            "scripts.models.make_model",
             "--preset",
             preset,
             "--out",

@@ -1,6 +1,6 @@
-"""llama.cpp's own server on the converted tiny model: it loads the GGUF, tokenizes our prompt
-to our ids, generates exactly the tokens asked for, reuses its prompt cache, and scripts/bench.py
---peers and scripts/bench_users_turns.py --peers run end to end.
+"""llama.cpp's own server on the converted tiny model: it loads the GGUF, tokenizes our prompt to
+our ids, generates exactly the tokens asked for, reuses its prompt cache, and scripts/bench/hops.py
+--peers and scripts/bench/users_turns.py --peers run end to end.
 
 Marker `peers`: needs llama-server from `make peers` (llama.cpp built from source, which .ci/run
 does); without it these tests fail on CI (CI=true) and are skipped elsewhere.
@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts.services import REPO, Service
+from scripts.run.services import Service
 
 pytest.importorskip("gguf", reason="requirements-peers.txt is not installed")
 
-from scripts.bench_variants import RawEngine
-from scripts.peers import gguf_model, llamacpp
+from scripts.bench.drivers import RawEngine
+from scripts.bench.peers import gguf_model, llamacpp
 
 pytestmark = [pytest.mark.peers, pytest.mark.usefixtures("llama_server_built")]
 
@@ -134,7 +134,7 @@ def test_bench_with_peers_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path
     args += ["--new-tokens", "8", "--concurrency", "1", "--out", str(out), "--peers"]
     args += ["--peer-lengths", "16,64", "--turn-tokens", "12", "--peer-users", "1,2"]
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench.py"), *args],
+        [sys.executable, "-m", "scripts.bench.hops", *args],
         capture_output=True,
         text=True,
         timeout=280,
@@ -160,14 +160,14 @@ def test_bench_with_peers_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path
 def test_users_taking_turns_beside_llama_server(
     engine: RawEngine, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from scripts.bench_users_turns import message
+    from scripts.bench.users_turns import message
 
     out = tmp_path / "users.json"
     args = ["--model-dir", str(tiny_model_dir), "--users", "2", "--turns", "2", "--words", "12"]
     args += ["--reply-tokens", "6", "--baseline-reps", "1", "--pause", "0"]
     args += ["--restore-tokens", "0", "--peers", "--json", str(out)]
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_users_turns.py"), *args],
+        [sys.executable, "-m", "scripts.bench.users_turns", *args],
         capture_output=True,
         text=True,
         timeout=280,

@@ -1,5 +1,5 @@
 """A conversation restored from the conversation cache's compact KV (KV_COMPACT) on the real
-model: `scripts/quality.py --kv-restore int8 --exact` on SmolLM2-135M-Instruct and the
+model: `scripts/bench/quality.py --kv-restore int8 --exact` on SmolLM2-135M-Instruct and the
 committed text set. fp32's round trip must be lossless (what PROMPT_CACHE_EXACT=true keeps:
 the same logits, the same greedy replies); int8, the default, must stay above the floors below.
 
@@ -43,7 +43,8 @@ def test_int8_keeps_a_restored_chat_close_to_fp32_and_fp32_is_exact(smollm2_dir:
     result = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "quality.py"),
+            "-m",
+            "scripts.bench.quality",
             "--model",
             str(smollm2_dir),
             "--kv-restore",

@@ -1,4 +1,5 @@
-"""scripts/bench.py end to end on the tiny model: every variant runs and every output is written.
+"""scripts/bench/hops.py end to end on the tiny model: every variant runs and every output is
+written.
 
 No timing is asserted (this machine is noisy); the point is that the benchmark keeps working.
 """
@@ -10,15 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.services import REPO
-
 
 def test_quick_bench_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "results"
     args = ["--quick", "--model", str(tiny_model_dir), "--prompt-tokens", "40"]
     args += ["--new-tokens", "12", "--reps", "1", "--concurrency", "1,3", "--out", str(out)]
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench.py"), *args],
+        [sys.executable, "-m", "scripts.bench.hops", *args],
         capture_output=True,
         text=True,
         timeout=240,

@@ -1,4 +1,4 @@
-"""scripts/bench_batch.py runs end to end on the tiny model and reports every setting."""
+"""scripts/bench/users.py runs end to end on the tiny model and reports every setting."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_bench_batch_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> 
     args = ["--model", str(tiny_model_dir), "--users", "1,2", "--rows", "1,2", "--reps", "1"]
     args += ["--joins", "2", "--new-tokens", "6", "--prompt-tokens", "24", "--out", str(out)]
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_batch.py"), *args],
+        [sys.executable, "-m", "scripts.bench.users", *args],
         capture_output=True,
         text=True,
         timeout=300,

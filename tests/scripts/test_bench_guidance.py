@@ -1,4 +1,4 @@
-"""scripts/bench_guidance.py runs end to end on the tiny model (its timings are not checked:
+"""scripts/bench/guidance.py runs end to end on the tiny model (its timings are not checked:
 only that it measures what it says, and that forced tokens take fewer steps for the same
 tokens)."""
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench_guidance
+from scripts.bench import guidance
 
 
 def test_the_guidance_benchmark_runs(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "samples.json"
-    bench_guidance.main(["--model", str(tiny_model_dir), "--runs", "1", "--json", str(out)])
+    guidance.main(["--model", str(tiny_model_dir), "--runs", "1", "--json", str(out)])
     table = capsys.readouterr().out
     assert "| JSON Schema, ff on |" in table and "| any-text grammar |" in table
     forced = json.loads(out.read_text())["forced"]

@@ -1,4 +1,4 @@
-"""scripts/bench_model_variants.py on the tiny shapes: the speed and drafts tables are printed
+"""scripts/bench/variants.py on the tiny shapes: the speed and drafts tables are printed
 with a row per variant and the KV bytes each variant really costs. No timing is asserted (this
 machine is noisy); the point is that the one-command tables keep working."""
 
@@ -8,14 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.services import REPO
-
-SCRIPT = REPO / "scripts" / "bench_model_variants.py"
+SCRIPT = ["-m", "scripts.bench.variants"]
 
 
 def run(*args: str) -> str:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=240
+        [sys.executable, *SCRIPT, *args], capture_output=True, text=True, timeout=240
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
@@ -52,7 +50,7 @@ def test_drafts_table_on_tiny_shapes(tmp_path: Path) -> None:
 
 def test_unknown_variants_are_refused() -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "speed", "--variants", "block-512"],
+        [sys.executable, *SCRIPT, "speed", "--variants", "block-512"],
         capture_output=True,
         text=True,
         timeout=60,

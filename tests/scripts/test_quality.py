@@ -1,4 +1,4 @@
-"""scripts/quality.py on generated models: a folder against itself agrees everywhere with the
+"""scripts/bench/quality.py on generated models: a folder against itself agrees everywhere with the
 same perplexity; a folder that is not a model is refused; --kv-restore measures a conversation
 restored from the compact KV encodings, and --exact proves fp32's round trip lossless (the
 figures on the real model: tests/realmodel/test_realmodel_kv_restore.py)."""
@@ -10,14 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.quality_kv import Score, exact_failure
+from scripts.bench.quality_kv import Score, exact_failure
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def quality(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "quality.py"), *args],
+        [sys.executable, "-m", "scripts.bench.quality", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -6,7 +6,7 @@ the cache keeps it encoded here and copies it back into a slot (decoding) when i
 again: restore instead of re-read.
 
 Encodings (KV_COMPACT; measured in docs/benchmarks.md: restore times in "Users taking turns",
-the quality of a chat continued from each, `scripts/quality.py --kv-restore`, in "Compact KV:
+the quality of a chat continued from each, `scripts/bench/quality.py --kv-restore`, in "Compact KV:
 quality of a restored conversation"):
 - `int8`: each token's vector of each head, K and V alike, scaled by its own largest magnitude
   to -127..127 (symmetric, per token and head; one float32 scale per 96 or 64 values): 3.8x
