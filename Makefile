@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test test-quick lint docs coverage hooks venv peers export-deps export clean
+.PHONY: run test test-quick lint docs bench coverage hooks venv peers export-deps export clean
 
 $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 # Opt-in: llama.cpp's server (built from source for this CPU) and the GGUF writer, for
-# `python -m scripts.bench.hops --peers`.
+# `python -m scripts.bench peers`.
 peers: venv
 	$(PY) -m pip install --quiet -r requirements-peers.txt
 	VENV=$(VENV) bash scripts/bench/peers/build_llamacpp.sh
@@ -56,6 +56,12 @@ lint: venv node_modules/.installed
 # The generated tables of docs/ (settings, refusals), from the code; tests/test_docs.py checks them.
 docs: venv
 	$(PY) -m scripts.gen_docs
+
+# Every benchmark, one command (scripts/bench/README.md, docs/benchmarks.md): without BENCH, the
+# questions it answers; make bench BENCH='users --preset small' asks one.
+BENCH ?= --help
+bench: venv
+	$(PY) -m scripts.bench $(BENCH)
 
 test: lint export-deps
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -73,7 +73,7 @@ def generator_sidecar_service(
 SLOW_TESTS = (
     "tests/e2e/",
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
-    "tests/scripts/test_bench.py",  # the benchmark, end to end
+    "tests/scripts/test_bench_hops.py",  # the hops benchmark, end to end
     "tests/scripts/test_bench_users_turns.py",  # four sidecars, one after another
     "tests/scripts/test_export_model.py",  # onnxruntime-genai's builder
     "tests/infra/test_deploy_script.py",  # the deploy script against fake az/docker

@@ -1,8 +1,8 @@
 """Measure the sidecar container's start: from `podman run` to the first 200 of GET /readyz
 (the model loaded and warmed up), with the model baked into the image and on a mounted folder.
 
-    python -m scripts.bench.container_start --baked IMAGE --runtime IMAGE \
-        --model-dir build/phi3-mini --runs 3 --out build/container-start.json
+    python -m scripts.bench container-start --baked IMAGE --runtime IMAGE \
+        --model-dir build/phi3-mini --runs 3 --json build/container-start.json
 
 IMAGE names are podman images built from phi3-sidecar/Dockerfile: --baked the default target
 (`--build-context model=DIR`), --runtime the `runtime` target, which gets DIR mounted
@@ -19,15 +19,17 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from scripts.bench.common import BadArguments
+from scripts.bench.drivers import cpu_name
 from scripts.run.services import free_port
 
 MOUNT_POINT = "/home/models/mounted"
@@ -100,32 +102,26 @@ def time_to_ready(image: str, *extra: str) -> dict[str, float]:
     return seen
 
 
-def cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baked", help="image with the model baked in")
     parser.add_argument("--runtime", help="image without a model (the runtime target)")
     parser.add_argument("--model-dir", type=Path, help="model folder to mount into --runtime")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, help="write the results here as JSON")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     cases: list[tuple[str, str, tuple[str, ...], Path]] = []
     if args.baked:
         cases.append(("baked", args.baked, (), baked_model_folder(args.baked)))
     if args.runtime:
         if args.model_dir is None:
-            parser.error("--runtime needs --model-dir")
+            raise BadArguments("--runtime needs --model-dir")
         folder = args.model_dir.resolve()
         mount = (f"--volume={folder}:{MOUNT_POINT}:ro", f"--env=MODEL_PATH={MOUNT_POINT}")
         cases.append(("mounted", args.runtime, mount, folder))
-    results: dict[str, object] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "runs": {}}
+    if not cases:
+        raise BadArguments("name an image: --baked, --runtime, or both")
+    results: dict[str, Any] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "runs": {}}
     runs: dict[str, list[dict[str, float]]] = {}
     for label, image, extra, folder in cases:
         runs[label] = []
@@ -136,12 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"case": label, "model_bytes": size, **seen}), flush=True)
     results["runs"] = runs
     results["max_ready_s"] = max(run["readyz"] for case in runs.values() for run in case)
-    print(json.dumps(results))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    print("\n| model | run | first /healthz 200 (s) | first /readyz 200 (s) |")
+    print("|---|---:|---:|---:|")
+    for label, case in runs.items():
+        for number, run in enumerate(case, 1):
+            print(f"| {label} | {number} | {run.get('healthz', '-')} | {run['readyz']} |")
+    return results

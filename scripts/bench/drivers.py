@@ -1,4 +1,4 @@
-"""The ways scripts/bench/hops.py drives one generation, each timed the same way, and the prompts
+"""The ways the benchmarks drive one generation, each timed the same way, and the prompts
 they are given.
 
 Every variant asks for exactly `new_tokens` tokens (greedy, EOS held off with a minimum length),

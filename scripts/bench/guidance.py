@@ -9,10 +9,11 @@ time:
 2. The cost guidance adds to a step: the same number of tokens of free text without a grammar
    and under a grammar that allows any text (tool_choice "none"'s), time per decode step.
 
-    python -m scripts.bench.guidance                      # builds phi3-mini shapes once
-    python -m scripts.bench.guidance --model /models/phi3 --runs 5 --json out.json
+    python -m scripts.bench guidance                      # builds phi3-mini shapes once
+    python -m scripts.bench guidance --model /models/phi3 --runs 5 --json out.json
 
-Prints a Markdown table headed with the CPU; never run by the tests (timings).
+Prints a Markdown table headed with the CPU; the tests run it on the tiny model and check what
+it counts, never its timings.
 """
 
 from __future__ import annotations
@@ -106,14 +107,14 @@ def median(samples: list[dict[str, Any]], key: str) -> float:
     return statistics.median(s[key] for s in samples)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="a model folder (default: phi3-mini shapes)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-new", type=int, default=256, help="budget of the JSON reply")
     parser.add_argument("--text-tokens", type=int, default=64, help="tokens of free text")
-    parser.add_argument("--json", type=Path, help="also write the samples here")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     model = args.model
     if model is None:
         model = Path(tempfile.gettempdir()) / "bench-guidance-phi3-mini"
@@ -141,9 +142,4 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"| {label} | {median(samples, 'tokens'):.0f} | {median(samples, 'per_step_ms'):.1f} |"
         )
-    if args.json is not None:
-        args.json.write_text(json.dumps({"forced": forced, "step_cost": cost}, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return {"model": str(model), "runs": args.runs, "forced": forced, "step_cost": cost}

@@ -5,7 +5,7 @@ sends one long prompt, and probes /healthz back to back the whole time, sorting 
 into the phase it fell in: idle (before the request), prefill (response headers to first
 token), decode (first token to end). Prints count, p50, p99 and max per phase.
 
-    python -m scripts.bench.health_latency [--model DIR] [--prompt-repeats 300]
+    python -m scripts.bench health-latency [--model DIR] [--prompt-repeats 300]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -77,13 +78,14 @@ def measure(url: str, repeats: int, max_new_tokens: int, idle_s: float) -> dict[
     return phases
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="model folder (default: generate `small`)")
     parser.add_argument("--prompt-repeats", type=int, default=300, help="times the phrase")
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--idle-seconds", type=float, default=1.0)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
@@ -98,15 +100,17 @@ def main() -> None:
             phases = measure(
                 sidecar.url, args.prompt_repeats, args.max_new_tokens, args.idle_seconds
             )
-    print(f"{'phase':8} {'probes':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    summary: dict[str, dict[str, float]] = {}
+    print("| phase | probes | p50 (ms) | p99 (ms) | max (ms) |")
+    print("|---|---:|---:|---:|---:|")
     for name, latencies in phases.items():
         if latencies:
             ms = [x * 1000 for x in latencies]
+            row = {"probes": len(ms), "p50_ms": statistics.median(ms)}
+            row |= {"p99_ms": percentile(ms, 0.99), "max_ms": max(ms)}
+            summary[name] = row
             print(
-                f"{name:8} {len(ms):7d} {statistics.median(ms):8.2f} "
-                f"{percentile(ms, 0.99):8.2f} {max(ms):8.2f}"
+                f"| {name} | {len(ms)} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} "
+                f"| {row['max_ms']:.2f} |"
             )
-
-
-if __name__ == "__main__":
-    main()
+    return {"model": str(model), "phases": summary, "latencies_s": phases}

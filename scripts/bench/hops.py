@@ -1,24 +1,23 @@
-"""What the sidecar and the relay cost on top of the engine, measured side by side in one run.
+"""What the sidecar and the relay cost on top of the engine, measured side by side in one run
+(`hops`), and beside llama.cpp's server on the same model (`peers`).
 
-    python -m scripts.bench.hops              # Phi-3-mini shapes (generated once, ~2.7 GB)
-    python -m scripts.bench.hops --quick      # the `small` model, fewer repetitions (~1 min)
-    python -m scripts.bench.hops --model DIR  # any onnxruntime-genai model, the real Phi-3 too
-    python -m scripts.bench.hops --peers      # also llama.cpp's server on the same model
+    python -m scripts.bench hops               # Phi-3-mini shapes (generated once, ~2.7 GB)
+    python -m scripts.bench hops --quick       # the `small` model, fewer repetitions (~1 min)
+    python -m scripts.bench hops --model DIR   # any onnxruntime-genai model, the real Phi-3 too
+    python -m scripts.bench peers              # the same, and llama.cpp's tables (make peers)
 
-Variants run interleaved (engine, sidecar, app, engine, ...) so drift hits all alike. Prints
-Markdown tables; writes every sample to JSON and a plot to PNG under --out.
+Variants run interleaved (engine, sidecar, app, engine, ...) so drift hits all alike. Then N
+streams at once through the sidecar, the turns of one chat with the conversation cache on and
+off (turns.py) and each process's peak memory. Prints Markdown tables; every sample goes into
+the JSON (--json) and a plot beside it (PNG).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,6 +26,13 @@ from typing import Any
 
 import httpx
 
+from scripts.bench.common import (
+    ensure_model,
+    machine,
+    peak_rss_bytes,
+    peer_model,
+    prompt_cache_mb,
+)
 from scripts.bench.drivers import (
     EngineProcess,
     RawEngine,
@@ -38,18 +44,11 @@ from scripts.bench.drivers import (
 )
 from scripts.bench.turns import markdown as turns_markdown
 from scripts.bench.turns import run_turns
-from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT
 from scripts.run import services
 from sidecar.model.cpus import cpu_budget, session_options
-from sidecar.model.folder import is_complete
-from sidecar.settings import Settings
-
-REPO = services.REPO
-PRESET_DIRS = {"phi3-mini": REPO / "models" / "generated-phi3-mini", "small": None, "tiny": None}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         help="model folder, or smollm2 (the real SmolLM2-135M-Instruct, built from PyPI once "
@@ -68,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the sidecar's DECODE_BATCH_ROWS, with MAX_CONCURRENCY set to the largest "
         "--concurrency so that all of it runs at once; default: the sidecar's own settings (4 "
-        "and 4: more users queue). scripts/bench/users.py compares values",
+        "and 4: more users queue). `python -m scripts.bench users` compares values",
     )
     parser.add_argument("--pause", type=float, default=None, help="idle seconds between runs")
     parser.add_argument(
@@ -83,9 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--turn-reply-tokens", type=int, default=None, help="reply tokens per turn (default 48)"
     )
-    parser.add_argument("--out", default=str(REPO / "bench-results"), help="results folder")
-    add_peer_args(parser)
-    args = parser.parse_args(argv)
+    parser.set_defaults(peers=False)
+
+
+def settle(args: argparse.Namespace) -> None:
+    """The defaults that depend on --quick, and the lists given as comma-separated numbers."""
     quick = args.quick
     args.preset = args.preset or ("small" if quick else "phi3-mini")
     args.prompt_tokens = args.prompt_tokens or (256 if quick else 128)
@@ -94,53 +95,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.turn_reply_tokens = args.turn_reply_tokens or (24 if quick else 48)
     args.pause = (0.2 if quick else 1.0) if args.pause is None else args.pause
     args.concurrency = [int(n) for n in args.concurrency.split(",")]
-    args.peer_lengths = [int(n) for n in args.peer_lengths.split(",")]
-    args.peer_users = [int(n) for n in args.peer_users.split(",")]
-    return args
+    if args.peers:
+        args.peer_lengths = [int(n) for n in args.peer_lengths.split(",")]
+        args.peer_users = [int(n) for n in args.peer_users.split(",")]
 
 
-def add_peer_args(parser: argparse.ArgumentParser) -> None:
-    """--peers: llama.cpp's server as a variant and the peer tables (scripts/bench/peers/)."""
+def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
+    """`peers`: hops' arguments, llama.cpp's server as a variant and the peer tables
+    (scripts/bench/peers/)."""
+    add_arguments(parser)
+    parser.set_defaults(peers=True)
     group = parser.add_argument_group("peers (llama.cpp's server; install with `make peers`)")
-    group.add_argument("--peers", action="store_true", help="compare with llama.cpp's server")
     group.add_argument(
         "--peer-lengths", default="16,128,512,1024", help="prompt tokens of the prefill table"
     )
     group.add_argument("--turn-tokens", type=int, default=96, help="tokens per user turn")
     group.add_argument("--peer-users", default="1,2,4", help="simultaneous users to compare")
-
-
-def ensure_model(args: argparse.Namespace, scratch: Path, home: Path | None = None) -> Path:
-    """The model folder: --model, or the --preset built once (phi3-mini into models/, the
-    others into `home`, else into `scratch`, deleted after the run)."""
-    if args.model == "smollm2":
-        model = SMOLLM2_135M_INSTRUCT
-        out = REPO / "build" / "real-models" / f"{model.name}-{model.precision}"
-        make = [sys.executable, "-m", "scripts.models.make_real_model"]
-        subprocess.run([*make, "--model", model.name, "--out", str(out)], check=True)
-        return out
-    if args.model:
-        return Path(args.model)
-    out = PRESET_DIRS.get(args.preset) or (home or scratch) / args.preset
-    if is_complete(out):
-        return out
-    print(f"building the generated {args.preset} model into {out} ...", flush=True)
-    make = [sys.executable, "-m", "scripts.models.make_model"]
-    subprocess.run([*make, "--preset", args.preset, "--out", str(out)], check=True)
-    return out
-
-
-def peak_rss_bytes(pid: int, *, children: bool = True) -> int:
-    """Kernel-tracked peak RSS (VmHWM) of a process and (optionally) its children, summed."""
-    import psutil
-
-    total = 0
-    root = psutil.Process(pid)
-    for proc in [root, *(root.children(recursive=True) if children else [])]:
-        status = Path(f"/proc/{proc.pid}/status").read_text()
-        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
-        total += int(kib) * 1024
-    return total
 
 
 def run_concurrent(url: str, engine: RawEngine, args: argparse.Namespace, n: int) -> dict[str, Any]:
@@ -271,24 +241,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def prompt_cache_mb() -> int:
-    """The conversation cache budget the sidecars run with: the environment's, else the default."""
-    raw = os.environ.get("PROMPT_CACHE_MB", "").strip()
-    return int(raw) if raw else int(Settings.model_fields["prompt_cache_mb"].default)
-
-
-def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
-
-
 APP_PROMPTS = 1000  # the app variant's prompts are prompt(APP_PROMPTS + rep)
 
 
@@ -313,17 +265,6 @@ def interleave(
             )
             samples.append(sample)
     return samples
-
-
-def peer_model(model_dir: Path, scratch: Path) -> Path:
-    """--peers: the GGUF of the model (converted once, beside it when that folder is writable)
-    after checking that llama-server is installed."""
-    from scripts.bench.peers import gguf_model, llamacpp
-
-    if not llamacpp.server_binary().exists():
-        raise SystemExit(f"--peers: {llamacpp.server_binary()} is missing; run `make peers`")
-    writable = os.access(model_dir.parent, os.W_OK) and not model_dir.is_relative_to(scratch)
-    return gguf_model.ensure(model_dir, None if writable else scratch)
 
 
 def peer_run(
@@ -422,10 +363,8 @@ def run_peers(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    settle(args)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         scratch = Path(tmp)
         model_dir = ensure_model(args, scratch)
@@ -527,18 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if peers:
         result["peers"] = peers
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    (out / f"bench-{stamp}.json").write_text(json.dumps(result, indent=2))
-    table = markdown(result)
-    (out / "latest.md").write_text(table + "\n")
-    plot(result, out / f"bench-{stamp}.png")
+    picture = Path(args.json).with_suffix(".png")
+    picture.parent.mkdir(parents=True, exist_ok=True)
+    plot(result, picture)
     print()
-    print(table)
-    print(
-        f"\nwrote {out / f'bench-{stamp}.json'}, {out / f'bench-{stamp}.png'}, {out / 'latest.md'}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print(markdown(result))
+    print(f"\nwrote {picture}")
+    return result

@@ -1,6 +1,6 @@
 """Peak memory of the sidecar under a container's memory limit, with more KV wanted than fits.
 
-    python -m scripts.bench.kv_memory --model-dir models/generated-phi3-mini --memory-gb 8
+    sudo python -m scripts.bench kv-memory --model models/generated-phi3-mini --memory-gb 8
 
 Starts the sidecar in a fresh cgroup with a memory limit (what `podman run --memory` or an App
 Service plan gives it; needs root and the v1 memory controller), so it chooses its KV bound from
@@ -16,28 +16,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from scripts.bench.common import Failed
 from scripts.bench.drivers import ChatTokenizer, cpu_name, sized_messages
 from scripts.run import services
 from sidecar.model.memory import GIB, MIB
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, required=True)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "--model-dir", dest="model_dir", type=Path, required=True)
     parser.add_argument("--memory-gb", type=float, default=8.0, help="the cgroup's limit")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=3000)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--json", type=Path, help="write the results here too")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     limit = int(args.memory_gb * GIB)
     log = Path(tempfile.mkdtemp()) / "sidecar.log"
     with (
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     kills = int(oom.split("oom_kill ")[1].split()[0]) if "oom_kill " in oom else 0
     loaded, bound = int(chosen["loaded_bytes"]), int(chosen["kv_memory_bytes"])
     ceiling = loaded + bound
-    results = {
+    results: dict[str, Any] = {
         "cpu": cpu_name(),
         "memory_limit_bytes": limit,
         "loaded_bytes": loaded,
@@ -124,10 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{args.prompts} prompts of ~{args.prompt_tokens} tokens: statuses {statuses}, ")
     print(f"cgroup peak {cgroup_peak / MIB:,.0f} MiB, {elapsed:.0f} s, restarts {len(restarts)}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
-    ok = statuses == [200] * args.prompts and not kills and not restarts
-    return 0 if ok else 1
+    if statuses != [200] * args.prompts or kills or restarts:
+        raise Failed("not every reply arrived whole, or something was killed or restarted", results)
+    return results
 
 
 def _worker_pid(web: int) -> int:
@@ -148,7 +148,3 @@ def _status(pid: int, field: str) -> int:
     except OSError:
         pass
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

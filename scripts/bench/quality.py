@@ -1,8 +1,8 @@
 """How close a model folder stays to a reference folder on a fixed text set: for every later
 speed or memory variant of a model (another precision, a smaller KV cache, ...).
 
-    python -m scripts.bench.quality --model models/smollm2-int4 --reference models/smollm2-fp32
-    python -m scripts.bench.quality --model models/smollm2-fp32 --kv-restore int8,fp16 [--exact]
+    python -m scripts.bench quality --model models/smollm2-int4 --reference models/smollm2-fp32
+    python -m scripts.bench quality --model models/smollm2-fp32 --kv-restore int8,fp16 [--exact]
 
 Two measures, both on scripts/bench/quality_texts.json (committed, so figures compare over time):
 - passages: perplexity of each model on short English passages, and top-1 agreement: how
@@ -28,13 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from scripts.bench.common import BadArguments, Failed
 
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
@@ -167,8 +168,7 @@ def compare(model: Loaded, reference: Loaded, texts: dict[str, Any]) -> list[str
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, required=True, help="the model folder to judge")
     p.add_argument("--reference", type=Path, help="the folder it is judged against")
     p.add_argument("--texts", type=Path, default=TEXTS, help="the text set (default: committed)")
@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1024,
         help="KV encodings: positions of the slot timed for encode and restore (0: no timing)",
     )
-    args = p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     kv_mode = bool(args.kv_restore or args.exact)
     # Imported here: it loads onnxruntime, after ORT_DISABLE_TELEMETRY is set.
     from scripts.bench.quality_kv import exact_failure, measure, parse_encodings, table
@@ -194,20 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     encodings: list[Any] = []
     if kv_mode:
         if args.reference is not None:
-            p.error("--kv-restore and --exact judge one folder: leave out --reference")
+            raise BadArguments("--kv-restore and --exact judge one folder: leave out --reference")
         try:
             encodings = parse_encodings(args.kv_restore or "fp32")
         except ValueError as error:
-            p.error(str(error))
+            raise BadArguments(str(error)) from None
         if args.exact:
             encodings = parse_encodings(",".join([*encodings, "fp32"]))
         if args.timing_tokens < 0:
-            p.error("--timing-tokens must be 0 or more")
+            raise BadArguments("--timing-tokens must be 0 or more")
     elif args.reference is None:
-        p.error("--reference is required (or --kv-restore to judge KV encodings)")
+        raise BadArguments("--reference is required (or --kv-restore to judge KV encodings)")
     for folder in (args.model, args.reference):
         if folder is not None and not (folder / "genai_config.json").is_file():
-            p.error(f"{folder} has no genai_config.json: not a model folder")
+            raise BadArguments(f"{folder} has no genai_config.json: not a model folder")
     try:
         texts = json.loads(args.texts.read_text(encoding="utf-8"))
         failure = None
@@ -221,16 +223,16 @@ def main(argv: list[str] | None = None) -> int:
             assert args.reference is not None
             lines = compare(load(args.model), load(args.reference), texts)
     except Exception as error:  # onnxruntime-genai's own errors: one line, not a trace
-        sys.stderr.write(
-            f"error: {str(error).strip().splitlines()[0] if str(error) else error!r}\n"
-        )
-        return 1
+        raise Failed(str(error).strip().splitlines()[0] if str(error) else repr(error)) from None
     print("\n".join(lines))
+    # The tables are the result, each row's figures as printed.
+    result: dict[str, Any] = {
+        "model": str(args.model),
+        "reference": str(args.reference or ""),
+        "table": lines,
+    }
+    if kv_mode:
+        result["kv_restore"] = list(encodings)
     if failure is not None:
-        sys.stderr.write(f"error: {failure}\n")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        raise Failed(failure, result)
+    return result

@@ -14,9 +14,9 @@ the chat took, and for each kind how long the server held the connections before
 them. The target is the chat app (`POST /chat`) or, with `--sidecar`, the sidecar
 (`POST /v1/chat/completions`).
 
-    python -m scripts.bench.slow_clients                     # tiny model, the app as deployed
-    python -m scripts.bench.slow_clients --sidecar --stalled-body 100 --endless-body 100
-    python -m scripts.bench.slow_clients --url http://127.0.0.1:8080 --idle 200 --drip 100
+    python -m scripts.bench slow-clients                     # tiny model, the app as deployed
+    python -m scripts.bench slow-clients --sidecar --stalled-body 100 --endless-body 100
+    python -m scripts.bench slow-clients --url http://127.0.0.1:8080 --idle 200 --drip 100
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from scripts.bench.common import BadArguments
 from scripts.run import services
 
 PARTIAL = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"  # never finished
@@ -213,8 +215,7 @@ def _chat(client: httpx.Client, url: str, sidecar: bool) -> float | None:
     return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", "--app-url", help="a running service (default: start the pair)")
     parser.add_argument("--sidecar", action="store_true", help="load the sidecar, not the app")
     parser.add_argument("--idle", type=int, default=150, help="connections that stall headers")
@@ -222,10 +223,12 @@ def main() -> None:
     parser.add_argument("--stalled-body", type=int, default=0, help="bodies that stall")
     parser.add_argument("--endless-body", type=int, default=0, help="chunked, a byte a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to hold the load")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     total = args.idle + args.drip + args.stalled_body + args.endless_body
     if total > 1000 or args.seconds > 300:
-        parser.error("at most 1000 connections and 300 seconds")
+        raise BadArguments("at most 1000 connections and 300 seconds")
     load = {
         "idle": args.idle,
         "drip": args.drip,
@@ -235,8 +238,9 @@ def main() -> None:
         "sidecar": args.sidecar,
     }
     if args.url:
-        print(measure(args.url, **load).summary())
-        return
+        result = measure(args.url, **load)
+        print(result.summary())
+        return {"url": args.url, "load": load} | asdict(result)
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "tiny"
         subprocess.run(
@@ -249,8 +253,6 @@ def main() -> None:
             services.sidecar(model, Path(tmp) / "sidecar.log") as sidecar,
             services.chatapp(sidecar.url, Path(tmp) / "app.log") as app,
         ):
-            print(measure(sidecar.url if args.sidecar else app.url, **load).summary())
-
-
-if __name__ == "__main__":
-    main()
+            result = measure(sidecar.url if args.sidecar else app.url, **load)
+    print(result.summary())
+    return {"url": "the tiny model's pair, started here", "load": load} | asdict(result)

@@ -11,20 +11,20 @@ time to the first delta and of the whole reply per pair, each pair's median agai
 and the CPU time the app and the sidecar's web process spent per chat (the model worker left
 out): on a shared machine the CPU time shows the cost much more steadily than latencies do.
 
-    python -m scripts.bench.tracing [--model DIR] [--rounds 60] [--new-tokens 32]
+    python -m scripts.bench tracing [--model DIR] [--rounds 60] [--new-tokens 32]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -70,12 +70,13 @@ def one_chat(url: str, text: str, new_tokens: int) -> tuple[float, float]:
     return first - sent, end - sent
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model folder (default: the generated `small` model)")
     parser.add_argument("--rounds", type=int, default=60, help="chats per pair")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens per reply")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch_name, contextlib.ExitStack() as stack:
         scratch = Path(scratch_name)
         model = Path(args.model) if args.model else scratch / "small"
@@ -145,9 +146,4 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {row['ttft_p50_ms']} | {row['ttft_p90_ms']} | {row['reply_p50_ms']} "
             f"| {row['reply_p90_ms']} | {change:+.1f}% | {row['web_cpu_ms_per_chat']} |"
         )
-    print(json.dumps(report))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"rounds": args.rounds, "new_tokens": args.new_tokens, "pairs": report}

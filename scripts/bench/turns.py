@@ -1,4 +1,8 @@
-"""The conversation cache's table in scripts/bench/hops.py: turns 1-5 of one chat, cache on and off.
+"""Turns 1-5 of one chat, conversation cache on and off: `python -m scripts.bench turns`, and a
+table of `hops` too.
+
+    python -m scripts.bench turns                  # Phi-3-mini shapes (generated once, ~2.7 GB)
+    python -m scripts.bench turns --preset small   # a quick look
 
 Each turn sends the whole conversation so far, as a chat page does: a new user message of about
 `turn_words` words, and the replies the server itself wrote before (so the cache meets its own
@@ -10,13 +14,18 @@ carries over from one to the next.
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from scripts.bench.drivers import RawEngine, Sample, via_sidecar, words
+from scripts.bench.common import PRESET_DIRS, ensure_model, prompt_cache_mb
+from scripts.bench.drivers import ChatTokenizer, Sample, via_sidecar, words
+from scripts.run import services
 
 TURNS = 5
 
@@ -24,7 +33,7 @@ TURNS = 5
 def run_turns(
     on_url: str,
     off_url: str,
-    engine: RawEngine,
+    engine: ChatTokenizer,
     *,
     turn_words: int,
     reply_tokens: int,
@@ -95,3 +104,38 @@ def markdown(rows: list[dict[str, Any]], budget_mb: int) -> list[str]:
             f"| {on:.2f} | {off:.2f} | {on / off:.2f} | {on / first:.2f} | {decode:.3f} |"
         )
     return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model folder (default: generated, see --preset)")
+    parser.add_argument("--preset", default="phi3-mini", choices=sorted(PRESET_DIRS))
+    parser.add_argument("--turn-words", type=int, default=40, help="words of each user message")
+    parser.add_argument("--reply-tokens", type=int, default=48, help="tokens of each reply")
+    parser.add_argument("--reps", type=int, default=3, help="conversations, each of 5 turns")
+    parser.add_argument("--pause", type=float, default=1.0, help="idle seconds between requests")
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Two sidecars on one model, one as configured and one with PROMPT_CACHE_MB=0."""
+    with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp:
+        scratch = Path(tmp)
+        model_dir = ensure_model(args, scratch)
+        tokenizer = ChatTokenizer.load(str(model_dir))
+        with (
+            services.sidecar(model_dir, scratch / "sidecar.log") as cached,
+            services.sidecar(
+                model_dir, scratch / "sidecar-nocache.log", PROMPT_CACHE_MB="0"
+            ) as off,
+        ):
+            rows = run_turns(
+                cached.url,
+                off.url,
+                tokenizer,
+                turn_words=args.turn_words,
+                reply_tokens=args.reply_tokens,
+                reps=args.reps,
+                pause=args.pause,
+            )
+    budget = prompt_cache_mb()
+    print("\n".join(markdown(rows, budget)))
+    return {"model": str(model_dir), "prompt_cache_mb": budget, "turns": rows}

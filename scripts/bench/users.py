@@ -1,24 +1,24 @@
 """Several users at once: aggregate decode and time to first token, DECODE_BATCH_ROWS 1 vs N.
 
-    python -m scripts.bench.users                  # Phi-3-mini shapes (generated once, ~2.7 GB)
-    python -m scripts.bench.users --preset small   # a quick look (~1 minute)
-    python -m scripts.bench.users --model DIR      # any onnxruntime-genai folder
+    python -m scripts.bench users                  # Phi-3-mini shapes (generated once, ~2.7 GB)
+    python -m scripts.bench users --preset small   # a quick look (~1 minute)
+    python -m scripts.bench users --model DIR      # any onnxruntime-genai folder
 
-One sidecar per DECODE_BATCH_ROWS value, all up at once, runs interleaved (rows 1, rows 8,
-rows 1, ...) so drift hits all alike. For each number of users: that many streams released at
-once, each with a prompt of its own (no cache reuse between them): tokens per second of all of
-them together, and of the median user. Then the time to first token of a request that arrives
-while the other users' replies are decoding (p50 and p95 over --joins arrivals). Run it on a
-quiet machine: the figures are the machine's as much as the sidecar's.
+One sidecar per DECODE_BATCH_ROWS value (by default 1, each reply its own Generator, and 4, the
+sidecar's default), all up at once, with MAX_CONCURRENCY and QUEUE_SIZE at the most users so that
+every user's reply runs; runs interleaved (rows 1, rows 4, rows 1, ...) so drift hits all alike. For
+each number of users: that many streams released at once, each with a prompt of its own (no cache
+reuse between them): tokens per second of all of them together, and of the median user. Then the
+time to first token of a request that arrives while the other users' replies are decoding (p50 and
+p95 over --joins arrivals). Run it on a quiet machine: the figures are the machine's as much as the
+sidecar's.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -27,28 +27,25 @@ from typing import Any
 
 import httpx
 
+from scripts.bench.common import PRESET_DIRS, ensure_model, machine, peak_rss_bytes
 from scripts.bench.drivers import RawEngine, released_at_once, sized_messages, via_sidecar
-from scripts.bench.hops import PRESET_DIRS, ensure_model, machine, peak_rss_bytes
 from scripts.run import services
 
-REPO = services.REPO
 
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model folder (default: generated, see --preset)")
     parser.add_argument("--preset", default="phi3-mini", choices=sorted(PRESET_DIRS))
     parser.add_argument("--users", default="1,2,4,8", help="simultaneous users to try")
-    parser.add_argument("--rows", default="1,8", help="DECODE_BATCH_ROWS values to compare")
+    parser.add_argument("--rows", default="1,4", help="DECODE_BATCH_ROWS values to compare")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per reply")
     parser.add_argument("--reps", type=int, default=2, help="timed repetitions per setting")
     parser.add_argument("--joins", type=int, default=10, help="arrivals timed for TTFT")
-    parser.add_argument("--out", default=str(REPO / "bench-results"), help="results folder")
-    args = parser.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     args.users = [int(n) for n in args.users.split(",")]
     args.rows = [int(n) for n in args.rows.split(",")]
-    return args
 
 
 def burst(url: str, chats: list[list[dict[str, str]]], new_tokens: int) -> dict[str, float]:
@@ -146,10 +143,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    settle(args)
     most = max(args.users)
     results: dict[int, dict[int, dict[str, list[float]]]] = {
         rows: {n: {"aggregate_tps": [], "user_decode_tps": [], "ttft_s": []} for n in args.users}
@@ -200,10 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         "rss_highest_serving_bytes": watch.highest,
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    (out / f"bench-batch-{stamp}.json").write_text(json.dumps(report, indent=2))
     print(markdown(report, args))
-    return 0
+    return report
 
 
 def markdown(report: dict[str, Any], args: argparse.Namespace) -> str:
@@ -235,7 +228,3 @@ def markdown(report: dict[str, Any], args: argparse.Namespace) -> str:
             f"{serving:.0f} MiB while serving; peak with loading (VmHWM) {peak / mib:.0f} MiB"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

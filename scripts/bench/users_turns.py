@@ -1,10 +1,10 @@
 """Users taking turns: U users x T turns of their own chats, interleaved, one request at a time
 (issue 34's workload, conversations at scale), optionally beside llama.cpp's server.
 
-    python -m scripts.bench.users_turns                     # phi3-mini shapes, 16 users x 5 turns
-    python -m scripts.bench.users_turns --plan-memory-gb 8  # KV_MEMORY_MB as in an 8 GB container
-    python -m scripts.bench.users_turns --peers             # and llama-server (make peers)
-    python -m scripts.bench.users_turns --preset small --users 4 --turns 3 --restore-tokens 2000
+    python -m scripts.bench users-turns                     # phi3-mini shapes, 16 users x 5 turns
+    python -m scripts.bench users-turns --plan-memory-gb 8  # KV_MEMORY_MB as in an 8 GB container
+    python -m scripts.bench users-turns --peers             # and llama-server (make peers)
+    python -m scripts.bench users-turns --preset small --users 4 --turns 3 --restore-tokens 2000
 
 Three phases, each on a fresh sidecar with the same settings (scripts/run/services.py):
 1. alone: one user's chat of T turns, nobody else's between them (the chats of users 1..
@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -43,8 +42,14 @@ from typing import Any, cast
 
 import httpx
 
+from scripts.bench.common import (
+    PRESET_DIRS,
+    BadArguments,
+    ensure_model,
+    peak_rss_bytes,
+    peer_model,
+)
 from scripts.bench.drivers import ChatTokenizer, cpu_name, sized_messages, via_sidecar, words
-from scripts.bench.hops import PRESET_DIRS, ensure_model, peak_rss_bytes, peer_model
 from scripts.bench.users import percentile
 from scripts.run import services
 from sidecar.model import memory
@@ -58,9 +63,10 @@ RESTORE_TARGETS_S = {"compact": 0.5, "disk": 2.0}  # for a 2,000-token conversat
 Row = dict[str, Any]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", dest="model", help="model folder (default: --preset)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", "--model-dir", dest="model", help="model folder (default: --preset)"
+    )
     parser.add_argument(
         "--preset",
         default="phi3-mini",
@@ -108,18 +114,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     peers = parser.add_argument_group("peers (llama.cpp's server; install with `make peers`)")
     peers.add_argument("--peers", action="store_true", help="llama-server side by side")
     peers.add_argument("--peer-context", type=int, default=4096, help="llama-server's -c")
-    parser.add_argument(
-        "--json",
-        type=Path,
-        help="where to write every sample (default: bench-results/bench-users-turns-<time>.json)",
-    )
-    args = parser.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.users < 1 or args.turns < 1 or args.baseline_reps < 1:
-        parser.error("--users, --turns and --baseline-reps must be at least 1")
+        raise BadArguments("--users, --turns and --baseline-reps must be at least 1")
     if args.prompt_cache_dir is None and os.environ.get("PROMPT_CACHE_DIR"):
         # Each phase still gets a folder of its own in it (phase_sidecar).
         args.prompt_cache_dir = Path(os.environ["PROMPT_CACHE_DIR"])
-    return args
 
 
 # -- the sidecars ----------------------------------------------------------------------------
@@ -724,8 +726,8 @@ def setting(settings: dict[str, str], name: str, field_name: str) -> str:
     return raw or str(Settings.model_fields[field_name].default)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    settle(args)
     settings = sidecar_settings(args)
     result: dict[str, Any] = {
         "cpu": cpu_name(),
@@ -770,14 +772,9 @@ def main(argv: list[str] | None = None) -> int:
     result["turns"] = turn_table(samples, args.turns)
     result["targets"] = targets(result)
     result["when"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    path = args.json or REPO / "bench-results" / f"bench-users-turns-{stamp}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
     print()
     print(markdown(result))
-    print(f"\nwrote {path}")
-    return 0
+    return result
 
 
 def start_llama(
@@ -803,7 +800,3 @@ def start_llama(
     }
     print(f"llama-server: {threads} threads, 1 slot, context {args.peer_context}", flush=True)
     return server
-
-
-if __name__ == "__main__":
-    sys.exit(main())

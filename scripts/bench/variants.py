@@ -1,9 +1,9 @@
 """Speed, memory and quality of the model variants (docs/benchmarks.md, "Model variants"): one
 command per table.
 
-    python -m scripts.bench.variants speed    # generated phi3-mini shapes (2.3 GB each)
-    python -m scripts.bench.variants quality  # SmolLM2 variants against its fp32 folder
-    python -m scripts.bench.variants drafts   # PROMPT_LOOKUP_TOKENS: SmolLM2 and phi3-mini
+    python -m scripts.bench variants speed    # generated phi3-mini shapes (2.3 GB each)
+    python -m scripts.bench variants quality  # SmolLM2 variants against its fp32 folder
+    python -m scripts.bench variants drafts   # PROMPT_LOOKUP_TOKENS: SmolLM2 and phi3-mini
 
 speed: each variant (scripts/models/make_model.py's options) against the default folder, the two
 loaded in two child processes and measured alternately (default, variant, default, ...), so a
@@ -13,9 +13,9 @@ time; each variant's folder is deleted after its turn (--keep keeps them).
 
 quality: SmolLM2-135M-Instruct (scripts/models/make_real_model.py builds the fp32 reference and the
 Hugging Face folder) exported with each of scripts/models/export_model.py's variant options, then
-`scripts/bench/quality.py --model VARIANT --reference FP32` (greedy-token agreement, perplexity).
-The pruned LM head has no logits for every position, which quality.py reads; it gives the default
-int4 model's tokens (tests/models/test_models_variants.py).
+`python -m scripts.bench quality --model VARIANT --reference FP32` (greedy-token agreement,
+perplexity). The pruned LM head has no logits for every position, which quality.py reads; it gives
+the default int4 model's tokens (tests/models/test_models_variants.py).
 
 drafts: greedy replies with PROMPT_LOOKUP_TOKENS (the sidecar's own model/drafts.py) on and
 off, alternately in one process each: a rewrite task and a plain chat on SmolLM2, and a plain
@@ -35,11 +35,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from scripts.bench.common import BadArguments, Failed
 from scripts.bench.drivers import cpu_name, words
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,8 +241,9 @@ def alternate(
         yield [results[i] for i in range(len(children))]
 
 
-def speed(args: argparse.Namespace) -> None:
+def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     """A row per variant, printed as soon as it is measured (a long run is readable midway)."""
+    rows: list[dict[str, Any]] = []
     work = args.work_dir
     names = [n for n in args.variants.split(",") if n and n != "default"]
     default = build_generated("default", args.preset, work)
@@ -278,6 +280,14 @@ def speed(args: argparse.Namespace) -> None:
             f"{max(m.peak_rss_mb for m in ours):,.0f} / {max(m.peak_rss_mb for m in base):,.0f} |",
             flush=True,
         )
+        rows.append({"variant": name, "files_mib": [our_mb, base_mb], "prefill_tps": [op, bp]})
+        rows[-1]["decode_tps"] = [od, bd]
+        rows[-1]["samples"] = {"variant": _dicts(ours), "default": _dicts(base)}
+    return rows
+
+
+def _dicts(samples: list[Measured]) -> list[dict[str, Any]]:
+    return [asdict(m) for m in samples]
 
 
 def _folder_mb(folder: Path) -> float:
@@ -289,23 +299,15 @@ def _run(*command: str) -> str:
         [sys.executable, *command], cwd=REPO, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:2])} failed:\n{done.stdout[-2000:]}{done.stderr}")
+        raise Failed(f"{' '.join(command[:3])} failed:\n{done.stdout[-2000:]}{done.stderr}")
     return done.stdout
 
 
 def real_reference(work: Path) -> Path:
     """SmolLM2's fp32 folder and its Hugging Face folder (scripts/models/make_real_model.py)."""
     fp32 = work / f"{REAL}-fp32"
-    _run(
-        "-m",
-        "scripts.models.make_real_model",
-        "--model",
-        REAL,
-        "--out",
-        str(fp32),
-        "--precision",
-        "fp32",
-    )
+    command = ["--model", REAL, "--out", str(fp32), "--precision", "fp32"]
+    _run("-m", "scripts.models.make_real_model", *command)
     return fp32
 
 
@@ -327,18 +329,23 @@ def export_real(name: str, work: Path) -> Path:
     return folder
 
 
-def quality(args: argparse.Namespace) -> None:
+def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
     reference = real_reference(args.work_dir)
     print(f"SmolLM2-135M-Instruct on {cpu_name()}; reference: fp32 ({reference})\n")
+    rows: list[dict[str, Any]] = []
     for name in [n for n in args.variants.split(",") if n] or list(EXPORTED):
         folder = export_real(name, args.work_dir)
-        table = _run(
-            "-m", "scripts.bench.quality", "--model", str(folder), "--reference", str(reference)
-        )
+        scores = args.work_dir / f"quality-{folder.name}.json"
+        command = ["--model", str(folder), "--reference", str(reference), "--json", str(scores)]
+        table = _run("-m", "scripts.bench", "quality", *command)
         print(f"### {name} ({_folder_mb(folder):,.0f} MiB)\n\n{table}", flush=True)
+        rows.append({"variant": name, "files_mib": _folder_mb(folder)})
+        rows[-1]["quality"] = json.loads(scores.read_text())
+    return rows
 
 
-def drafts(args: argparse.Namespace) -> None:
+def drafts(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     cases: list[tuple[str, Path, str | int, bool]] = []
     if not args.skip_real:
         real = args.real or args.work_dir / f"{REAL}-int4"
@@ -379,10 +386,13 @@ def drafts(args: argparse.Namespace) -> None:
             f"{per_call:.2f} | {'yes' if same else 'no'} |",
             flush=True,
         )
+        rows.append({"case": label, "decode_tps": [d_off, d_on], "drafts_accepted": accepted})
+        rows[-1] |= {"tokens_per_call": per_call, "same_reply": same}
+        rows[-1]["samples"] = {"off": _dicts(off), "on": _dicts(on)}
+    return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("table", choices=("speed", "quality", "drafts"))
     p.add_argument("--preset", default="phi3-mini", help="generated shapes (speed, drafts)")
     p.add_argument("--variants", default="", help="comma-separated names (default: all)")
@@ -395,18 +405,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-generated", action="store_true", help="drafts: not on phi3-mini")
     p.add_argument("--keep", action="store_true", help="speed: keep the variants' folders")
     p.add_argument("--work-dir", type=Path, default=WORK)
-    args = p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.table == "speed" and not args.variants:
         args.variants = ",".join(GENERATED)
     unknown = set(filter(None, args.variants.split(","))) - set(
         GENERATED if args.table == "speed" else EXPORTED
     )
     if unknown and args.table != "drafts":
-        p.error(f"unknown variants: {', '.join(sorted(unknown))}")
+        raise BadArguments(f"unknown variants: {', '.join(sorted(unknown))}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    {"speed": speed, "quality": quality, "drafts": drafts}[args.table](args)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    rows = {"speed": speed, "quality": quality, "drafts": drafts}[args.table](args)
+    return {"table": args.table, "rows": rows}

@@ -1,4 +1,4 @@
-"""The peers scripts/bench/hops.py compares the sidecar with (`--peers`): llama.cpp's own server.
+"""The peers `python -m scripts.bench peers` compares the sidecar with: llama.cpp's own server.
 
     gguf_model  converts a generated onnxruntime-genai model folder into a GGUF file that
                 llama.cpp loads as Phi-3: the same int4 weights as Q4_0 blocks, the same

@@ -1,4 +1,4 @@
-"""The peer tables of `scripts/bench/hops.py --peers`: our sidecar against llama.cpp's server.
+"""The peer tables of `python -m scripts.bench peers`: our sidecar against llama.cpp's server.
 
 Every table is one interleaved run (sidecar, llama.cpp, sidecar, ...), both engines on the same
 model (the GGUF is a conversion of the ONNX model, scripts/bench/peers/gguf_model.py), the same

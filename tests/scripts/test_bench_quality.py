@@ -1,10 +1,11 @@
-"""scripts/bench/quality.py on generated models: a folder against itself agrees everywhere with the
-same perplexity; a folder that is not a model is refused; --kv-restore measures a conversation
-restored from the compact KV encodings, and --exact proves fp32's round trip lossless (the
-figures on the real model: tests/realmodel/test_realmodel_kv_restore.py)."""
+"""`python -m scripts.bench quality` on generated models: a folder against itself agrees everywhere
+with the same perplexity; a folder that is not a model is refused; --kv-restore measures a
+conversation restored from the compact KV encodings, and --exact proves fp32's round trip lossless
+(the figures on the real model: tests/realmodel/test_realmodel_kv_restore.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def quality(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "scripts.bench.quality", *args],
+        [sys.executable, "-m", "scripts.bench", "quality", *args, "--json", os.devnull],
         capture_output=True,
         text=True,
         timeout=300,

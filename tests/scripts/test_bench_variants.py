@@ -1,19 +1,24 @@
-"""scripts/bench/variants.py on the tiny shapes: the speed and drafts tables are printed
+"""`python -m scripts.bench variants` on the tiny shapes: the speed and drafts tables are printed
 with a row per variant and the KV bytes each variant really costs. No timing is asserted (this
 machine is noisy); the point is that the one-command tables keep working."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = ["-m", "scripts.bench.variants"]
+SCRIPT = ["-m", "scripts.bench", "variants"]
 
 
 def run(*args: str) -> str:
+    json_path = Path(args[args.index("--work-dir") + 1]) / "variants.json"
     result = subprocess.run(
-        [sys.executable, *SCRIPT, *args], capture_output=True, text=True, timeout=240
+        [sys.executable, *SCRIPT, *args, "--json", str(json_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
@@ -36,7 +41,9 @@ def test_speed_table_on_tiny_shapes(tmp_path: Path) -> None:
     fp32 = 2 * 2 * 4 * 16 * 4  # layers, K and V, KV heads, head size, fp32
     assert table["kv-int8"][kv_bytes] == f"{fp32 // 4:,} / {fp32:,}"
     assert table["block-64"][kv_bytes] == f"{fp32:,} / {fp32:,}"
-    assert sorted(p.name for p in work.iterdir()) == ["tiny-default"]  # variants deleted
+    assert sorted(p.name for p in work.iterdir()) == ["tiny-default", "variants.json"]
+    measured = json.loads((work / "variants.json").read_text())["rows"]
+    assert [row["variant"] for row in measured] == ["block-64", "kv-int8"]
 
 
 def test_drafts_table_on_tiny_shapes(tmp_path: Path) -> None:
@@ -50,7 +57,7 @@ def test_drafts_table_on_tiny_shapes(tmp_path: Path) -> None:
 
 def test_unknown_variants_are_refused() -> None:
     result = subprocess.run(
-        [sys.executable, *SCRIPT, "speed", "--variants", "block-512"],
+        [sys.executable, *SCRIPT, "speed", "--variants", "block-512", "--json", "unused.json"],
         capture_output=True,
         text=True,
         timeout=60,

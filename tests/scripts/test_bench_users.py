@@ -1,4 +1,5 @@
-"""scripts/bench/users.py runs end to end on the tiny model and reports every setting."""
+"""`python -m scripts.bench users` runs end to end on the tiny model and reports every
+setting."""
 
 from __future__ import annotations
 
@@ -11,17 +12,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bench_batch_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "results"
+    json_path = tmp_path / "users.json"
     args = ["--model", str(tiny_model_dir), "--users", "1,2", "--rows", "1,2", "--reps", "1"]
-    args += ["--joins", "2", "--new-tokens", "6", "--prompt-tokens", "24", "--out", str(out)]
+    args += ["--joins", "2", "--new-tokens", "6", "--prompt-tokens", "24", "--json", str(json_path)]
     result = subprocess.run(
-        [sys.executable, "-m", "scripts.bench.users", *args],
+        [sys.executable, "-m", "scripts.bench", "users", *args],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    (json_path,) = out.glob("bench-batch-*.json")
     data = json.loads(json_path.read_text())
     assert set(data["results"]) == {"1", "2"}
     for by_users in data["results"].values():
