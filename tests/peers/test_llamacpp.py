@@ -88,7 +88,7 @@ def test_generates_exactly_the_tokens_asked_for_greedily(engine: RawEngine, llam
     assert timings["prompt_n"] == len(ids) and timings["cache_n"] == 0  # cache_prompt off
     assert 0 < first.ttft_s <= first.total_s and first.decode_tps > 0
     assert second.tokens == 24
-    # The reply's text, for a caller that resends it (bench_users_turns.py): greedy, the same.
+    # The reply's text, for a caller that resends it (`users-turns`): greedy, the same.
     assert first.text and first.text == second.text
 
 

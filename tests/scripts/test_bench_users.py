@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_bench_batch_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_users_at_once_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     json_path = tmp_path / "users.json"
     args = ["--model", str(tiny_model_dir), "--users", "1,2", "--rows", "1,2", "--reps", "1"]
     args += ["--joins", "2", "--new-tokens", "6", "--prompt-tokens", "24", "--json", str(json_path)]
