@@ -6,7 +6,7 @@ servers that run the app (`chatapp.gunicorn_conf`, `python -m chatapp`) through 
 `WEB_CONCURRENCY` and `GUNICORN_CONNECTIONS` size gunicorn (`server_size`).
 
 Every variable, its default and what it means: `DESCRIPTIONS` below, and the page generated
-from it, docs/configuration.md (`python scripts/gen_docs.py`).
+from it, docs/configuration.md (`python -m scripts.gen_docs`).
 """
 
 from __future__ import annotations

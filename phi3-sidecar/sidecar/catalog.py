@@ -2,16 +2,16 @@
 `phi3-download --model NAME`): where each lives on the Hugging Face Hub, what its local folder
 is called, how big it is and under which licence. The one home of those names: the settings'
 defaults (MODEL_REPO_ID, MODEL_SUBFOLDER, MODEL_PATH), `phi3-download` and
-scripts/run_local.py read them here. Phi-3-mini-4k-instruct int4 CPU is the default.
+scripts/run/run_local.py read them here. Phi-3-mini-4k-instruct int4 CPU is the default.
 
 Every entry was checked against public sources, since this project's machines cannot reach the
-Hub: the repository and folder names, and the files listed with them, appear in the model cards
-or in published code that downloads them (`source` says which). Sizes are exact where they were
-measured (Phi-3-mini's weights file, which scripts/make_model.py reproduces byte for byte) and
-marked approximate otherwise (`size_exact`). No revision is pinned to a commit: none could be
-confirmed to hold every folder, so entries follow the repository's `main` branch. Llama 3.2,
-Qwen2.5 and Gemma publish no onnxruntime-genai folder that could be verified: convert them with
-scripts/export_model.py (docs/models.md).
+Hub: the repository and folder names, and the files listed with them, appear in the model cards or
+in published code that downloads them (`source` says which). Sizes are exact where they were
+measured (Phi-3-mini's weights file, which scripts/models/make_model.py reproduces byte for byte)
+and marked approximate otherwise (`size_exact`). No revision is pinned to a commit: none could be
+confirmed to hold every folder, so entries follow the repository's `main` branch. Llama 3.2, Qwen2.5
+and Gemma publish no onnxruntime-genai folder that could be verified: convert them with
+scripts/models/export_model.py (docs/models.md).
 """
 
 from __future__ import annotations

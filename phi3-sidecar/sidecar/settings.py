@@ -151,8 +151,8 @@ class Settings(BaseSettings):
         description="How idle conversations are kept in RAM and on disk, with batched decode: "
         "int8 (per token and head, 3.8x fewer bytes than fp32), fp16 (2x), fp32 (lossless); how "
         "close a chat continued from each stays to fp32: docs/benchmarks.md, 'Compact KV: "
-        "quality of a restored conversation' (scripts/quality.py --kv-restore). off: idle "
-        "conversations stay in their KV slot until dropped; no disk tier. "
+        "quality of a restored conversation' (python -m scripts.bench quality --kv-restore). "
+        "off: idle conversations stay in their KV slot until dropped; no disk tier. "
         "PROMPT_CACHE_EXACT=true keeps them in fp32 whatever this says.",
     )
     prompt_cache_dir: Path | None = Field(

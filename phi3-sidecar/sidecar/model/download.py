@@ -5,7 +5,7 @@ Used by the sidecar on first start (MODEL_DOWNLOAD=1) and as a command of its ow
     phi3-download [--model NAME] [--out DIR] [--repo-id ID --subfolder PATH] [--revision REV]
     phi3-download --list
 
-(also `python scripts/download_model.py` in a checkout). It prints the folder that holds
+(also `python -m scripts.models.download_model` in a checkout). It prints the folder that holds
 genai_config.json: the sidecar's MODEL_PATH.
 Every failure becomes a `DownloadError` whose message is one sentence a person can act on.
 The Hub client honours HF_TOKEN, HF_HOME and HF_ENDPOINT by itself; an interrupted download

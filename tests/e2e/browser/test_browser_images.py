@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import FilePayload, Page, expect
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.chatapp.image_files import (

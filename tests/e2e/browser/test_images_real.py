@@ -14,7 +14,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp.image_files import data_url, gradient_png, image_bytes, image_part
 from tests.e2e.browser.support import chat_request, reply, send
 from tests.e2e.browser.test_browser_images import (

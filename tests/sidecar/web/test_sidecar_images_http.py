@@ -20,8 +20,8 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from sidecar.web.images import url_chars
 from tests.sidecar.support import assert_error, metrics, predict, request_line
 from tests.sidecar.web.image_files import (

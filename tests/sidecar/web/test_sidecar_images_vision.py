@@ -22,8 +22,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from sidecar.model.vision import image_tokens
 from tests.sidecar.support import metrics, predict, request_line
 from tests.sidecar.web.image_files import chat_body, data_url, image_part, photo

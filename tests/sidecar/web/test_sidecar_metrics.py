@@ -8,7 +8,7 @@ import threading
 
 import httpx
 
-from scripts.services import Service
+from scripts.run.services import Service
 from tests.sidecar.support import metrics, predict, request_line
 
 MARKER = "gecko-marker-3307"

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import services
-from scripts.make_model import EOS_PROMPT, LONG_PROMPT
-from scripts.services import Service
+from scripts.models.make_model import EOS_PROMPT, LONG_PROMPT
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import assert_error, metrics, predict, request_line
 from tests.support.engines import RAISE, SECRET

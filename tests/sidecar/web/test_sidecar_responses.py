@@ -17,8 +17,8 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.support.engines import RAISE, SECRET
 
 QUESTION = "Tell me about the weather in Paris today."
