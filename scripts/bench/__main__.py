@@ -56,6 +56,8 @@ COMMANDS = (
             "perplexity); with --kv-restore, a chat restored from compact KV"),
     Command("guidance", "guidance", "what structured output costs and saves: forced tokens, "
             "a grammar's cost per decode step"),
+    Command("images", "images", "what an image costs on a vision model: its prompt tokens and "
+            "time to first word against text of as many tokens; CLIP's encoder estimated"),
     Command("slow-clients", "slow_clients", "/healthz and a chat while hundreds of idle and "
             "slow connections are held open"),
     Command("health-latency", "health_latency", "/healthz latency while the sidecar reads a "

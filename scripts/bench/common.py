@@ -19,7 +19,13 @@ from sidecar.model.folder import is_complete
 from sidecar.settings import Settings
 
 REPO = services.REPO
-PRESET_DIRS = {"phi3-mini": REPO / "models" / "generated-phi3-mini", "small": None, "tiny": None}
+PRESET_DIRS = {
+    "phi3-mini": REPO / "models" / "generated-phi3-mini",
+    "phi3-mini-vision": REPO / "models" / "generated-phi3-mini-vision",
+    "small": None,
+    "tiny": None,
+    "tiny-vision": None,
+}
 
 
 class BadArguments(Exception):

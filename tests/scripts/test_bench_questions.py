@@ -1,7 +1,8 @@
 """The smaller questions of `python -m scripts.bench` end to end on the tiny model, each through
 the command line: it prints its table and writes its JSON (with the CPU and the date). No timing
-is asserted; counts are. (hops, peers, users, users-turns, variants, quality and guidance have
-test files of their own; container-start needs podman images and kv-memory root.)"""
+is asserted; counts are. (images runs on the tiny vision model; hops, peers, users,
+users-turns, variants, quality and guidance have test files of their own; container-start
+needs podman images and kv-memory root.)"""
 
 from __future__ import annotations
 
@@ -66,3 +67,18 @@ def test_tracing_measures_three_pairs(tiny_model_dir: Path, tmp_path: Path) -> N
     assert list(data["pairs"]) == ["off", "on", "off-again"]
     assert all(pair["web_cpu_ms_per_chat"] > 0 for pair in data["pairs"].values())
     assert "| on |" in printed
+
+
+def test_images_counts_each_image_as_the_formula_does(
+    tiny_vision_model_dir: Path, tmp_path: Path
+) -> None:
+    data, printed = ask(
+        "images", tmp_path, "--model", str(tiny_vision_model_dir), "--reps", "1",
+        "--sizes", "336x336,640x480",
+    )  # fmt: skip
+    rows = data["rows"]
+    assert [row["size"] for row in rows] == ["336x336", "640x480"]
+    # what the sidecar reports (the processor's count) is the formula's
+    assert all(row["image_tokens"] == row["formula_tokens"] > 1000 for row in rows)
+    assert all(row["prompt_tokens"] > row["image_tokens"] for row in rows)
+    assert data["clip_encoder_estimate_s"] > 0 and "CLIP ViT-L/14" in printed

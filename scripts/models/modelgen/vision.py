@@ -31,10 +31,17 @@ from onnx import TensorProto, helper
 from scripts.models.modelgen.config import Shape, dump_json, genai_config
 from scripts.models.modelgen.graph import build_graph
 from scripts.models.modelgen.tokenizer import write_tokenizer
+from scripts.models.modelgen.vocab import PHI3_VOCAB
 from scripts.models.modelgen.weights import DataFile
 
-# The tiny preset's decoder and tokenizer; a longer context: an image is 1,900 to 2,700 tokens
-VISION_PRESETS = {"tiny-vision": Shape(64, 2, 4, 4, 128, 1024, 16384)}
+# The tiny preset's decoder and tokenizer; a longer context: an image is 1,900 to 2,700 tokens.
+# phi3-mini-vision: Phi-3.5-vision's text decoder (Phi-3-mini's shapes, its 394 MB fp32
+# embedding table) with the cheap vision graph below, for what an image costs the decoder
+# (`python -m scripts.bench images`).
+VISION_PRESETS = {
+    "tiny-vision": Shape(64, 2, 4, 4, 128, 1024, 16384),
+    "phi3-mini-vision": Shape(3072, 32, 32, 32, 8192, PHI3_VOCAB, 8192),
+}
 
 # The published Phi-3.5-vision-instruct ONNX folder's file names
 DECODER = "phi-3.5-v-instruct-text.onnx"
