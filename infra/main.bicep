@@ -3,7 +3,7 @@
 // images live in a private Azure Container Registry and are pulled with a user-assigned managed
 // identity (AcrPull role): no registry passwords anywhere.
 //
-// Deployed by `azd up` (azure.yaml) or scripts/deploy.sh (az CLI). See docs/deploy.md.
+// Deployed by `azd up` (azure.yaml) or infra/deploy.sh (az CLI). See docs/deploy.md.
 targetScope = 'resourceGroup'
 
 @description('Name of this deployment environment (azd sets it); prefixes the resource names.')

@@ -1,7 +1,7 @@
 """Write the reference tables of docs/ from the code that decides them.
 
-    python scripts/gen_docs.py           # rewrite the generated parts (or: make docs)
-    python scripts/gen_docs.py --check   # exit 1 naming each stale page, change nothing
+    python -m scripts.gen_docs           # rewrite the generated parts (or: make docs)
+    python -m scripts.gen_docs --check   # exit 1 naming each stale page, change nothing
 
 A generated part sits between two markers in a page, so the prose around it is edited by hand:
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND = "python scripts/gen_docs.py (or: make docs)"
+COMMAND = "python -m scripts.gen_docs (or: make docs)"
 
 
 def _cell(text: object) -> str:

@@ -12,9 +12,9 @@ exact versions, the built browser file and the licences only:
 `static/vendor/manifest.json` pins each package (name, version, the npm tarball's integrity) and
 every copied file (its path in the package, its path here, its sha256).
 
-    python scripts/vendor_static.py                      # check the files (no network)
-    python scripts/vendor_static.py --update             # fetch the pinned versions again
-    python scripts/vendor_static.py --update --set marked=18.3.0   # move a package
+    python -m scripts.vendor_static                      # check the files (no network)
+    python -m scripts.vendor_static --update             # fetch the pinned versions again
+    python -m scripts.vendor_static --update --set marked=18.3.0   # move a package
 
 `--update` downloads each package with `npm pack NAME@VERSION` (npm's own registry settings
 apply), refuses a tarball whose integrity differs from the manifest's for an unchanged version,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
+from scripts.run import services
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,8 @@ def build_model(preset: str, out: Path, *extra: str) -> Path:
     subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "make_model.py"),
+            "-m",
+            "scripts.models.make_model",
             "--preset",
             preset,
             "--out",
@@ -78,7 +79,7 @@ def generator_sidecar_service(
 SLOW_TESTS = (
     "tests/e2e/",
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
-    "tests/scripts/test_bench.py",  # the benchmark, end to end
+    "tests/scripts/test_bench_hops.py",  # the hops benchmark, end to end
     "tests/scripts/test_bench_users_turns.py",  # four sidecars, one after another
     "tests/scripts/test_export_model.py",  # onnxruntime-genai's builder
     "tests/infra/test_deploy_script.py",  # the deploy script against fake az/docker

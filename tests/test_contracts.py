@@ -126,6 +126,10 @@ def test_the_app_never_sends_more_than_the_sidecar_accepts() -> None:
         <= Settings.model_fields["max_body_bytes"].default
     )
     assert app_settings.DEFAULTS["MAX_MESSAGES"] <= sidecar_messages.MAX_MESSAGES
+    # Images: the page checks the app's limits; an image they let through the sidecar takes
+    assert app_settings.DEFAULTS["MAX_IMAGES"] <= Settings.model_fields["max_images"].default
+    sidecar_bytes = Settings.model_fields["max_image_bytes"].default
+    assert app_settings.DEFAULTS["MAX_IMAGE_BYTES"] <= sidecar_bytes
 
 
 TRACING_VARIABLES = (

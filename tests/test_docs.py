@@ -70,6 +70,40 @@ def test_every_relative_link_leads_to_a_file() -> None:
             assert (page.parent / target).exists(), f"{page.relative_to(REPO)}: {target}"
 
 
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped, spaces
+    as hyphens, a repeated one numbered."""
+    seen: dict[str, int] = {}
+    found = set()
+    fenced = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        fenced = fenced != line.startswith("```")
+        if fenced or not line.startswith("#"):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_every_link_to_a_section_finds_it() -> None:
+    """Headings move (docs/benchmarks.md is rewritten as measurements are); links follow."""
+    link = re.compile(r"\]\(([^)\s#]*)#([^)\s]+)\)")
+    for page in PAGES:
+        for target, anchor in link.findall(page.read_text(encoding="utf-8")):
+            if "://" in target or (target and not target.endswith(".md")):
+                continue
+            linked = (page.parent / target) if target else page
+            assert anchor in anchors(linked), f"{page.relative_to(REPO)}: {target}#{anchor}"
+
+
+def test_anchors_are_github_s() -> None:
+    page = REPO / "docs" / "benchmarks.md"
+    assert "users-how-fast-is-it-with-n-users-at-once" in anchors(page)
+    assert "batched-decode-decode_batch_rows-2026-11-24" in anchors(page)
+    assert "against-llamacpp-before-batched-decode-2026-11-23" in anchors(page)
+
+
 def test_every_measured_table_names_its_cpu() -> None:
     """In docs/benchmarks.md, the paragraph above each table (or its header) names the CPU:
     a figure, and above all a ratio against llama.cpp, holds for that CPU only."""

@@ -4,6 +4,8 @@
   each other; they meet in sidecar/ipc.py.
 - The two services never import each other: they ship as separate images.
 - No code edits sys.path: the services and scripts/ are installed packages.
+- scripts/ is grouped by job (models/, bench/, run/), each group's README naming its files;
+  only the repo-keeping commands stay at its top.
 """
 
 from __future__ import annotations
@@ -77,6 +79,30 @@ def test_nothing_edits_sys_path() -> None:
         if "sys.path." in path.read_text(encoding="utf-8")
     ]
     assert offenders == []
+
+
+SCRIPTS = REPO / "scripts"
+
+
+def test_scripts_top_level_holds_only_the_groups_and_the_repo_keeping_commands() -> None:
+    files = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file())
+    assert files == ["README.md", "__init__.py", "gen_docs.py", "vendor_static.py"]
+    groups = sorted(p.name for p in SCRIPTS.iterdir() if (p / "__init__.py").is_file())
+    assert groups == ["bench", "models", "run"]
+
+
+@pytest.mark.parametrize("group", ["bench", "models", "run"])
+def test_each_group_s_readme_names_every_file_in_it(group: str) -> None:
+    folder = SCRIPTS / group
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    for path in folder.iterdir():
+        if path.name in ("README.md", "__init__.py", "__pycache__"):
+            continue
+        # A command by its module (python -m scripts.models.make_model) or file name; a
+        # library package by its folder.
+        names = (path.name, f"scripts.{group}.{path.stem}", f"{path.name}/")
+        assert any(name in readme for name in names), f"scripts/{group}/README.md: {path.name}"
+    assert f"]({group}/README.md)" in (SCRIPTS / "README.md").read_text(encoding="utf-8")
 
 
 def test_building_the_web_app_loads_no_model_code(tmp_path: Path) -> None:

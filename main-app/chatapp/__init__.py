@@ -23,10 +23,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # patched the standard library (sockets, ssl, threads).
     from flask import Flask
 
-    from chatapp import errors, health, metrics, pages, relay, settings
+    from chatapp import errors, health, images, metrics, pages, relay, settings
     from chatapp.body_deadline import BodyDeadline
     from chatapp.host import LowerCaseHost
     from chatapp.telemetry import Telemetry
+    from chatapp.uploads import LargeBodies
 
     app = Flask(__name__)
     # "//" in a path is a 404, not a redirect: Werkzeug would redirect to a URL built from the
@@ -38,9 +39,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config.from_mapping(test_config)
 
     app.extensions["upstream"] = _make_upstream(app.config)
-    # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py).
+    # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py); one with
+    # images may be larger than a text's (images.py), a few at once (uploads.py).
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
-        app.wsgi_app, app.config["REQUEST_BODY_TIMEOUT"], app.config["MAX_CONTENT_LENGTH"]
+        app.wsgi_app, app.config["REQUEST_BODY_TIMEOUT"], images.body_limit(app.config)
+    )
+    app.wsgi_app = LargeBodies(  # type: ignore[method-assign]
+        app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], app.config["MAX_IMAGE_CHATS"]
     )
     app.wsgi_app = LowerCaseHost(app.wsgi_app)  # type: ignore[method-assign]
     # /metrics, and traces when a destination is configured (chatapp/telemetry.py).

@@ -7,11 +7,10 @@ threaded worker, a client that sent half a request's headers held a thread until
 deadline of `keepalive` seconds (REQUEST_HEADERS_TIMEOUT), so a client that stalls, or sends a
 byte a second, is closed after that; its body is read under REQUEST_BODY_TIMEOUT
 (chatapp/body_deadline.py), so a stalled or endless body is answered 408 and closed
-(scripts/measure_slow_clients.py; docs/benchmarks.md, "Slow clients"). Past worker_connections
-a worker stops accepting until one of its connections closes, and the soft open-files limit is
-raised to the hard one at start (chatapp/open_files.py). HOST, PORT, LOG_LEVEL,
-WEB_CONCURRENCY, GUNICORN_CONNECTIONS and REQUEST_HEADERS_TIMEOUT are parsed by
-`chatapp.settings`.
+(`python -m scripts.bench slow-clients`; docs/benchmarks.md, "Slow clients"). Past
+worker_connections a worker stops accepting until one of its connections closes, and the soft
+open-files limit is raised to the hard one at start (chatapp/open_files.py). HOST, PORT, LOG_LEVEL,
+WEB_CONCURRENCY, GUNICORN_CONNECTIONS and REQUEST_HEADERS_TIMEOUT are parsed by `chatapp.settings`.
 """
 
 import logging

@@ -3,8 +3,10 @@
 
 `/healthz` body: `{"status": "ok", "model": str | null, "sidecar": {"reachable": bool, "ready":
 bool, "error"?: "upstream_unauthorized", "detail"?: {"ready", "phase", "phase_seconds",
-"model"}}}` (`error`: the model service refuses this app's key, so no chat can work: not ready,
-phase `failed`, though its own open /readyz says ready); `detail` is the part of the
+"model", "image_input"?}}}` (`error`: the model service refuses this app's key, so no chat
+can work: not ready, phase `failed`, though its own open /readyz says ready; `image_input`:
+true or false when the model service says whether its model reads images, absent when it does
+not say, and the page then offers images anyway); `detail` is the part of the
 sidecar's own `/readyz` JSON that a browser may see (its load phase and the model's name; not
 the reason text, which can name folders and library errors: that stays in the sidecar's log
 and its own /readyz). Always 200 while the app runs: the page polls it to show "model loading"
@@ -38,7 +40,9 @@ def _model_name(sidecar: dict[str, Any]) -> str | None:
     return name.strip()[:100]
 
 
-PUBLIC_DETAIL = ("ready", "phase", "phase_seconds", "model")
+# image_input: whether the model reads images (the sidecar's /readyz once ready; an OpenAI
+# server's model list when it says `input_modalities`); absent: unknown.
+PUBLIC_DETAIL = ("ready", "phase", "phase_seconds", "model", "image_input")
 
 
 @bp.get("/healthz")
@@ -46,7 +50,10 @@ def healthz() -> Response:
     sidecar = current_app.extensions["upstream"].readiness()
     detail = sidecar.get("detail")
     if isinstance(detail, dict):
-        sidecar["detail"] = {key: detail[key] for key in PUBLIC_DETAIL if key in detail}
+        public = {key: detail[key] for key in PUBLIC_DETAIL if key in detail}
+        if not isinstance(public.get("image_input", False), bool):
+            del public["image_input"]  # only a yes or a no means anything to the page
+        sidecar["detail"] = public
     response = jsonify({"status": "ok", "model": _model_name(sidecar), "sidecar": sidecar})
     response.headers["Cache-Control"] = "no-store"
     return response

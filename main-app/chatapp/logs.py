@@ -5,8 +5,9 @@ then the fields passed as `extra={"fields": {...}}`; the sidecar's lines have th
 (phi3-sidecar/sidecar/jsonlog.py). Each chat gets a request id: the browser's `X-Request-Id` when
 it is a sane token (the sidecar's rule), else a new one. The app sends it to the sidecar and
 back to the browser, and logs one `chatapp.request` line when the chat ends (`ChatRecord`).
-Message and reply text are never logged, nor an exception's message (it may quote them): a
-traceback shows each exception's type and frames (without_messages, as the sidecar's).
+Message and reply text are never logged, nor images (the line counts them), nor an exception's
+message (it may quote them): a traceback shows each exception's type and frames
+(without_messages, as the sidecar's).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class ChatRecord:
 
     request_id: str
     messages: int | None = None
+    images: int | None = None  # how many the chat carried (never their bytes)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reason: str | None = None
@@ -136,6 +138,7 @@ class ChatRecord:
             "status": status,
             "outcome": outcome,
             "messages": self.messages,
+            "images": self.images,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "finish_reason": self.finish_reason,

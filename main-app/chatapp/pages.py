@@ -2,7 +2,8 @@
 
 The page's script (`static/chat.js` and the modules it imports) renders replies as Markdown
 with the libraries vendored under `static/vendor/` (see `scripts/vendor_static.py`), always
-through an allow-list sanitiser, and keeps chats and settings in the browser's localStorage.
+through an allow-list sanitiser, and keeps chats and settings in the browser's localStorage
+(the images of a chat in its IndexedDB, `static/image-store.js`).
 
 Every response also gets headers that keep a browser from doing anything the page does not
 need: the page loads only its own script, style and icon, and model output that somehow ended
@@ -20,7 +21,9 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "default-src 'none'",
         "script-src 'self'",
         "style-src 'self'",
-        "img-src 'self'",
+        # blob: the images a person attaches, shown from memory (static/images.js); the
+        # Markdown sanitiser lets no image into a reply whatever this allows.
+        "img-src 'self' blob:",
         "connect-src 'self'",
         "base-uri 'none'",
         "form-action 'none'",
@@ -36,6 +39,8 @@ def index() -> str:
         max_request_bytes=current_app.config["MAX_CONTENT_LENGTH"],
         max_messages=current_app.config["MAX_MESSAGES"],
         max_new_tokens_limit=current_app.config["MAX_NEW_TOKENS_LIMIT"],
+        max_image_bytes=current_app.config["MAX_IMAGE_BYTES"],
+        max_images=current_app.config["MAX_IMAGES"],
     )
 
 

@@ -22,15 +22,16 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from flask import Blueprint, Response, current_app, g, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from chatapp import errors, wire
+from chatapp import errors, images, wire
 from chatapp.body_deadline import LATE
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
 from chatapp.pending import PendingReply
 from chatapp.telemetry import Telemetry
-from chatapp.upstream import Broken, Done, Refused, ReplyStream, Upstream
+from chatapp.uploads import FULL
+from chatapp.upstream import DEFAULT_RETRY_AFTER, Broken, Done, Refused, ReplyStream, Upstream
 
 bp = Blueprint("relay", __name__)
 log = logging.getLogger(__name__)
@@ -169,6 +170,8 @@ def _open_record() -> None:
         return
     rid = request_id(request.headers.get("X-Request-Id"))
     g.chat = ChatRecord(rid, observer=_telemetry().chat_observer(rid))  # telemetry: the end
+    # Room for images; the text keeps MAX_REQUEST_BYTES (chat() counts it, images.py).
+    request.max_content_length = images.body_limit(current_app.config)
 
 
 @bp.after_request
@@ -184,8 +187,18 @@ def _tag_and_log_refusal(response: Response) -> Response:
     return response
 
 
-def _json_body() -> Any:
-    """The request's JSON; every way it can be wrong is a 400 in the envelope, never a 500."""
+def _json_body(text_limit: int) -> Any:
+    """The request's JSON; every way it can be wrong is a 400 in the envelope, never a 500.
+    A body whose text (less its image URLs) is over `text_limit` bytes is a 413."""
+    if request.environ.get(FULL):  # uploads.py: as many chats with images as it takes
+        seconds = DEFAULT_RETRY_AFTER
+        raise ApiError(
+            "busy",
+            f"The chat app is relaying as many chats with images as it takes; trying again "
+            f"in {seconds} s.",
+            status=503,
+            retry_after=seconds,
+        )
     late = request.environ.get(LATE)
     if late is not None:  # body_deadline.py: the body stalled
         message = f"The request did not arrive within {late:g} seconds."
@@ -199,7 +212,7 @@ def _json_body() -> Any:
             "invalid_request", "The request body could not be read.", status=400
         ) from None
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except RecursionError:
         raise ApiError(
             "invalid_request", "The request's JSON is nested too deeply.", status=400
@@ -208,6 +221,9 @@ def _json_body() -> Any:
         raise ApiError(
             "invalid_request", "The request body is not valid JSON.", status=400
         ) from None
+    if images.text_bytes(len(raw), body) > text_limit:
+        raise RequestEntityTooLarge()  # Flask's own 413, as for a body over the whole bound
+    return body
 
 
 @bp.post("/chat")
@@ -219,10 +235,17 @@ def chat() -> Response:
             "Send the conversation as JSON (Content-Type: application/json).",
             status=415,
         )
-    body = _json_body()
     config = current_app.config
-    payload = wire.parse_chat_request(body, config["MAX_MESSAGES"], config["MAX_NEW_TOKENS_LIMIT"])
+    body = _json_body(config["MAX_CONTENT_LENGTH"])
+    payload = wire.parse_chat_request(
+        body,
+        config["MAX_MESSAGES"],
+        config["MAX_NEW_TOKENS_LIMIT"],
+        max_images=config["MAX_IMAGES"],
+        max_image_bytes=config["MAX_IMAGE_BYTES"],
+    )
     record.messages = len(payload["messages"])
+    record.images = images.count(payload["messages"]) or None
     default = config["MAX_NEW_TOKENS"]
     if "max_new_tokens" not in payload and default:
         # The app's default never undercuts a minimum the request asked for.

@@ -6,7 +6,7 @@ servers that run the app (`chatapp.gunicorn_conf`, `python -m chatapp`) through 
 `WEB_CONCURRENCY` and `GUNICORN_CONNECTIONS` size gunicorn (`server_size`).
 
 Every variable, its default and what it means: `DESCRIPTIONS` below, and the page generated
-from it, docs/configuration.md (`python scripts/gen_docs.py`).
+from it, docs/configuration.md (`python -m scripts.gen_docs`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ DEFAULTS: dict[str, Any] = {
     # Flask's own name; the environment says MAX_REQUEST_BYTES. The sidecar's default limit.
     "MAX_CONTENT_LENGTH": 64 * 1024,
     "REQUEST_BODY_TIMEOUT": 10.0,
+    # The sidecar's MAX_IMAGE_BYTES and MAX_IMAGES (chatapp/images.py).
+    "MAX_IMAGE_BYTES": 5 * 1024 * 1024,
+    "MAX_IMAGES": 4,
+    "MAX_IMAGE_CHATS": 4,
     "MAX_MESSAGES": 200,
     "MAX_NEW_TOKENS": None,
     "MAX_NEW_TOKENS_LIMIT": 4096,
@@ -79,9 +83,23 @@ DESCRIPTIONS: dict[str, str] = {
     "one after it is the stream's last line (`chatapp.pending`).",
     "HEARTBEAT_INTERVAL": "Seconds of sidecar silence after which the relay writes a "
     '`{"ping": true}` line, so that a browser that went away is noticed quickly.',
-    "MAX_REQUEST_BYTES": "The largest accepted `POST /chat` body, else 413. Keep it at most the "
-    "sidecar's `MAX_BODY_BYTES` (same default). The page drops the oldest turns of a long "
-    "conversation to stay under it (the sidecar would leave them out of the context anyway).",
+    "MAX_REQUEST_BYTES": "The largest accepted `POST /chat` body, else 413; a body with images "
+    "may be larger by its images' data URLs alone (`MAX_IMAGE_BYTES`, `MAX_IMAGES`). Keep it at "
+    "most the sidecar's `MAX_BODY_BYTES` (same default). The page drops the oldest turns of a "
+    "long conversation to stay under it (the sidecar would leave them out of the context "
+    "anyway).",
+    "MAX_IMAGE_BYTES": "The largest image file a chat may carry, in bytes (after base64), else "
+    "413; the page makes a larger one smaller before it sends it (at most 1344 x 1344 pixels' "
+    "worth). Keep it at most the sidecar's `MAX_IMAGE_BYTES` (same default).",
+    "MAX_IMAGES": "The most images in one `POST /chat` (the whole conversation), else 413; the "
+    "page leaves the oldest turns out to stay under it. 0: the app takes no image and the "
+    "page offers none. Keep it at most the sidecar's `MAX_IMAGES` (same default). The "
+    "largest body `POST /chat` then reads is `MAX_REQUEST_BYTES` plus this many images in "
+    "base64 (about 28 MiB by default).",
+    "MAX_IMAGE_CHATS": "Chats with images (a body larger than `MAX_REQUEST_BYTES`) each app "
+    "process relays at once, each holding its body in memory until its reply ends; one more "
+    "is answered 503 `busy` with `Retry-After` without being read (the page waits and sends "
+    "it again). Text-only chats are not counted.",
     "REQUEST_BODY_TIMEOUT": "Seconds a client has to send a request's whole body, from the end "
     "of its headers; then `POST /chat` answers 408 `request_timeout` and the connection is "
     "closed, so a stalled or endless body cannot hold a socket (`chatapp.body_deadline`; under "
@@ -163,6 +181,17 @@ def _positive_int(name: str, raw: str) -> int:
     return value
 
 
+def _whole(name: str, raw: str) -> int:
+    """whole number, >= 0"""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 0:
+        raise SettingsError(f"{name} must be at least 0, got {raw!r}")
+    return value
+
+
 def _log_level(name: str, raw: str) -> str:
     """one of LOG_LEVELS"""
     level = raw.strip().lower()
@@ -228,6 +257,9 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "QUEUED_STREAM_AFTER": ("QUEUED_STREAM_AFTER", _positive_float),
     "MAX_REQUEST_BYTES": ("MAX_CONTENT_LENGTH", _positive_int),
     "REQUEST_BODY_TIMEOUT": ("REQUEST_BODY_TIMEOUT", _positive_float),
+    "MAX_IMAGE_BYTES": ("MAX_IMAGE_BYTES", _positive_int),
+    "MAX_IMAGES": ("MAX_IMAGES", _whole),
+    "MAX_IMAGE_CHATS": ("MAX_IMAGE_CHATS", _positive_int),
     "MAX_MESSAGES": ("MAX_MESSAGES", _positive_int),
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
     "MAX_NEW_TOKENS_LIMIT": ("MAX_NEW_TOKENS_LIMIT", _positive_int),

@@ -20,6 +20,10 @@ difference as it comes:
   counts as ready when `UPSTREAM_MODEL` names the model.
 - The conversation's `cache_scope` goes as `prompt_cache_key` (our sidecar's cache scope; other
   servers ignore it); `min_new_tokens` has no OpenAI equivalent and is left out.
+- Messages go as the app checked them: a message with images as its content parts
+  (`image_url` with a `data:` URL, OpenAI's own format), unchanged. Whether the model reads
+  images is known only when the model list's entry says `input_modalities` (our sidecar's
+  does); otherwise the page offers images and the server's 400 shows as the chat's error.
 """
 
 from __future__ import annotations
@@ -128,6 +132,9 @@ class OpenAIUpstream:
         detail: dict[str, Any] = {"ready": ready, "phase": phase}
         if ready:
             detail["model"] = self._configured or self._discovered
+            image_input = _image_input(body, detail["model"])
+            if image_input is not None:
+                detail["image_input"] = image_input
         return {"reachable": True, "ready": ready, "detail": detail}
 
     def _first_model(self) -> str | None:
@@ -169,6 +176,19 @@ def _model_ids(body: Any) -> list[str]:
     if not isinstance(data, list):
         return []
     return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def _image_input(body: Any, model: str | None) -> bool | None:
+    """Whether the model list says `model` reads images (its entry's `input_modalities`, as
+    our sidecar's /v1/models gives it); None: it does not say (most servers), so the page
+    offers images and the server's own refusal shows."""
+    data = body.get("data") if isinstance(body, dict) else None
+    for entry in data if isinstance(data, list) else ():
+        if isinstance(entry, dict) and entry.get("id") == model:
+            modalities = entry.get("input_modalities")
+            if isinstance(modalities, list):
+                return "image" in modalities
+    return None
 
 
 def events(response: requests.Response) -> Iterator[Event]:

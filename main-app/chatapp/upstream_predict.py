@@ -6,6 +6,11 @@ that answers `text/plain` (before it had events) still works: its chunks are the
 decoded incrementally so a character split across chunks stays whole, and the end of the stream
 is the end of the reply, without a finish reason. Refusals are the sidecar's envelope
 (`{"error": {"message", "type", "phase"?}}`, phi3-sidecar/sidecar/web/errors.py).
+
+A message with images goes as its list of content parts (`text` and `image_url` with a `data:`
+URL), which `/predict` takes as `/v1/chat/completions` does; a text-only one as its string, as
+before. The sidecar's `/readyz` says `image_input` once its model is loaded (chatapp/health.py
+lets the page see it).
 """
 
 from __future__ import annotations

@@ -6,9 +6,19 @@ Request
 
     {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
 
-The last message is the user's new turn. Only the first message may be a system message;
-system and user messages must not be blank, nor contain control characters other than tab,
-newline and carriage return (nor lone surrogates). In assistant messages, the replies the page
+The last message is the user's new turn. A user message's `content` may instead be a list of
+OpenAI's content parts, to carry images: `{"type": "text", "text": "..."}` and
+`{"type": "image_url", "image_url": {"url": "data:image/png;base64,...", "detail"?: "auto"}}`
+(a PNG, JPEG, WEBP or GIF file as a `data:` URL; never a web address: the app fetches
+nothing). A request holds at most `MAX_IMAGES` images, each at most `MAX_IMAGE_BYTES`, and
+its text (the body less its image URLs) at most `MAX_REQUEST_BYTES` (`chatapp.images`). A
+user message with an image may have no text. Parts go on in their order (the page puts the
+images first, Phi-3-vision's own convention); a message without images goes on as one string
+(text parts joined a part per line, as the sidecar reads them).
+
+Only the first message may be a system message; system and user messages must not be blank,
+nor contain control characters other than tab, newline and carriage return (nor lone
+surrogates). In assistant messages, the replies the page
 sends back, such characters are made visible instead (`visible`, below), as the text of every
 reply already is: a chat that holds one from before (stored by an older app) goes on.
 Optional: `"max_new_tokens"` (a positive integer), `"min_new_tokens"` (a whole number, at most
@@ -43,6 +53,11 @@ type: chatapp/pending.py.) The types:
 - `context_overflow` (413): the newest message does not fit in the model's context.
 - `payload_too_large` (413), `invalid_request` (400), `unsupported_media_type` (415): the
   request itself is wrong (too big, malformed, not JSON).
+- `invalid_image` (400): an image part is not a `data:` URL of a PNG, JPEG, WEBP or GIF file
+  (a web address, another type, bad base64, bytes that are not the type it names), or is in
+  a system or assistant message; too large an image, or too many, is `payload_too_large`. The
+  model service's own refusal of an image (it decodes them; a model that reads text only
+  refuses any) is `invalid_request` with its sentence.
 - `upstream_timeout` (504): the model service did not start answering in time.
 - `restarting` (503 + `Retry-After`): the model service is replacing a model worker that died or
   stopped answering; try again after that many seconds.
@@ -99,6 +114,7 @@ import re
 import secrets
 from typing import Any
 
+from chatapp import images
 from chatapp.errors import ApiError
 
 MIMETYPE = "application/x-ndjson"
@@ -143,11 +159,63 @@ def _invalid(message: str) -> ApiError:
     return ApiError("invalid_request", message, status=400)
 
 
+def _content(
+    content: Any, number: int, role: str, image_limits: tuple[int, int], seen: int
+) -> tuple[str | list[dict[str, Any]], int]:
+    """A message's content, checked: a string, or (with images) its list of parts; and the
+    number of images in it. `image_limits` is (MAX_IMAGES, MAX_IMAGE_BYTES); `seen` the
+    images of the messages before."""
+    if isinstance(content, str):
+        return content, 0
+    if not isinstance(content, list) or not content:
+        raise _invalid(f"Message {number} must have a text content.")
+    parts: list[dict[str, Any]] = []
+    found = 0
+    max_images, max_bytes = image_limits
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            found += 1
+            where = f"Image {found} of message {number}"
+            if role != "user":
+                raise images.invalid(f"{where}: only your own messages may hold images.")
+            if max_images == 0:
+                raise images.invalid("This chat app does not take images.")
+            if seen + found > max_images:
+                raise ApiError(
+                    "payload_too_large",
+                    f"The conversation has more than {max_images} images; start a new chat.",
+                    status=413,
+                )
+            parts.append(images.check_image(part, where, max_bytes))
+        else:
+            raise _invalid(
+                f"Message {number} has a content part that is neither text nor an image_url."
+            )
+    if not found:  # text parts alone: one string, one part per line (as the sidecar reads them)
+        return "\n".join(part["text"] for part in parts), 0
+    return parts, found
+
+
+def _text_of(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content if part["type"] == "text")
+
+
 def parse_chat_request(
-    body: Any, max_messages: int, max_new_tokens_limit: int | None = None
+    body: Any,
+    max_messages: int,
+    max_new_tokens_limit: int | None = None,
+    *,
+    max_images: int = 0,
+    max_image_bytes: int = 0,
 ) -> dict[str, Any]:
     """Check a decoded `POST /chat` body; returns the request in /predict's terms (a
-    `conversation_id` becomes its `cache_scope`), which upstream_openai.py maps to OpenAI's."""
+    `conversation_id` becomes its `cache_scope`), which upstream_openai.py maps to OpenAI's.
+    `max_images` and `max_image_bytes` bound its images (none by default)."""
     if not isinstance(body, dict):
         raise _invalid("The request must be a JSON object with a list of messages.")
     messages = body.get("messages")
@@ -160,23 +228,25 @@ def parse_chat_request(
             status=413,
         )
     clean = []
+    seen = 0
     for number, message in enumerate(messages, start=1):
         if not isinstance(message, dict):
             raise _invalid(f"Message {number} must be an object with a role and a content.")
-        role, content = message.get("role"), message.get("content")
+        role, raw = message.get("role"), message.get("content")
         if role not in ROLES:
             raise _invalid(f"Message {number} has no valid role (system, user or assistant).")
         if role == "system" and number > 1:
             raise _invalid("Only the first message may be a system message.")
-        if not isinstance(content, str):
-            raise _invalid(f"Message {number} must have a text content.")
-        if role != "assistant" and not content.strip():
+        content, found = _content(raw, number, role, (max_images, max_image_bytes), seen)
+        seen += found
+        text = _text_of(content)
+        if role != "assistant" and not text.strip() and not found:
             raise _invalid(f"Message {number} is empty.")
         if role == "assistant":
             # A reply the page sends back: made visible as the app shows replies, not refused,
             # since nobody can edit it (the model service still refuses them in any turn).
-            content = visible(content)
-        elif FORBIDDEN_CHARS.search(content):
+            content = visible(text)
+        elif FORBIDDEN_CHARS.search(text):
             raise _invalid(f"Message {number} contains control characters; remove them.")
         clean.append({"role": role, "content": content})
     if clean[-1]["role"] != "user":

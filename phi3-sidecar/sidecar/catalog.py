@@ -2,16 +2,16 @@
 `phi3-download --model NAME`): where each lives on the Hugging Face Hub, what its local folder
 is called, how big it is and under which licence. The one home of those names: the settings'
 defaults (MODEL_REPO_ID, MODEL_SUBFOLDER, MODEL_PATH), `phi3-download` and
-scripts/run_local.py read them here. Phi-3-mini-4k-instruct int4 CPU is the default.
+scripts/run/run_local.py read them here. Phi-3-mini-4k-instruct int4 CPU is the default.
 
 Every entry was checked against public sources, since this project's machines cannot reach the
-Hub: the repository and folder names, and the files listed with them, appear in the model cards
-or in published code that downloads them (`source` says which). Sizes are exact where they were
-measured (Phi-3-mini's weights file, which scripts/make_model.py reproduces byte for byte) and
-marked approximate otherwise (`size_exact`). No revision is pinned to a commit: none could be
-confirmed to hold every folder, so entries follow the repository's `main` branch. Llama 3.2,
-Qwen2.5 and Gemma publish no onnxruntime-genai folder that could be verified: convert them with
-scripts/export_model.py (docs/models.md).
+Hub: the repository and folder names, and the files listed with them, appear in the model cards or
+in published code that downloads them (`source` says which). Sizes are exact where they were
+measured (Phi-3-mini's weights file, which scripts/models/make_model.py reproduces byte for byte)
+and marked approximate otherwise (`size_exact`). No revision is pinned to a commit: none could be
+confirmed to hold every folder, so entries follow the repository's `main` branch. Llama 3.2, Qwen2.5
+and Gemma publish no onnxruntime-genai folder that could be verified: convert them with
+scripts/models/export_model.py (docs/models.md).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class CatalogEntry:
     files: tuple[str, ...]  # files known to be in the folder (not necessarily all of them)
     source: str  # where the names were verified
     revision: str = "main"
+    images: bool = False  # the folder reads images too (a vision model type: docs/api.md)
 
     @property
     def size_text(self) -> str:
@@ -163,6 +164,52 @@ MISTRAL_7B_V02_FP16_CUDA = CatalogEntry(
     source="published code that downloads this folder",
 )
 
+# Vision models (images and text, onnxruntime-genai type phi3v): served on the Generator path,
+# one reply at a time, with no conversation cache (docs/models.md says what an image costs).
+PHI35_VISION_INT4_CPU = CatalogEntry(
+    name="phi3.5-vision-int4-cpu",
+    repo_id="microsoft/Phi-3.5-vision-instruct-onnx",
+    subfolder="cpu_and_mobile/cpu-int4-rtn-block-32-acc-level-4",
+    folder="phi3.5-vision-instruct-int4",
+    device="cpu",
+    # text decoder 2.33 GB + 52 MB, vision encoder 445 MB, embedding 394 MB, tokenizer 1.9 MB
+    size_bytes=3_220_000_000,
+    size_exact=False,
+    context_length=131072,
+    licence="MIT",
+    files=(
+        "genai_config.json",
+        "processor_config.json",
+        "phi-3.5-v-instruct-text.onnx",
+        "phi-3.5-v-instruct-text.onnx.data",
+        "phi-3.5-v-instruct-vision.onnx",
+        "phi-3.5-v-instruct-vision.onnx.data",
+        "phi-3.5-v-instruct-embedding.onnx",
+        "phi-3.5-v-instruct-embedding.onnx.data",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ),
+    source="onnxruntime-genai's Phi-3.5-vision tutorial (the download command); published "
+    "code that downloads these files, with their sizes",
+    images=True,
+)
+
+PHI3_VISION_128K_INT4_CPU = CatalogEntry(
+    name="phi3-vision-128k-int4-cpu",
+    repo_id="microsoft/Phi-3-vision-128k-instruct-onnx-cpu",
+    subfolder="cpu-int4-rtn-block-32-acc-level-4",
+    folder="phi3-vision-128k-instruct-int4",
+    device="cpu",
+    size_bytes=3_200_000_000,  # Phi-3.5-vision's shapes (4.2 billion parameters), int4
+    size_exact=False,
+    context_length=131072,
+    licence="MIT",
+    files=("genai_config.json", "processor_config.json"),
+    source="onnxruntime-genai's Phi-3-vision tutorial (the download command and folder name)",
+    images=True,
+)
+
 DEFAULT = PHI3_MINI_4K_INT4_CPU
 
 ENTRIES: dict[str, CatalogEntry] = {
@@ -172,6 +219,8 @@ ENTRIES: dict[str, CatalogEntry] = {
         PHI35_MINI_INT4_CPU,
         PHI4_MINI_INT4_CPU,
         MISTRAL_7B_V02_INT4_CPU,
+        PHI35_VISION_INT4_CPU,
+        PHI3_VISION_128K_INT4_CPU,
         PHI3_MINI_4K_INT4_CUDA,
         PHI3_MINI_4K_FP16_CUDA,
         PHI35_MINI_INT4_CUDA,

@@ -158,8 +158,8 @@ class Settings(BaseSettings):
         description="How idle conversations are kept in RAM and on disk, with batched decode: "
         "int8 (per token and head, 3.8x fewer bytes than fp32), fp16 (2x), fp32 (lossless); how "
         "close a chat continued from each stays to fp32: docs/benchmarks.md, 'Compact KV: "
-        "quality of a restored conversation' (scripts/quality.py --kv-restore). off: idle "
-        "conversations stay in their KV slot until dropped; no disk tier. "
+        "quality of a restored conversation' (python -m scripts.bench quality --kv-restore). "
+        "off: idle conversations stay in their KV slot until dropped; no disk tier. "
         "PROMPT_CACHE_EXACT=true keeps them in fp32 whatever this says.",
     )
     prompt_cache_dir: Path | None = Field(
@@ -260,7 +260,33 @@ class Settings(BaseSettings):
         ge=1024,
         le=16 * 1024 * 1024,
         description="Largest request body (/predict, /v1/chat/completions, /v1/completions, "
-        "/v1/responses); beyond: 413.",
+        "/v1/responses) not counting its images' data URLs; beyond: 413. A body with images "
+        "may be larger by MAX_IMAGES data URLs of MAX_IMAGE_BYTES each (base64, 4/3 of the "
+        "bytes): 64 KiB + 4 x 7.2 MB by default (docs/api.md, 'Images').",
+    )
+    max_images: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="Images one request may hold, earlier turns' included (each is read "
+        "again with every turn); beyond: 400 too_many_images. Each costs about 2,000 to 2,700 "
+        "prompt tokens on Phi-3.5-vision whatever its size (docs/api.md, 'Images'). 0 refuses "
+        "every image.",
+    )
+    max_image_bytes: int = Field(
+        default=5 * 1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="Largest image, in bytes of the file (after base64 decoding); beyond: 400 "
+        "image_too_large.",
+    )
+    max_image_pixels: int = Field(
+        default=7680 * 4320,
+        ge=1,
+        le=178_956_970,
+        description="Most pixels (width x height) an image may have, checked from its header "
+        "before it is decoded (a few KB of PNG can declare 30000 x 30000 pixels); beyond: 400 "
+        "image_too_large. Default: an 8K UHD frame (33,177,600).",
     )
     response_store_mb: int = Field(
         default=64,

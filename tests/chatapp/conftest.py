@@ -10,7 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp import create_app
-from scripts.services import free_port
+from scripts.run.services import free_port
 from tests.chatapp.fake_sidecar import FakeSidecar
 
 

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp.fake_sidecar import FakeSidecar
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, Handler
 

@@ -19,7 +19,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp.logs import JsonFormatter, configure_logging
-from scripts import services
+from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, Handler
 

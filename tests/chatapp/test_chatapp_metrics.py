@@ -14,7 +14,7 @@ import httpx
 import pytest
 from flask import Flask
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, Handler
 from tests.sidecar.support import metrics

@@ -19,6 +19,9 @@ ENV_NAMES = [
     "HEARTBEAT_INTERVAL",
     "MAX_REQUEST_BYTES",
     "MAX_MESSAGES",
+    "MAX_IMAGES",
+    "MAX_IMAGE_BYTES",
+    "MAX_IMAGE_CHATS",
     "MAX_NEW_TOKENS",
     "LOG_LEVEL",
     "HOST",
@@ -40,6 +43,8 @@ def test_defaults() -> None:
     assert config["HEARTBEAT_INTERVAL"] == 1.0
     assert config["MAX_CONTENT_LENGTH"] == 64 * 1024
     assert config["MAX_MESSAGES"] == 200
+    assert (config["MAX_IMAGE_BYTES"], config["MAX_IMAGES"]) == (5 * 1024 * 1024, 4)
+    assert config["MAX_IMAGE_CHATS"] == 4
     assert config["MAX_NEW_TOKENS"] is None
     assert config["LOG_LEVEL"] == "info"
     assert listen_address({}) == ("0.0.0.0", 8080)
@@ -79,6 +84,10 @@ def test_test_config_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> N
         ("HEARTBEAT_INTERVAL", "-1"),
         ("MAX_REQUEST_BYTES", "1.5"),
         ("MAX_MESSAGES", "0"),
+        ("MAX_IMAGES", "-1"),
+        ("MAX_IMAGES", "many"),
+        ("MAX_IMAGE_BYTES", "0"),
+        ("MAX_IMAGE_CHATS", "0"),
         ("LOG_LEVEL", "loud"),
     ],
 )

@@ -1,7 +1,7 @@
 """Build and run the real images with podman: the harness behind tests/containers/.
 
 Everything that only the test machine needs stays here, never in the Dockerfiles: the local
-stand-in base image (scripts/container_base.sh), the host's CA bundle and a pip config that
+stand-in base image (scripts/run/container_base.sh), the host's CA bundle and a pip config that
 points at the public PyPI index (mounted into `podman build` only), and `--network host` for
 the build. Each run's containers and pods get unique names and a label with the pid of the
 test process, so leftovers of a killed run are found and removed by the next one.
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from scripts.services import free_port
+from scripts.run.services import free_port
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ def require_podman() -> str:
         return path
     message = (
         "podman is not installed, so the images cannot be built and run; "
-        "run scripts/setup_podman.sh (as root) first"
+        "run scripts/run/setup_podman.sh (as root) first"
     )
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message + " (CI=true: this test must run on CI)", pytrace=False)
@@ -73,14 +73,16 @@ def podman(
 def ensure_base_image() -> None:
     """The local stand-in for python:3.11-slim-bookworm (cached; seconds once made)."""
     result = subprocess.run(
-        [str(REPO / "scripts" / "container_base.sh")],
+        [str(REPO / "scripts" / "run" / "container_base.sh")],
         capture_output=True,
         text=True,
         timeout=900,
         check=False,
     )
     if result.returncode != 0:
-        raise AssertionError(f"scripts/container_base.sh failed:\n{result.stdout}{result.stderr}")
+        raise AssertionError(
+            f"scripts/run/container_base.sh failed:\n{result.stdout}{result.stderr}"
+        )
 
 
 def pip_config(folder: Path) -> Path:

@@ -16,7 +16,7 @@ def test_missing_podman_fails_on_ci_and_skips_elsewhere(monkeypatch: pytest.Monk
     with pytest.raises(pytest.fail.Exception, match=r"podman is not installed.*CI=true"):
         podman.require_podman()
     monkeypatch.setenv("CI", "")
-    with pytest.raises(pytest.skip.Exception, match=r"scripts/setup_podman\.sh"):
+    with pytest.raises(pytest.skip.Exception, match=r"scripts/run/setup_podman\.sh"):
         podman.require_podman()
 
 

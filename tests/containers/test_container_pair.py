@@ -4,7 +4,7 @@ Both containers share one pod (one network namespace): the app reaches the sidec
 http://localhost:8000 and only the app's port 8080 is published. In the pod the sidecar image
 has the generated tiny model baked in; later tests run the model-less image with the model on a
 mounted volume, and with MODEL_DOWNLOAD=1 against a local fake of the Hub. Needs podman
-(scripts/setup_podman.sh); the harness is tests/containers/podman.py.
+(scripts/run/setup_podman.sh); the harness is tests/containers/podman.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import services
-from scripts.make_model import LONG_PROMPT
+from scripts.models.make_model import LONG_PROMPT
+from scripts.run import services
 from tests.containers import podman
 from tests.models.fake_hub import FakeHub
 
@@ -118,7 +118,7 @@ def test_healthchecks_in_the_images_pass(pod: podman.Pod, images: podman.Images)
 
 def test_smoke_test_script_passes_against_the_pair(pod: podman.Pod) -> None:
     result = subprocess.run(
-        [sys.executable, str(podman.REPO / "scripts" / "smoke_test.py"), pod.url, "--wait", "30"],
+        [sys.executable, "-m", "scripts.run.smoke_test", pod.url, "--wait", "30"],
         capture_output=True,
         text=True,
         timeout=120,

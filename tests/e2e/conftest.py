@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
+from scripts.run import services
 from tests.support.engines import paced
 
 REPO = Path(__file__).resolve().parents[2]

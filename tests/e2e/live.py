@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from scripts import services
+from scripts.run import services
 
 
 def chat(url: str, messages: list[dict[str, str]], **options: Any) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import json
 
 import httpx
 
-from scripts import services
+from scripts.run import services
 
 PADDING = " ".join(f"Rule {n}: answer politely and briefly." for n in range(60))
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import requests
 
-from scripts import services
+from scripts.run import services
 from tests.e2e.conftest import AppFactory
 
 NESTED = "[" * 10_000 + "]" * 10_000

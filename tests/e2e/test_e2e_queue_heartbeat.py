@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts import services
+from scripts.run import services
 from tests.e2e.conftest import AppFactory
 from tests.support.engines import paced
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from scripts import services
+from scripts.run import services
 from tests.e2e import live
 from tests.e2e.conftest import AppFactory
 from tests.support.engines import EXIT, gated, open_gate

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import make_model, services
+from scripts.models import make_model
+from scripts.run import services
 from tests.e2e import live
 from tests.e2e.conftest import AppFactory
 from tests.support.engines import paced

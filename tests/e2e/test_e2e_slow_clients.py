@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from scripts import measure_slow_clients, services
+from scripts.bench import slow_clients
+from scripts.run import services
 from tests.e2e.conftest import AppFactory
 
 
 def test_two_hundred_slow_clients(live_app: services.Service) -> None:
-    result = measure_slow_clients.measure(live_app.url, idle=150, drip=50, seconds=10)
+    result = slow_clients.measure(live_app.url, idle=150, drip=50, seconds=10)
     assert result.health_failures == 0 and result.health_ms
     assert max(result.health_ms) < 2000
     assert result.chat_s is not None and result.chat_s < 2
@@ -26,7 +27,7 @@ def test_two_hundred_slow_clients(live_app: services.Service) -> None:
     assert max(result.held_s["idle"] + result.held_s["drip"]) < 15
 
 
-def _every_body_closed(result: measure_slow_clients.Result, count: int) -> None:
+def _every_body_closed(result: slow_clients.Result, count: int) -> None:
     assert result.health_failures == 0 and result.health_ms
     assert result.chat_s is not None
     assert result.still_open["stalled_body"] == 0 and result.still_open["endless_body"] == 0
@@ -37,7 +38,7 @@ def _every_body_closed(result: measure_slow_clients.Result, count: int) -> None:
 
 
 def test_stalled_and_endless_bodies_are_closed_by_the_app(live_app: services.Service) -> None:
-    result = measure_slow_clients.measure(
+    result = slow_clients.measure(
         live_app.url, seconds=20, stalled_body=60, endless_body=60, idle=20
     )
     _every_body_closed(result, 60)
@@ -45,7 +46,7 @@ def test_stalled_and_endless_bodies_are_closed_by_the_app(live_app: services.Ser
 
 
 def test_slow_clients_are_closed_by_the_sidecar(sidecar_service: services.Service) -> None:
-    result = measure_slow_clients.measure(
+    result = slow_clients.measure(
         sidecar_service.url,
         idle=60,
         drip=20,
@@ -88,7 +89,7 @@ def quick_app(quick_sidecar: services.Service, start_app: AppFactory) -> Iterato
 
 
 def test_a_stalled_body_is_a_408_in_the_apps_envelope(quick_app: services.Service) -> None:
-    status, body = _answer(quick_app.url, measure_slow_clients.stalled_body("/chat"))
+    status, body = _answer(quick_app.url, slow_clients.stalled_body("/chat"))
     assert status.upper() == "HTTP/1.1 408 REQUEST TIMEOUT"
     assert body == {
         "error": {
@@ -104,7 +105,7 @@ def test_a_stalled_body_is_a_408_in_the_apps_envelope(quick_app: services.Servic
 def test_a_stalled_body_is_a_408_from_the_sidecar(
     quick_sidecar: services.Service, path: str
 ) -> None:
-    status, body = _answer(quick_sidecar.url, measure_slow_clients.stalled_body(path))
+    status, body = _answer(quick_sidecar.url, slow_clients.stalled_body(path))
     assert status.upper() == "HTTP/1.1 408 REQUEST TIMEOUT"
     error = body["error"]
     assert isinstance(error, dict)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
-from scripts.make_model import LONG_PROMPT
+from scripts.models.make_model import LONG_PROMPT
+from scripts.run import services
 from tests.e2e.conftest import AppFactory
 from tests.e2e.live import chat, chat_logs, request_logs, text_of, wait_until
 from tests.support.engines import paced

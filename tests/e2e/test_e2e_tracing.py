@@ -14,7 +14,7 @@ import pytest
 
 from chatapp import settings as app_settings
 from chatapp.telemetry import span_exporters
-from scripts import services
+from scripts.run import services
 from tests.support.receivers import (
     FAST_EXPORT,
     UNREACHABLE_CONNECTION_STRING,

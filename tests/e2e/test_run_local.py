@@ -1,4 +1,5 @@
-"""scripts/run_local.py: one command brings up both services; Ctrl+C or a dying child ends all."""
+"""scripts/run/run_local.py: one command brings up both services; Ctrl+C or a dying child ends
+all."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from scripts import services
+from scripts.run import services
 from tests.e2e import live
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def run_local(models_dir: Path, tmp_path: Path) -> Iterator[Run]:
     port, sidecar_port = services.free_port(), services.free_port()
     output = tmp_path / "run_local.out"
     cmd = [
-        sys.executable, str(REPO / "scripts" / "run_local.py"), "--model", "tiny",
+        sys.executable, "-m", "scripts.run.run_local", "--model", "tiny",
         "--models-dir", str(models_dir), "--log-dir", str(tmp_path / "logs"),
         "--port", str(port), "--sidecar-port", str(sidecar_port),
     ]  # fmt: skip
@@ -122,7 +123,7 @@ def listener() -> Iterator[int]:
 def test_port_in_use(models_dir: Path, tmp_path: Path) -> None:
     with listener() as port:
         result = subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "run_local.py"), "--model", "tiny",
+            [sys.executable, "-m", "scripts.run.run_local", "--model", "tiny",
              "--models-dir", str(models_dir), "--port", str(port)],
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
@@ -134,7 +135,7 @@ def test_the_real_model_without_network_says_what_to_do(tmp_path: Path) -> None:
     # The hub client is pointed at a local port where nothing listens: no internet is needed.
     env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{services.free_port()}"}
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "run_local.py"), "--model", "phi3",
+        [sys.executable, "-m", "scripts.run.run_local", "--model", "phi3",
          "--models-dir", str(tmp_path), "--port", str(services.free_port()),
          "--sidecar-port", str(services.free_port())],
         capture_output=True, text=True, timeout=60, env=env,

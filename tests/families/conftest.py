@@ -1,6 +1,6 @@
-"""Family fixtures: a tiny random Hugging Face model of each family (scripts/make_hf_model.py),
-exported by onnxruntime-genai's own builder through scripts/export_model.py, once per session
-and family; a real sidecar and chat app on each.
+"""Family fixtures: a tiny random Hugging Face model of each family
+(scripts/models/make_hf_model.py), exported by onnxruntime-genai's own builder through
+scripts/models/export_model.py, once per session and family; a real sidecar and chat app on each.
 
 The builder needs requirements-export.txt (torch, transformers): `make test` installs it. Without
 it these tests are skipped locally and fail on CI (CI=true).
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from scripts import services
-from scripts.hfgen.families import FAMILIES, Family
+from scripts.models.hfgen.families import FAMILIES, Family
+from scripts.run import services
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = sorted(FAMILIES)
@@ -31,7 +31,7 @@ class Exported:
     family: Family
     hf_dir: Path  # the Hugging Face folder (transformers reads it)
     model_dir: Path  # what the builder wrote (the sidecar's MODEL_PATH)
-    export_output: str  # what scripts/export_model.py printed
+    export_output: str  # what scripts/models/export_model.py printed
 
 
 def _need_builder() -> None:
@@ -64,9 +64,10 @@ def export_family(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], E
         _need_builder()
         if name not in built:
             hf_dir, model_dir = root / "hf" / name, root / f"tiny-{name}"
-            _run("scripts/make_hf_model.py", "--family", name, "--out", str(hf_dir))
+            _run("-m", "scripts.models.make_hf_model", "--family", name, "--out", str(hf_dir))
             output = _run(
-                "scripts/export_model.py",
+                "-m",
+                "scripts.models.export_model",
                 "--model",
                 str(hf_dir),
                 "--out",

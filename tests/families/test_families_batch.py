@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scripts import services
+from scripts.run import services
 from sidecar.model.engine import Engine
 from tests.families.conftest import Exported
 from tests.families.test_families_serve import CANDIDATES, MAX_NEW, reference

@@ -1,5 +1,5 @@
-"""scripts/export_model.py on each family's tiny model: the folder the builder wrote, and what
-the script says about it."""
+"""scripts/models/export_model.py on each family's tiny model: the folder the builder wrote, and
+what the script says about it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scripts.hfgen.families import FAMILIES
+from scripts.models.hfgen.families import FAMILIES
 from tests.families.conftest import Exported
 
 pytestmark = pytest.mark.families

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import services
+from scripts.run import services
 from sidecar.model.engine import og  # the sidecar's import: telemetry off first
 from tests.e2e.live import chat, text_of
 from tests.families.conftest import Exported

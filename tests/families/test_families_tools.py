@@ -14,7 +14,7 @@ import jsonschema_rs
 import pytest
 from openai import OpenAI
 
-from scripts.services import Service
+from scripts.run.services import Service
 
 pytestmark = pytest.mark.families
 

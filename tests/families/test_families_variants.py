@@ -1,7 +1,7 @@
-"""scripts/export_model.py's variant options on tiny Hugging Face models, through the official
-builder: each folder loads in the real sidecar, which serves the reply a raw onnxruntime-genai
-loop gives on it; the pruned LM head gives the default export's reply; the int8 KV cache
-(calibrated by onnxruntime-genai's own tool) costs a quarter of the bytes a token."""
+"""scripts/models/export_model.py's variant options on tiny Hugging Face models, through the
+official builder: each folder loads in the real sidecar, which serves the reply a raw
+onnxruntime-genai loop gives on it; the pruned LM head gives the default export's reply; the int8 KV
+cache (calibrated by onnxruntime-genai's own tool) costs a quarter of the bytes a token."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import httpx
 import onnx
 import pytest
 
-from scripts import services
+from scripts.run import services
 from tests.families.conftest import Exported, _need_builder, _run
 from tests.sidecar import reference
 
@@ -28,10 +28,11 @@ def export(tmp: pytest.TempPathFactory, family: str, *flags: str) -> Path:
     _need_builder()
     root = tmp.mktemp(f"variant-{family}")
     hf_dir, out = root / "hf", root / "model"
-    _run("scripts/make_hf_model.py", "--family", family, "--out", str(hf_dir))
+    _run("-m", "scripts.models.make_hf_model", "--family", family, "--out", str(hf_dir))
     cache = str(root / "cache")
     _run(
-        "scripts/export_model.py",
+        "-m",
+        "scripts.models.export_model",
         "--model",
         str(hf_dir),
         "--out",

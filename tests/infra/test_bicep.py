@@ -253,7 +253,7 @@ def test_the_health_check_path_is_200_only_when_the_instance_can_serve_a_chat() 
     down, loading or refusing the app's key, and 200 once a chat can be served. (/healthz,
     which the page polls, is 200 in all of these: it made a loading instance take chats.)"""
     from chatapp import create_app
-    from scripts.services import free_port
+    from scripts.run.services import free_port
     from tests.chatapp.fake_sidecar import FakeSidecar
 
     (site,) = of_type("Microsoft.Web/sites")
@@ -328,7 +328,7 @@ def test_parameters_file_fills_every_required_parameter() -> None:
 
 def test_outputs_name_what_the_deploy_script_reads() -> None:
     outputs = set(re.findall(r"^output (\w+) ", SOURCE, re.M))
-    script = (REPO / "scripts" / "deploy.sh").read_text()
+    script = (REPO / "infra" / "deploy.sh").read_text()
     read = set(re.findall(r'output "\$group" (\w+)', script))
     read |= set(re.findall(r"\$\{(AZURE_\w+|WEBAPP_\w+|IMAGE_TAG|MODEL_SOURCE)[:}]", script))
     assert read and read <= outputs

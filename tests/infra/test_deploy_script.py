@@ -1,4 +1,4 @@
-"""scripts/deploy.sh run against a fake `az` (and a fake docker) that record their calls: the
+"""infra/deploy.sh run against a fake `az` (and a fake docker) that record their calls: the
 order of the steps, the parameters given to the Bicep deployment, and the error messages."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "deploy.sh"
+SCRIPT = REPO / "infra" / "deploy.sh"
 
 # A stand-in for the Azure CLI: answers what deploy.sh asks, keeps state in a JSON file, and
 # appends each call's arguments to a log.
@@ -205,7 +205,8 @@ def test_help_and_no_az(env: dict[str, str]) -> None:
 
 
 def test_shellcheck_is_clean() -> None:
-    scripts = [SCRIPT, REPO / "scripts" / "setup_podman.sh", REPO / "scripts" / "container_base.sh"]
+    run = REPO / "scripts" / "run"
+    scripts = [SCRIPT, run / "setup_podman.sh", run / "container_base.sh"]
     for script in scripts:
         assert os.access(script, os.X_OK), script
         assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0

@@ -16,7 +16,7 @@ import yaml
 
 from chatapp import create_app
 from chatapp.settings import listen_address
-from scripts.services import Service
+from scripts.run.services import Service
 from sidecar.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

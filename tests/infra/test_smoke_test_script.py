@@ -1,4 +1,4 @@
-"""scripts/smoke_test.py against a local stub of the deployed app (the real local pair is
+"""scripts/run/smoke_test.py against a local stub of the deployed app (the real local pair is
 checked in tests/containers/): it passes a good stream and names each kind of failure in one
 sentence with exit status 1."""
 
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from scripts import smoke_test
+from scripts.run import smoke_test
 
 REPO = Path(__file__).resolve().parents[2]
 READY = {"status": "ok", "sidecar": {"reachable": True, "ready": True}}
@@ -137,7 +137,7 @@ def test_unreachable_app(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_command_line(stub: str) -> None:
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "smoke_test.py"), stub],
+        [sys.executable, "-m", "scripts.run.smoke_test", stub],
         capture_output=True,
         text=True,
         timeout=60,
@@ -145,7 +145,7 @@ def test_command_line(stub: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     bad = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "smoke_test.py"), "example.com"],
+        [sys.executable, "-m", "scripts.run.smoke_test", "example.com"],
         capture_output=True,
         text=True,
         timeout=60,

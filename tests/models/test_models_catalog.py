@@ -33,6 +33,14 @@ def test_every_entry_is_complete(entry: catalog.CatalogEntry) -> None:
     assert entry.size_text.endswith("GB")
 
 
+def test_vision_entries_name_their_processor_configuration() -> None:
+    vision = [e for e in catalog.ENTRIES.values() if e.images]
+    assert {e.name for e in vision} >= {"phi3.5-vision-int4-cpu"}
+    for entry in vision:
+        assert "processor_config.json" in entry.files and entry.device == "cpu"
+    assert not catalog.DEFAULT.images
+
+
 def test_names_and_folders_are_unique() -> None:
     entries = list(catalog.ENTRIES.values())
     assert len({e.folder for e in entries}) == len({e.name for e in entries}) == len(entries)

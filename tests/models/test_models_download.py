@@ -1,4 +1,4 @@
-"""scripts/download_model.py and sidecar.model.download, against a local fake Hub or no Hub at all."""
+"""scripts/models/download_model.py and sidecar.model.download, against a local fake Hub or no Hub at all."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ import pytest
 
 from sidecar.model.download import DEFAULT_REPO_ID, DEFAULT_SUBFOLDER, download_model, is_complete
 from tests.models.fake_hub import FakeHub
-from scripts.services import free_port
+from scripts.run.services import free_port
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "download_model.py"
+SCRIPT = ["-m", "scripts.models.download_model"]
 GRAPH = "model.onnx"
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--quiet", *args],
+        [sys.executable, *SCRIPT, "--quiet", *args],
         capture_output=True,
         text=True,
         env=environ | env,

@@ -1,4 +1,4 @@
-"""scripts/make_model.py: files, shapes and determinism, without onnxruntime-genai."""
+"""scripts/models/make_model.py: files, shapes and determinism, without onnxruntime-genai."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from scripts import make_model
+from scripts.models import make_model
 
 SCRIPT = Path(make_model.__file__)
 PHI3_DATA_BYTES = 2_722_861_056  # Microsoft's phi3-mini-4k-instruct-cpu-int4-...onnx.data

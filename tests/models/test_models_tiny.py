@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.model.engine import og  # the sidecar's import: telemetry off first
 
-from scripts import make_model
+from scripts.models import make_model
 
 Model = tuple[Any, Any, list[int]]  # og.Model, og.Tokenizer, the EOS ids from genai_config.json
 

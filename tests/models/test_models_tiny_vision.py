@@ -19,8 +19,8 @@ from sidecar.model.engine import og  # the sidecar's import: telemetry off first
 from sidecar.model.folder import is_complete
 from sidecar.model.vision import MAX_SIDE, hd_size, image_tokens
 
-from scripts import make_model
-from scripts.modelgen import vision
+from scripts.models import make_model
+from scripts.models.modelgen import vision
 
 PROMPT = "<|user|>\n{tags}What is in the picture?<|end|>\n<|assistant|>\n"
 

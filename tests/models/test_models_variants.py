@@ -20,7 +20,9 @@ import httpx
 import onnx
 import pytest
 
-from scripts import make_model, services
+from scripts.models import make_model
+
+from scripts.run import services
 from tests.sidecar import reference
 
 MAX_NEW = 24

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from scripts.peers import llamacpp
+from scripts.bench.peers import llamacpp
 
 
 @pytest.fixture(scope="module")

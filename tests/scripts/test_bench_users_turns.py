@@ -1,4 +1,4 @@
-"""scripts/bench_users_turns.py end to end on the tiny model: users taking turns, one user
+"""`python -m scripts.bench users-turns` end to end on the tiny model: users taking turns, one user
 alone, and a conversation restored from compact RAM and from the disk tier.
 
 No timing is asserted (the targets' pass or fail is the machine's); counts and tiers are: the
@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.services import REPO
-
 
 def test_users_taking_turns_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "users.json"
@@ -23,7 +21,7 @@ def test_users_taking_turns_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Pa
     args += ["--reply-tokens", "8", "--baseline-reps", "2", "--pause", "0"]
     args += ["--restore-tokens", "2000", "--plan-memory-gb", "8", "--json", str(out)]
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_users_turns.py"), *args],
+        [sys.executable, "-m", "scripts.bench", "users-turns", *args],
         capture_output=True,
         text=True,
         timeout=300,

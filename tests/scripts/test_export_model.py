@@ -1,4 +1,5 @@
-"""scripts/export_model.py: one sentence for each way it fails (tests/families has it working)."""
+"""scripts/models/export_model.py: one sentence for each way it fails (tests/families has it
+working)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from scripts import export_model
+from scripts.models import export_model
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "export_model.py"
+SCRIPT = ["-m", "scripts.models.export_model"]
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, *SCRIPT, *args],
         capture_output=True,
         text=True,
         env={**os.environ, **env},

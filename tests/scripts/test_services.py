@@ -1,4 +1,4 @@
-"""scripts/services.py, the one launcher of the real services (tests, run_local, bench)."""
+"""scripts/run/services.py, the one launcher of the real services (tests, run_local, bench)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts import services
+from scripts.run import services
 
 
 def test_a_relative_model_path_means_the_callers_folder(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
+from scripts.run import services
 from tests.support.engines import faulty, paced
 
 REPO = Path(__file__).resolve().parents[2]

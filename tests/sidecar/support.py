@@ -7,9 +7,9 @@ from typing import Any
 
 import httpx
 
-# The log lines' home is scripts/services.py (the benchmarks read them too); re-exported here.
-from scripts.services import request_line as request_line
-from scripts.services import request_lines as request_lines
+# The log lines' home is scripts/run/services.py (the benchmarks read them too); re-exported here.
+from scripts.run.services import request_line as request_line
+from scripts.run.services import request_lines as request_lines
 
 JSON_HEADERS = {"content-type": "application/json"}
 

@@ -2,6 +2,8 @@
 import { blankChat, persist } from "./chats.js";
 import { closeDialog, showDialog } from "./dialogs.js";
 import { stop } from "./exchange.js";
+import { forgetChat, loadImage } from "./image-store.js";
+import { dataUrl } from "./images.js";
 import { openChat } from "./open-chat.js";
 import { $, announce, chatMenu, input } from "./page.js";
 import { assistantName, state, store } from "./state.js";
@@ -19,8 +21,8 @@ function download(filename, type, text) {
   setTimeout(() => URL.revokeObjectURL(url), 10000);
 }
 
-function fileName(extension) {
-  const slug = state.chat.title
+function fileName(extension, chat = state.chat) {
+  const slug = chat.title
     .toLowerCase()
     .normalize("NFKD")
     .replace(/[^a-z0-9]+/g, "-")
@@ -29,29 +31,43 @@ function fileName(extension) {
   return `${slug || "chat"}.${extension}`;
 }
 
-export function exportJson() {
+/** A message's images for an export: their data: URLs, or a note for one not kept. */
+async function exportedImages(message) {
+  const images = [];
+  for (const meta of message.images || []) {
+    const image = await loadImage(meta.id);
+    images.push(image ? { type: meta.type, name: meta.name, url: await dataUrl(image) } : { type: meta.type, name: meta.name, missing: true });
+  }
+  return images;
+}
+
+export async function exportJson() {
+  const chat = state.chat;
+  const images = await Promise.all(chat.messages.map(exportedImages));
   const data = {
     format: "chat-export",
     version: 1,
-    id: state.chat.id,
-    title: state.chat.title,
-    created: new Date(state.chat.created).toISOString(),
-    updated: new Date(state.chat.updated).toISOString(),
+    id: chat.id,
+    title: chat.title,
+    created: new Date(chat.created).toISOString(),
+    updated: new Date(chat.updated).toISOString(),
     model: state.modelName,
-    messages: state.chat.messages.map(({ role, content, ending }) => {
+    messages: chat.messages.map(({ role, content, ending }, index) => {
       const message = { role, content };
+      if (images[index].length) message.images = images[index];
       if (ending?.finish_reason) message.finish_reason = ending.finish_reason;
       return message;
     }),
   };
-  download(fileName("json"), "application/json", `${JSON.stringify(data, null, 2)}\n`);
+  download(fileName("json", chat), "application/json", `${JSON.stringify(data, null, 2)}\n`);
 }
 
 export function exportMarkdown() {
   const parts = [`# ${state.chat.title}`];
   for (const message of state.chat.messages) {
     const who = message.role === "user" ? "You" : assistantName();
-    let section = `## ${who}\n\n${message.content.trim()}`;
+    const pictures = (message.images || []).map((image, index) => `_(image ${index + 1}${image.name ? `: ${image.name}` : ""})_`);
+    let section = `## ${who}\n\n${[...pictures, message.content.trim()].filter(Boolean).join("\n\n")}`;
     if (message.ending?.badge) section += `\n\n_(${message.ending.badge.toLowerCase()})_`;
     parts.push(section);
   }
@@ -93,6 +109,7 @@ $("delete-form").addEventListener("submit", (event) => {
   if (state.active && state.active.chat === doomed) stop();
   doomed.deleted = true;
   store.remove(doomed.id);
+  forgetChat(doomed.id); // its images go with it
   $("delete-dialog").returnFocusTo = input;
   closeDialog($("delete-dialog"));
   const next = store.list()[0];

@@ -5,13 +5,17 @@
 //
 // This module wires the page's events to the modules that do the work: views.js (a message),
 // exchange.js (POST /chat and its stream), chats.js and open-chat.js (saved chats), edit.js,
-// chat-menu.js, settings-dialog.js, dialogs.js, drawer.js, status.js; page.js and state.js
-// hold what they share. The browser loads them as ES modules, with no build step.
+// chat-menu.js, settings-dialog.js, dialogs.js, drawer.js, status.js, attachments.js and
+// images.js (images to send), image-store.js (their files, in IndexedDB), image-viewer.js;
+// page.js and state.js hold what they share. The browser loads them as ES modules, with no build step.
+import { attachedImages, preparingImages, showAttachNote } from "./attachments.js";
 import { deleteChat, exportJson, exportMarkdown, renameChat } from "./chat-menu.js";
 import { blankChat, persist, renderChatList } from "./chats.js";
 import { narrow, setSidebar } from "./drawer.js";
 import { closeEdit, startEdit } from "./edit.js";
 import { regenerate, start, stop } from "./exchange.js";
+import { openImage } from "./image-viewer.js";
+import { imageMeta } from "./images.js";
 import { newChat, openChat, openChatById } from "./open-chat.js";
 import {
   $,
@@ -32,15 +36,21 @@ import { addView, messageView } from "./views.js";
 
 function submit() {
   if (state.active) return;
+  if (preparingImages()) {
+    showAttachNote("An image is still being prepared; send again in a moment.");
+    return;
+  }
   const text = clean(input.value);
-  if (!text.trim()) {
+  if (!text.trim() && !attachedImages().length) {
     input.focus();
     return;
   }
   closeEdit();
   input.value = "";
   autosize();
-  start({ role: "user", content: text }, addView(messageView("user", text)));
+  const images = attachedImages({ take: true }).map(imageMeta);
+  const turn = images.length ? { role: "user", content: text, images } : { role: "user", content: text };
+  start(turn, addView(messageView("user", text, images)));
 }
 
 form.addEventListener("submit", (event) => {
@@ -107,7 +117,9 @@ log.addEventListener("click", (event) => {
   const target = event.target.closest("button");
   if (!target) return;
   const view = viewOf.get(target.closest(".message"));
-  if (target.classList.contains("copy-code")) {
+  if (target.classList.contains("open-image")) {
+    openImage(target.dataset.id, target);
+  } else if (target.classList.contains("copy-code")) {
     const code = target.closest(".code-block").querySelector("pre");
     copyFrom(target, code.textContent);
   } else if (view && target.classList.contains("copy-reply")) {

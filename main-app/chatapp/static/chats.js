@@ -1,7 +1,8 @@
 // The saved chats: the list beside the conversation, the open chat's header, saving.
+import { imageStorage } from "./image-store.js";
 import { $, chatList, chatListEmpty, chatTitle, storageNote } from "./page.js";
 import { persistent, state, store } from "./state.js";
-import { newId, titleFrom } from "./store.js";
+import { firstTitle, newId } from "./store.js";
 
 export function blankChat() {
   const now = Date.now();
@@ -13,6 +14,8 @@ export function showStorageNote() {
     storageNote.textContent = "This browser does not let the page keep chats: they last until the page is closed.";
   } else if (!store.ok) {
     storageNote.textContent = "This browser's storage for the page is full: recent changes were not kept. Export or delete old chats.";
+  } else if (!imageStorage.kept) {
+    storageNote.textContent = "This browser did not keep some images: they last until the page is closed. Delete old chats to make room.";
   } else {
     storageNote.hidden = true;
     return;
@@ -49,7 +52,7 @@ export function renderChatHeader() {
 export function persist(target) {
   if (target.deleted) return;
   target.updated = Date.now();
-  if (!target.renamed) target.title = titleFrom(target.messages[0]?.content || "");
+  if (!target.renamed) target.title = firstTitle(target.messages);
   store.save(target);
   if (target === state.chat) renderChatHeader();
   renderChatList();

@@ -66,7 +66,7 @@ export function startEdit(view) {
   editor.addEventListener("submit", (event) => {
     event.preventDefault();
     const text = clean(area.value);
-    if (!text.trim()) {
+    if (!text.trim() && !view.images.length) {
       area.focus();
       return;
     }
@@ -76,7 +76,7 @@ export function startEdit(view) {
   area.setSelectionRange(area.value.length, area.value.length);
 }
 
-/** Replace the last message (and its reply) with `text`, and send it. */
+/** Replace the last message (and its reply) with `text`, and send it; its images stay. */
 function resend(view, text) {
   if (state.active) return;
   const index = state.views.indexOf(view);
@@ -86,5 +86,7 @@ function resend(view, text) {
   state.chat.messages.splice(index);
   persist(state.chat);
   input.focus();
-  start({ role: "user", content: text }, addView(messageView("user", text)));
+  const images = view.images;
+  const turn = images.length ? { role: "user", content: text, images } : { role: "user", content: text };
+  start(turn, addView(messageView("user", text, images)));
 }

@@ -1,6 +1,9 @@
 // One exchange: POST /chat, the NDJSON reply stream (chatapp/wire.py), retries after
 // Retry-After, and how the reply ended.
-import { persist } from "./chats.js";
+import { restoreImages } from "./attachments.js";
+import { persist, showStorageNote } from "./chats.js";
+import { dataUrl } from "./images.js";
+import { keepImage, loadImage } from "./image-store.js";
 import {
   announce,
   autosize,
@@ -8,6 +11,7 @@ import {
   count,
   input,
   MAX_BYTES,
+  MAX_IMAGES,
   MAX_MESSAGES,
   scrollToEnd,
   sendButton,
@@ -18,26 +22,71 @@ import { assistantName, state } from "./state.js";
 import { showModelStatus } from "./status.js";
 import { addView, clearTransient, messageView, refreshActions } from "./views.js";
 
-function requestBody(messages) {
-  const body = { messages, conversation_id: state.chat.id };
+function requestBody(messages, chat) {
+  const body = { messages, conversation_id: chat.id };
   if (state.settings.temperature !== null) body.temperature = state.settings.temperature;
   if (state.settings.maxNewTokens !== null) body.max_new_tokens = state.settings.maxNewTokens;
   return body;
 }
 
+/** A message as POST /chat takes it: its text, or with images OpenAI's content parts, the
+ * images first (Phi-3-vision's own convention). An image this browser no longer keeps is left
+ * out (its message says so on the page). */
+async function wireMessage({ role, content, images }) {
+  if (!images?.length) return { role, content };
+  const urls = [];
+  for (const meta of images) {
+    const image = await loadImage(meta.id);
+    if (image) urls.push(await dataUrl(image));
+  }
+  if (!urls.length) return { role, content };
+  const parts = urls.map((url) => ({ type: "image_url", image_url: { url } }));
+  if (content) parts.push({ type: "text", text: content });
+  return { role, content: parts };
+}
+
+const isImage = (part) => part.type === "image_url";
+
+/** `message` with its image URLs emptied: what the app counts against MAX_BYTES. */
+function textPart(message) {
+  if (!Array.isArray(message.content)) return message;
+  const content = message.content.map((part) => (isImage(part) ? { ...part, image_url: { url: "" } } : part));
+  return { ...message, content };
+}
+
+/** The messages to send: a turn left empty (an image alone, no longer kept) goes, and the
+ * reply to it. */
+function sendable(messages) {
+  const kept = [];
+  for (let index = 0; index < messages.length; index += 1) {
+    const message = messages[index];
+    if (message.role === "user" && message.content === "" && index < messages.length - 1) {
+      if (messages[index + 1].role === "assistant") index += 1;
+      continue;
+    }
+    kept.push(message);
+  }
+  return kept;
+}
+
 /** The request for `history`: the system prompt first, then the conversation; its oldest turns
  * go first when it is too big for one request (the model service would leave them out of the
- * model's context anyway). */
-function fittedBody(history) {
+ * model's context anyway), or holds more images than the app takes. The app counts the text
+ * (the body less its image URLs) against MAX_BYTES (chatapp/images.py); each image was checked
+ * against MAX_IMAGE_BYTES when it was attached. */
+async function fittedBody(history, chat) {
   const system = state.settings.system.trim() ? [{ role: "system", content: clean(state.settings.system) }] : [];
   const encoder = new TextEncoder();
-  const fits = (list) =>
-    list.length <= MAX_MESSAGES && encoder.encode(JSON.stringify(requestBody(list))).length <= MAX_BYTES * 0.95;
-  const kept = [...system, ...history];
+  const fits = (list) => {
+    const images = list.reduce((sum, m) => sum + (Array.isArray(m.content) ? m.content.filter(isImage).length : 0), 0);
+    const text = encoder.encode(JSON.stringify(requestBody(list.map(textPart), chat))).length;
+    return list.length <= MAX_MESSAGES && images <= MAX_IMAGES && text <= MAX_BYTES * 0.95;
+  };
+  const kept = [...system, ...sendable(await Promise.all(history.map(wireMessage)))];
   const first = system.length;
   while (kept.length > first + 1 && !fits(kept)) kept.splice(first, 1);
   while (kept.length > first + 1 && kept[first].role !== "user") kept.splice(first, 1);
-  return requestBody(kept);
+  return requestBody(kept, chat);
 }
 
 export function setBusy(busy) {
@@ -48,13 +97,19 @@ export function setBusy(busy) {
   }
 }
 
-/** Send `turn` (the user's message) after the open chat's history; `question` shows it. */
+/** Send `turn` (the user's message: {role, content, images?}) after the open chat's history;
+ * `question` shows it. Its images are kept with the chat from now on (image-store.js). */
 export function start(turn, question) {
   clearTransient();
+  const chat = state.chat;
+  for (const meta of turn.images || []) {
+    loadImage(meta.id).then((image) => image && keepImage(image, chat.id).then(showStorageNote));
+  }
   const exchange = {
-    chat: state.chat,
+    chat,
     turn,
-    body: fittedBody([...state.chat.messages.map(({ role, content }) => ({ role, content })), turn]),
+    history: [...chat.messages, turn],
+    body: null,
     question,
     reply: addView(messageView("assistant")),
     controller: null,
@@ -72,12 +127,19 @@ export function start(turn, question) {
 async function run(exchange) {
   exchange.controller = new AbortController();
   exchange.reply.setState("streaming", "");
+  try {
+    exchange.body ??= JSON.stringify(await fittedBody(exchange.history, exchange.chat));
+  } catch {
+    finish(exchange, { kind: "error", message: "The images of this chat could not be read; attach them again." });
+    return;
+  }
+  if (exchange.finished) return; // stopped while the images were read
   let response;
   try {
     response = await fetch("/chat", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "application/x-ndjson" },
-      body: JSON.stringify(exchange.body),
+      body: exchange.body,
       signal: exchange.controller.signal,
     });
   } catch {
@@ -260,6 +322,7 @@ function settle(exchange, outcome, shown) {
         input.value = turn.content;
         autosize();
       }
+      restoreTurnImages(turn);
     }
   }
 }
@@ -285,5 +348,15 @@ export function regenerate() {
   reply.node.remove();
   question.setState("", "");
   persist(state.chat);
-  start({ role: "user", content: turn.content }, question);
+  start(turn, question);
+}
+
+/** A message that was not sent: its images go back to the composer with its text. */
+async function restoreTurnImages(turn) {
+  const images = [];
+  for (const meta of turn.images || []) {
+    const image = await loadImage(meta.id);
+    if (image) images.push(image);
+  }
+  restoreImages(images);
 }

@@ -1,4 +1,5 @@
 // Which chat is shown: opening one, a new one, one from the list.
+import { attachedImages } from "./attachments.js";
 import { blankChat, renderChatHeader, renderChatList } from "./chats.js";
 import { closeEdit } from "./edit.js";
 import { stop } from "./exchange.js";
@@ -27,6 +28,7 @@ export function openChat(next) {
 
 export function newChat() {
   openChat(blankChat());
+  attachedImages({ take: true });
   input.value = "";
   autosize();
   input.focus();

@@ -16,11 +16,21 @@ export const storageNote = $("storage-note");
 export const chatMenu = $("chat-menu");
 export const announcer = $("announcer");
 export const template = $("message-template");
+export const attachButton = $("attach");
+export const attachInput = $("attach-input");
+export const attachmentList = $("attachments");
+export const attachNote = $("attach-note");
 
 export const UNREACHABLE = "The chat service is not reachable. Check your connection and try again.";
 export const MAX_BYTES = Number(document.body.dataset.maxRequestBytes) || 65536;
 export const MAX_MESSAGES = Number(document.body.dataset.maxMessages) || 200;
 export const TOKENS_LIMIT = Number(document.body.dataset.maxNewTokensLimit) || 4096;
+// The app's limits on images (chatapp/images.py: the sidecar's MAX_IMAGE_BYTES, MAX_IMAGES);
+// MAX_IMAGES 0: the app takes none.
+const imageBytes = Number(document.body.dataset.maxImageBytes);
+const images = Number(document.body.dataset.maxImages);
+export const MAX_IMAGE_BYTES = Number.isFinite(imageBytes) && imageBytes > 0 ? imageBytes : 5 * 1024 * 1024;
+export const MAX_IMAGES = Number.isInteger(images) && images >= 0 ? images : 4;
 // Control characters are invisible, and the model service refuses them.
 // biome-ignore lint/suspicious/noControlCharactersInRegex: matching them is the point
 const CONTROL_CHARS = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]/g;
@@ -88,3 +98,9 @@ export function autosize() {
 }
 
 export const count = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+/** A byte count as people read it: 5 MB, 340 KB. */
+export function sizeText(bytes) {
+  if (bytes >= 1024 * 1024) return `${(bytes / (1024 * 1024)).toFixed(1).replace(/\.0$/, "")} MB`;
+  return `${Math.max(1, Math.round(bytes / 1024))} KB`;
+}

@@ -1,4 +1,5 @@
-// The model's status beside the title, from the app's GET /healthz.
+// The model's status beside the title, from the app's GET /healthz, and whether it reads images.
+import { setImageInput } from "./attachments.js";
 import { log, modelNameLabel, modelStatus } from "./page.js";
 import { assistantName, state } from "./state.js";
 
@@ -28,6 +29,9 @@ export async function pollModelStatus() {
     setModelName(body.model);
     if (sidecar.ready) {
       showModelStatus("ready", "Model ready");
+      // Whether it reads images: true, false, or not said (unknown: images are offered).
+      const imageInput = sidecar.detail?.image_input;
+      setImageInput(typeof imageInput === "boolean" ? imageInput : undefined);
       next = 30000;
     } else if (sidecar.reachable) {
       const phase = sidecar.detail && typeof sidecar.detail.phase === "string" ? sidecar.detail.phase : "";

@@ -1,5 +1,6 @@
 // Chats and settings kept in this browser (localStorage; nothing is kept by the app). Each chat
-// is stored under its own key, so saving one writes only that one, plus a small index. All that
+// is stored under its own key, so saving one writes only that one, plus a small index. A
+// message's images are named here by id; their files are in IndexedDB (image-store.js). All that
 // is read back is checked like input: stored text is untrusted, exactly like model output, and
 // the page only ever shows it as text or through the Markdown sanitiser.
 
@@ -12,6 +13,7 @@ export const ID_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
 const ROLES = new Set(["user", "assistant"]);
 const STATES = new Set(["done", "stopped", "cut-off"]);
 const FINISH_REASONS = new Set(["stop", "length", "cancelled"]);
+export const IMAGE_TYPES = new Set(["image/png", "image/jpeg", "image/webp", "image/gif"]);
 export const TITLE_MAX = 120;
 
 /** A random id for a new chat: 32 hex digits (works on plain HTTP too, unlike randomUUID). */
@@ -36,6 +38,31 @@ function cleanEnding(ending) {
   return clean;
 }
 
+const size = (value) => (Number.isInteger(value) && value > 0 && value <= 100000 ? value : 0);
+
+/** A user message's images as kept beside its text (the files are in image-store.js). */
+function cleanImages(images) {
+  const clean = [];
+  for (const image of Array.isArray(images) ? images : []) {
+    if (!image || !ID_PATTERN.test(image.id) || !IMAGE_TYPES.has(image.type)) continue;
+    if (clean.some((other) => other.id === image.id)) continue;
+    clean.push({
+      id: image.id,
+      type: image.type,
+      width: size(image.width),
+      height: size(image.height),
+      name: text(image.name, 200),
+    });
+  }
+  return clean;
+}
+
+/** A chat's title from its first message (an image alone: "Image"). */
+export function firstTitle(messages) {
+  const first = messages[0];
+  return titleFrom(first?.content || (first?.images?.length ? "Image" : ""));
+}
+
 /** A stored chat, checked; null when it is not one. */
 export function cleanChat(value) {
   if (!value || typeof value !== "object" || !ID_PATTERN.test(value.id)) return null;
@@ -45,11 +72,13 @@ export function cleanChat(value) {
     const clean = { role: message.role, content: message.content };
     const ending = message.role === "assistant" ? cleanEnding(message.ending) : null;
     if (ending) clean.ending = ending;
+    const images = message.role === "user" ? cleanImages(message.images) : [];
+    if (images.length) clean.images = images;
     messages.push(clean);
   }
   return {
     id: value.id,
-    title: text(value.title, TITLE_MAX) || titleFrom(messages[0]?.content || ""),
+    title: text(value.title, TITLE_MAX) || firstTitle(messages),
     renamed: value.renamed === true,
     created: time(value.created),
     updated: time(value.updated),

@@ -1,20 +1,66 @@
 // One message on the page: its element, how a streamed reply is rendered into it, its buttons.
+import { imageName, imageUrl } from "./images.js";
+import { loadImage } from "./image-store.js";
 import { MarkdownStream, readableText, renderMarkdown } from "./markdown.js";
 import { empty, log, nearBottom, scrollToEnd, template } from "./page.js";
 import { assistantName, state, viewOf } from "./state.js";
 
-export function messageView(role, text = "") {
+export const MISSING_IMAGE = "Image not kept in this browser: the model no longer sees it. Attach it again.";
+
+/** A message's images: a button per image that opens it whole (image-viewer.js); shown as
+ * soon as the file is at hand (from memory, or read back from IndexedDB after a reload). */
+function imagesRow(images) {
+  const list = document.createElement("ul");
+  list.className = "message-images";
+  list.setAttribute("aria-label", images.length === 1 ? "Attached image" : "Attached images");
+  images.forEach((meta, index) => {
+    const item = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "open-image";
+    button.dataset.id = meta.id;
+    button.setAttribute("aria-label", `Open ${imageName(meta, index).replace(/^Image/, "image")}`);
+    const picture = document.createElement("img");
+    picture.alt = imageName(meta, index);
+    if (meta.width && meta.height) {
+      picture.width = meta.width;
+      picture.height = meta.height;
+    }
+    button.append(picture);
+    item.append(button);
+    list.append(item);
+    loadImage(meta.id).then((image) => {
+      if (image) {
+        picture.src = imageUrl(image);
+        return;
+      }
+      const note = document.createElement("span");
+      note.className = "missing-image";
+      note.textContent = MISSING_IMAGE;
+      item.dataset.missing = "true";
+      button.replaceWith(note);
+    });
+  });
+  return list;
+}
+
+export function messageView(role, text = "", images = []) {
   const node = template.content.firstElementChild.cloneNode(true);
   node.classList.add(role);
   const roleLabel = node.querySelector(".role");
   roleLabel.textContent = role === "user" ? "You" : assistantName();
   const body = node.querySelector(".text");
+  if (images.length) {
+    node.querySelector(".bubble").before(imagesRow(images));
+    if (!text) node.querySelector(".bubble").classList.add("no-text");
+  }
   const meta = node.querySelector(".meta");
   const actions = node.querySelector(".message-actions");
   const view = {
     node,
     role,
     text,
+    images,
     actions,
     /** The streamed reply: its text so far, rendered as Markdown a block at a time. */
     append(delta) {
@@ -76,7 +122,7 @@ export function addView(view) {
 }
 
 export function restoredView(message) {
-  const view = messageView(message.role, message.content);
+  const view = messageView(message.role, message.content, message.images || []);
   if (message.role === "assistant") {
     view.showMarkdown(message.content);
     if (message.ending) view.setEnding(message.ending);

@@ -204,7 +204,7 @@ class BatchDecoder:
         """Feed `ids` [rows, tokens] to slots first..first+rows-1, whose caches hold
         `lengths` positions (each row's new K/V goes after them); the logits of each row's
         last token [rows, vocab], as float32 (`every`: of every token [rows, tokens, vocab],
-        for scripts/quality.py's teacher forcing)."""
+        for the teacher forcing of `python -m scripts.bench quality`)."""
         rows, tokens = ids.shape
         binding = self.session.io_binding()
         binding.bind_cpu_input(self.spec.input_ids, np.ascontiguousarray(ids, self._ids_type))

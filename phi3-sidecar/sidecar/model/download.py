@@ -5,7 +5,7 @@ Used by the sidecar on first start (MODEL_DOWNLOAD=1) and as a command of its ow
     phi3-download [--model NAME] [--out DIR] [--repo-id ID --subfolder PATH] [--revision REV]
     phi3-download --list
 
-(also `python scripts/download_model.py` in a checkout). It prints the folder that holds
+(also `python -m scripts.models.download_model` in a checkout). It prints the folder that holds
 genai_config.json: the sidecar's MODEL_PATH.
 Every failure becomes a `DownloadError` whose message is one sentence a person can act on.
 The Hub client honours HF_TOKEN, HF_HOME and HF_ENDPOINT by itself; an interrupted download
@@ -193,10 +193,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def catalog_table() -> str:
     """`--list`: one line per catalog model."""
-    rows = [("NAME", "DEVICE", "SIZE", "CONTEXT", "LICENCE", "REPOSITORY / FOLDER")]
+    rows = [("NAME", "DEVICE", "INPUT", "SIZE", "CONTEXT", "LICENCE", "REPOSITORY / FOLDER")]
     for e in catalog.ENTRIES.values():
         where = f"{e.repo_id}/{e.subfolder}" if e.subfolder else e.repo_id
-        rows.append((e.name, e.device, e.size_text, str(e.context_length), e.licence, where))
+        reads = "text+image" if e.images else "text"
+        rows.append((e.name, e.device, reads, e.size_text, str(e.context_length), e.licence, where))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]

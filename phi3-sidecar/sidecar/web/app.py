@@ -22,6 +22,7 @@ from sidecar.web.admission import Admission
 from sidecar.web.completions_api import router as completions_router
 from sidecar.web.connections import Connections, connection_limit
 from sidecar.web.deadlines import BodyDeadline
+from sidecar.web.images import Images
 from sidecar.web.listener import accept_errors
 from sidecar.web.metrics import Metrics
 from sidecar.web.model_client import ModelClient
@@ -79,10 +80,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.admission = admission
     app.state.model = model
     app.state.response_store = ResponseStore(settings.response_store_mb * 2**20)
+    app.state.images = Images(settings)  # the image checks (images.py)
     app.state.pipeline = Pipeline(
         model,
         admission,
         log_prompts=settings.log_prompts,
+        model_name=settings.served_model_name,
         time_limit_s=settings.reply_time_limit_s,
         start_after_s=settings.stream_start_after_s,
         keepalive_s=settings.stream_keepalive_s,

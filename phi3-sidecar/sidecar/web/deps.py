@@ -8,6 +8,7 @@ from fastapi import Depends, Request
 
 from sidecar.settings import Settings
 from sidecar.web.admission import Admission
+from sidecar.web.images import Images
 from sidecar.web.metrics import Metrics
 from sidecar.web.model_client import ModelClient
 from sidecar.web.pipeline import Pipeline
@@ -45,6 +46,11 @@ def get_response_store(request: Request) -> ResponseStore:
     return store
 
 
+def get_images(request: Request) -> Images:
+    images: Images = request.app.state.images
+    return images
+
+
 def get_record(request: Request) -> RequestRecord:
     """The request's log record (made by RequestLogMiddleware)."""
     record: RequestRecord = request.scope["state"]["record"]
@@ -58,3 +64,4 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 RecordDep = Annotated[RequestRecord, Depends(get_record)]
 ResponseStoreDep = Annotated[ResponseStore, Depends(get_response_store)]
+ImagesDep = Annotated[Images, Depends(get_images)]

@@ -67,8 +67,16 @@ REFUSALS: dict[str, Answer] = {
     "unencodable_prompt": Answer(400, "invalid_request", 400, "invalid_prompt"),
     # a response_format schema or tool parameters llguidance cannot compile (model/guidance.py)
     "invalid_guidance": Answer(422, "invalid_request", 400, "invalid_schema"),
-    # an image the web process let through that the model's image processor refused
+    # images (images.py): each checked in the web process before the model sees it; an image
+    # the model's image processor refused anyway (ipc.Refusal) is invalid_image too
     "invalid_image": Answer(400, "invalid_image", 400, "invalid_image"),
+    "image_too_large": Answer(400, "image_too_large", 400, "image_too_large"),
+    "too_many_images": Answer(400, "too_many_images", 400, "too_many_images"),
+    "unsupported_image_url": Answer(400, "unsupported_image_url", 400, "unsupported_image_url"),
+    # an image for a model that reads text only (pipeline.py, after readiness)
+    "image_input_unsupported": Answer(
+        400, "image_input_unsupported", 400, "image_input_unsupported"
+    ),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
     # a finished structured reply that fails its final check (reply_check.py)
@@ -82,7 +90,8 @@ REFUSALS: dict[str, Answer] = {
 WHEN: dict[str, str] = {
     "unsupported_media_type": "the body is not `application/json`",
     "body_too_large": "the body is over `MAX_BODY_BYTES` (`/predict`, `/v1/chat/completions`, "
-    "`/v1/completions`, `/v1/responses`)",
+    "`/v1/completions`, `/v1/responses`), not counting its images' data URLs, of which "
+    "`MAX_IMAGES` of `MAX_IMAGE_BYTES` fit beyond it",
     "body_cut_off": "the body ended before its `Content-Length`",
     "request_timeout": "the body did not arrive within `REQUEST_BODY_TIMEOUT_S` of the headers "
     "(a stalled or endless body; the connection is closed)",
@@ -117,8 +126,21 @@ WHEN: dict[str, str] = {
     "ever (a `$ref` loop, a required property that recurses), or more than 480 properties that "
     "may come next at one place; `param` names the field. Refused before anything is sent, "
     "streamed or not",
-    "invalid_image": "an image the model's image processor could not read (the web process "
-    "checks and re-encodes every image first, so this is rare); the worker stays up",
+    "invalid_image": "an image that cannot be read: not valid base64, a media type other than "
+    "`image/png`, `image/jpeg`, `image/webp` or `image/gif`, bytes of another type than the "
+    "one declared, a file that is not an image or is truncated, a side under 14 pixels, or a "
+    "long side more than 200 times the short one; or, rarely, one the model's image processor "
+    "could not read after the web process's checks (the model worker stays up); `param` names "
+    "the image's field",
+    "image_too_large": "an image over `MAX_IMAGE_BYTES` (its file, after base64) or "
+    "`MAX_IMAGE_PIXELS` (read from its header, before anything is decoded), or with a side "
+    "over 16384 pixels (the image processor's bound)",
+    "too_many_images": "the request holds more than `MAX_IMAGES` images, earlier turns' included",
+    "unsupported_image_url": "an image's URL is not a `data:` URL: the sidecar fetches nothing "
+    "(`http(s)` URLs included, so that no caller can make it request an address)",
+    "image_input_unsupported": "the request holds images and the model served reads text only "
+    "(`/readyz` `image_input`, `/v1/models` `input_modalities`); the message names the model. "
+    "Checked after the images themselves and readiness",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
     "cut off instead); a fault of one reply's own (logits that hold NaN, a grammar that leaves no "

@@ -13,6 +13,9 @@ names them:
 - `sidecar_queue_wait_seconds`: from asking for a slot to getting one;
 - `sidecar_request_prompt_tokens`, `sidecar_request_generated_tokens`: sizes per request.
 
+Images (images.py): those of requests that reached the model, the prompt tokens that stood for
+them, and the requests refused for their images, by reason (errors.REFUSALS' image reasons).
+
 And the connections (connections.py, listener.py): open ones and the cap, idle ones closed for a
 new one, requests refused over the cap, and accept errors (out of descriptors).
 
@@ -62,6 +65,15 @@ _GENERATED_BUCKETS = (1, 2, 4, 8, *_TOKEN_BUCKETS[:-4])  # 1 ... 8192
 _RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
 # Where a request's prompt tokens came from (ipc.CacheTier, and the rest read by the model)
 TOKEN_SOURCES = ("ram", "compact", "disk", "recomputed")
+# Why a request's images were refused: the refusals' reasons (errors.REFUSALS), whose /predict
+# type is the reason itself, as the request's record has it (error_type).
+IMAGE_REFUSALS = (
+    "invalid_image",
+    "image_too_large",
+    "too_many_images",
+    "unsupported_image_url",
+    "image_input_unsupported",
+)
 
 
 @dataclass
@@ -150,6 +162,19 @@ class Metrics:
         self.draft_reply_steps = counter(
             "sidecar_draft_reply_steps", "Model calls of the replies decoded with drafts."
         )
+        self.images = counter(
+            "sidecar_images", "Images of generation requests that reached the model."
+        )
+        self.image_tokens = counter(
+            "sidecar_image_tokens", "Prompt tokens that stood for images (in prompt_tokens too)."
+        )
+        self.image_refusals = counter(
+            "sidecar_image_refusals",
+            "Generation requests refused for their images, by reason (docs/api.md's refusals).",
+            ("reason",),
+        )
+        for reason in IMAGE_REFUSALS:
+            self.image_refusals.labels(reason)
         self.ttft = histogram(
             "sidecar_time_to_first_token_seconds",
             "From a request's arrival to its first piece of text.",
@@ -192,6 +217,11 @@ class Metrics:
         self.generated_tokens.inc(record.generated_tokens or 0)
         self.prompt_tokens.inc(record.prompt_tokens or 0)
         self.tokens_after_disconnect.inc(record.tokens_after_disconnect or 0)
+        if record.error_type in IMAGE_REFUSALS:
+            self.image_refusals.labels(record.error_type).inc()
+        if record.image_tokens is not None:  # a request with images reached the model
+            self.images.inc(record.images or 0)
+            self.image_tokens.inc(record.image_tokens)
         if record.cached_tokens is not None:  # the request reached the model
             self.cached_prompt_tokens.inc(record.cached_tokens)
             if self.prompt_cache:

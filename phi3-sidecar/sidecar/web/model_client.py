@@ -53,6 +53,7 @@ class PhaseState:
     since: float
     max_length: int | None = None
     retry_at: float | None = None  # when a replacement should be ready (time.monotonic())
+    image_input: bool = False  # the loaded model reads images (ipc.Phase, sent with "ready")
 
     def retry_after_s(self) -> int:
         """Seconds a client should wait before retrying (Retry-After)."""
@@ -99,6 +100,9 @@ class ModelClient:
         self.restarts = 0
         self.cache_stats = ipc.CacheStats()  # the worker's latest report; a new worker: empty
         self.phase = PhaseState("starting", None, time.monotonic())
+        # Whether the model reads images, as the last worker to get ready said (None: none was
+        # ready yet): /v1/models answers while a replacement loads.
+        self.image_input: bool | None = None
         self._replies: dict[int, Reply] = {}
         self._keys = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -246,14 +250,23 @@ class ModelClient:
             message = ipc.Phase("restarting", reason, message.context_length)
             if self._load_s is not None:
                 retry_at = self._spawned_at + self._load_s
-        self.phase = PhaseState(message.name, message.reason, now, message.context_length, retry_at)
+        self.phase = PhaseState(
+            message.name,
+            message.reason,
+            now,
+            message.context_length,
+            retry_at,
+            message.image_input,
+        )
         if message.ready:
             self._crashes = 0
+            self.image_input = message.image_input
         fields: dict[str, object] = {"phase": message.name}
         if message.reason:
             fields["reason"] = message.reason
         if message.ready:
             fields["load_s"] = round(now - self._spawned_at, 2)
+            fields["image_input"] = message.image_input
         level = {"failed": logging.ERROR, "restarting": logging.WARNING}.get(
             message.name, logging.INFO
         )

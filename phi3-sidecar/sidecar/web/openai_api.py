@@ -10,8 +10,11 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
   messages      as /predict's (roles system|user|assistant, system only first, the last one
                 from the user), plus role developer (OpenAI's newer name for system) and a
                 message `name` (accepted, not shown to the model); content is a string or a
-                list of text parts [{"type": "text", "text": "..."}], joined with newlines;
-                other parts (image_url, input_audio, ...) are refused
+                list of parts: text [{"type": "text", "text": "..."}], joined with newlines,
+                and, in user messages, images {"type": "image_url", "image_url": {"url":
+                "data:image/png;base64,...", "detail"}} (messages.py: where each stands;
+                images.py: what is accepted; a model that reads text only answers 400
+                image_input_unsupported); other parts (input_audio, ...) are refused
   model         any string of up to 256 characters, echoed (absent: the served model's name).
                 Not checked against the one model served: clients often send a fixed name.
                 GET /v1/models/{id} is the place where an unknown id is a 404 model_not_found.
@@ -56,7 +59,8 @@ Reply, stream false: 200 application/json once the reply is complete:
    "finish_reason": "stop" | "length" | "tool_calls"}],  ("length" also when the reply
    reached REPLY_TIME_LIMIT_S, counted from the request's arrival: outcome time_limit)
    "usage": {"prompt_tokens": ..., "completion_tokens": ..., "total_tokens": ...,
-             "prompt_tokens_details": {"cached_tokens": ...}}}
+             "prompt_tokens_details": {"cached_tokens": ..., "image_tokens": ...}}}
+  (image_tokens: of prompt_tokens, those that stand for images)
   With PROMPT_LOOKUP_TOKENS on, a greedy reply's usage also has "completion_tokens_details":
   {"accepted_prediction_tokens": ..., "rejected_prediction_tokens": ...}: the prompt-lookup
   draft tokens the model accepted and rejected.
@@ -106,8 +110,10 @@ from fastapi import APIRouter, Request, Response
 from sidecar import ipc
 from sidecar.settings import Settings
 from sidecar.web import logprobs, structured
-from sidecar.web.deps import PipelineDep, RecordDep, SettingsDep
+from sidecar.web.deps import ImagesDep, ModelDep, PipelineDep, RecordDep, SettingsDep
 from sidecar.web.errors import ApiError
+from sidecar.web.images import body_allowance
+from sidecar.web.model_client import ModelClient
 from sidecar.web.openai_schemas import ChatCompletionRequest
 from sidecar.web.pipeline import read_body
 from sidecar.web.reply import ReplyFormat
@@ -119,38 +125,52 @@ router = APIRouter()
 
 @router.get("/v1/models")
 @router.head("/v1/models", include_in_schema=False)
-async def list_models(settings: SettingsDep) -> dict[str, Any]:
+async def list_models(settings: SettingsDep, model: ModelDep) -> dict[str, Any]:
     """OpenAI's model list: the one model this sidecar serves."""
-    return {"object": "list", "data": [_model_object(settings)]}
+    return {"object": "list", "data": [_model_object(settings, model)]}
 
 
 @router.get("/v1/models/{model_id:path}")
 @router.head("/v1/models/{model_id:path}", include_in_schema=False)
-async def get_model(model_id: str, settings: SettingsDep) -> dict[str, Any]:
+async def get_model(model_id: str, settings: SettingsDep, model: ModelDep) -> dict[str, Any]:
     if model_id != settings.served_model_name:
         raise ApiError(
             "model_not_found", f"no model {model_id!r} here; GET /v1/models lists the one served"
         )
-    return _model_object(settings)
+    return _model_object(settings, model)
 
 
-def _model_object(settings: Settings) -> dict[str, Any]:
+def _model_object(settings: Settings, model: ModelClient) -> dict[str, Any]:
     try:  # when the model folder was written: the closest thing to OpenAI's "created"
         created = int((settings.model_path / "genai_config.json").stat().st_mtime)
     except OSError:
         created = 0
     name = settings.served_model_name
-    return {"id": name, "object": "model", "created": created, "owned_by": "phi3-sidecar"}
+    # What the model reads, as the last worker to get ready said (text only until one was).
+    modalities = ["text", "image"] if model.image_input else ["text"]
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "phi3-sidecar",
+        "input_modalities": modalities,
+    }
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(
-    request: Request, settings: SettingsDep, pipeline: PipelineDep, record: RecordDep
+    request: Request,
+    settings: SettingsDep,
+    pipeline: PipelineDep,
+    record: RecordDep,
+    images: ImagesDep,
 ) -> Response:
-    body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest)
+    allowance = body_allowance(settings)  # images' data URLs, beyond MAX_BODY_BYTES
+    body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest, allowance)
     record.stream = body.stream
+    checked = await images.prepare(body.image_refs(), record)  # 400s naming the image
     check = await structured.settle(body, record)  # 400 invalid_schema
-    generate = body.generate(record.request_id, settings.max_new_tokens)
+    generate = body.generate(record.request_id, settings.max_new_tokens, checked)
     model = body.model if body.model is not None else settings.served_model_name
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
     tools = body.calls_tools
@@ -184,11 +204,12 @@ class Ids:
 
 def _usage(end: ipc.End, started: ipc.Started) -> dict[str, Any]:
     completion = end.generated_tokens
+    details = {"cached_tokens": started.cached_tokens, "image_tokens": started.image_tokens}
     return {
-        "prompt_tokens": started.prompt_tokens,
+        "prompt_tokens": started.prompt_tokens,  # image tokens included
         "completion_tokens": completion,
         "total_tokens": started.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": started.cached_tokens},
+        "prompt_tokens_details": details,
         **_completion_details(end.drafts),
     }
 

@@ -13,25 +13,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sidecar import ipc
 from sidecar.ipc import Role
 from sidecar.web import guidance, llamacpp_fields, tool_protocol
+from sidecar.web.images import ImageRef
 from sidecar.web.llamacpp_fields import PredictLimit, RepeatPenalty
 from sidecar.web.messages import (
     MAX_MESSAGES,
     CacheScope,
     ChatMessage,
+    ImagePart,
     NewTokens,
+    Parts,
     Seed,
     StopSequences,
     Temperature,
-    Text,
     TopK,
     TopP,
+    check_image_roles,
     check_roles,
+    images_of,
     not_blank,
+    text_of,
 )
 from sidecar.web.openai_tools import (
     MAX_TOOLS,
@@ -110,29 +115,16 @@ def _metadata(value: dict[Any, Any]) -> bool:
     )
 
 
-def _join_text_parts(value: object) -> object:
-    """Content given as OpenAI's list of parts: the text of its text parts, one per line."""
-    if not isinstance(value, list):
-        return value  # a string; or a wrong type, which the string validation reports
-    texts = []
-    for part in value:
-        if not isinstance(part, dict) or part.get("type") != "text":
-            raise ValueError("only content parts of type 'text' are supported")
-        if set(part) != {"type", "text"} or not isinstance(part["text"], str):
-            raise ValueError('a text part is {"type": "text", "text": "..."}')
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
 class OpenAIMessage(ChatMessage):
-    """A /predict message whose content may also be a list of text parts, whose role may be
-    `developer` (OpenAI's newer name for the system message), and which may have a `name`
-    (a participant's name: accepted, not shown to the model). An assistant message may carry
-    the `tool_calls` it made (its content then may be null), and a `tool` message answers one
-    of them (`tool_call_id`): tool_protocol.py writes both into the prompt."""
+    """A /predict message whose content may also be a list of text and image_url parts
+    (messages.py; images in user messages only), whose role may be `developer` (OpenAI's newer
+    name for the system message), and which may have a `name` (a participant's name: accepted,
+    not shown to the model). An assistant message may carry the `tool_calls` it made (its
+    content then may be null), and a `tool` message answers one of them (`tool_call_id`):
+    tool_protocol.py writes both into the prompt."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]  # type: ignore[assignment]
-    content: Annotated[Text, BeforeValidator(_join_text_parts)] | None = None  # type: ignore[assignment]
+    content: Parts | None = None  # type: ignore[assignment]
     name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
     tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
@@ -145,9 +137,20 @@ class OpenAIMessage(ChatMessage):
             raise ValueError("a tool message, and only a tool message, has a tool_call_id")
         if self.content is None and self.tool_calls is None:
             raise ValueError("content is required (null only with tool_calls)")
-        if self.role not in ("assistant", "tool") and self.content is not None:
-            not_blank(self.content)
+        check_image_roles(self.role, self.content)
+        text = self.text
+        if self.role not in ("assistant", "tool") and text is not None and not self.has_images:
+            not_blank(text)
         return self
+
+    @property
+    def text(self) -> str | None:
+        """The content's text (its text parts, one per line); None: no content."""
+        return None if self.content is None else text_of(self.content)
+
+    @property
+    def has_images(self) -> bool:
+        return any(isinstance(part, ImagePart) for part in self.content or ())
 
     @property
     def plain_role(self) -> Role:
@@ -157,7 +160,7 @@ class OpenAIMessage(ChatMessage):
         return "user" if self.role == "tool" else self.role
 
     def turn(self) -> tool_protocol.Turn:
-        return tool_protocol.Turn(self.role, self.content, self.tool_calls or (), self.tool_call_id)
+        return tool_protocol.Turn(self.role, self.text, self.tool_calls or (), self.tool_call_id)
 
 
 class StreamOptions(BaseModel):
@@ -279,12 +282,19 @@ class ChatCompletionRequest(BaseModel):
             self.n_predict, self.max_tokens, self.max_completion_tokens
         )
 
-    def generate(self, request_id: str, default_max_new_tokens: int) -> ipc.Generate:
-        """The worker's request for this body."""
+    def generate(
+        self, request_id: str, default_max_new_tokens: int, images: tuple[bytes, ...] = ()
+    ) -> ipc.Generate:
+        """The worker's request for this body; `images`: image_refs()' images, checked
+        (images.py)."""
+        conversation, where = self._placed()
+        slots = tuple((ref.message, ref.offset) for ref in self._image_refs(where))
         return ipc.Generate(
             request_id,
-            self.conversation(),
+            conversation,
             self.max_new_tokens or default_max_new_tokens,
+            images=images,
+            image_slots=slots if images else (),
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
@@ -307,10 +317,27 @@ class ChatCompletionRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def conversation(self) -> tuple[tuple[Role, str], ...]:
+        return self._placed()[0]
+
+    def image_refs(self) -> list[ImageRef]:
+        """The images of the messages, in order, each where it stands in the conversation."""
+        return self._image_refs(self._placed()[1])
+
+    def _placed(self) -> tuple[tuple[tuple[Role, str], ...], list[int | None]]:
+        """The conversation the worker reads, and where each message went in it."""
         if self.tools or any(m.tool_calls or m.role == "tool" for m in self.messages):
             turns = [m.turn() for m in self.messages]
-            return tool_protocol.conversation(turns, self.tools or (), self.tool_choice or "auto")
-        return tuple((m.plain_role, m.content or "") for m in self.messages)
+            return tool_protocol.placed(turns, self.tools or (), self.tool_choice or "auto")
+        plain = tuple((m.plain_role, m.text or "") for m in self.messages)
+        return plain, list(range(len(plain)))
+
+    def _image_refs(self, where: list[int | None]) -> list[ImageRef]:
+        refs: list[ImageRef] = []
+        for index, message in enumerate(self.messages):
+            at = where[index]
+            if message.has_images and message.content is not None and at is not None:
+                refs += images_of(message.content, at, f"messages.{index}.content")
+        return refs
 
     @property
     def calls_tools(self) -> bool:

@@ -24,6 +24,7 @@ from sidecar import ipc
 from sidecar.web.admission import Admission, QueueFull
 from sidecar.web.early_start import EarlyStart
 from sidecar.web.errors import ApiError, not_ready, overloaded
+from sidecar.web.messages import PART_TAGS
 from sidecar.web.model_client import ModelClient
 from sidecar.web.record import RequestRecord
 from sidecar.web.reply import ReplyFormat, ReplyResponse, wait_for_disconnect
@@ -35,29 +36,44 @@ DRAIN_LIMIT = 4 * 1024 * 1024
 Body = TypeVar("Body", bound=BaseModel)
 
 
-async def read_body(request: Request, limit: int, schema: type[Body]) -> Body:
-    """The JSON body, validated by `schema`; ApiError 415/413/400/422 otherwise."""
+async def read_body(request: Request, limit: int, schema: type[Body], images: int = 0) -> Body:
+    """The JSON body, validated by `schema`; ApiError 415/413/400/422 otherwise. `images`: how
+    many bytes more a body may hold in its images' data URLs (images.body_allowance); the rest
+    of the body stays within `limit` (`schema` has `image_refs()`)."""
     media_type, _, params = request.headers.get("content-type", "").partition(";")
     charset = params.strip().lower().removeprefix("charset=").strip('"') if params else "utf-8"
     if media_type.strip().lower() != "application/json" or charset not in ("utf-8", "utf8"):
         raise ApiError("unsupported_media_type", "send the body as application/json (UTF-8)")
-    drain_limit = max(limit, DRAIN_LIMIT)
+    whole = limit + images
+    drain_limit = max(whole, DRAIN_LIMIT)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > drain_limit:
-        _too_large(limit)
+        _too_large(limit, images)
     body = bytearray()
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
-            if size <= limit:
+            if size <= whole:
                 body += chunk
             elif size > drain_limit:
                 break
     except ClientDisconnect:
         raise ApiError("body_cut_off", "the body was cut off") from None
-    if size > limit:
-        _too_large(limit)
+    if size > whole or (size > limit and b"data:" not in body):  # the latter: no image in it
+        _too_large(limit, images)
+    if size <= limit:
+        return _parse(body, schema)
+    # A body with images: megabytes of JSON, parsed beside the event loop.
+    parsed = await asyncio.to_thread(_parse, body, schema)
+    refs = getattr(parsed, "image_refs", None)
+    urls = sum(len(ref.url) for ref in refs()) if refs is not None else 0
+    if size - urls > limit:
+        _too_large(limit, images)
+    return parsed
+
+
+def _parse(body: bytes | bytearray, schema: type[Body]) -> Body:
     try:
         data = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
     except UnicodeDecodeError:
@@ -84,6 +100,7 @@ class Pipeline:
         admission: Admission,
         *,
         log_prompts: bool,
+        model_name: str = "",
         time_limit_s: float = 0.0,
         start_after_s: float = 2.0,
         keepalive_s: float = 5.0,
@@ -91,6 +108,7 @@ class Pipeline:
         self._model = model
         self._admission = admission
         self._log_prompts = log_prompts
+        self._model_name = model_name  # names the model that reads no images
         self._time_limit_s = time_limit_s  # REPLY_TIME_LIMIT_S; 0: none
         self._start_after_s = start_after_s  # STREAM_START_AFTER_S
         self._keepalive_s = keepalive_s  # STREAM_KEEPALIVE_S
@@ -108,6 +126,12 @@ class Pipeline:
             record.prompt = generate.messages or generate.prompt  # a plain prompt: /v1/completions
         if not model.phase.ready:
             raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
+        if generate.images and not model.phase.image_input:
+            raise ApiError(
+                "image_input_unsupported",
+                f"the model {self._model_name!r} reads text only: send the request without "
+                "images, or serve a vision model (Phi-3.5-vision)",
+            )
         begin = asyncio.ensure_future(self._begin(record, generate, reply_format))
         gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
         # A format that can keep a stream alive may start it before its reply starts.
@@ -157,6 +181,8 @@ class Pipeline:
         if isinstance(start, ipc.End):  # the worker died before it started this request
             raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
         record.prompt_tokens = start.prompt_tokens
+        if generate.images:
+            record.image_tokens = start.image_tokens
         record.cached_tokens = start.cached_tokens
         record.cache_reason = start.cache_reason or None
         record.cache_tier = start.cache_tier
@@ -189,8 +215,14 @@ class Pipeline:
             raise not_ready(phase.name, phase.reason, phase.retry_after_s())
 
 
-def _too_large(limit: int) -> NoReturn:
-    raise ApiError("body_too_large", f"the body is larger than {limit} bytes")
+def _too_large(limit: int, images: int = 0) -> NoReturn:
+    if not images:
+        raise ApiError("body_too_large", f"the body is larger than {limit} bytes")
+    raise ApiError(
+        "body_too_large",
+        f"the body is larger than {limit} bytes besides its images' data URLs, or than "
+        f"{limit + images} bytes in all",
+    )
 
 
 def _no_constants(name: str) -> NoReturn:
@@ -201,9 +233,24 @@ def _first_error(exc: ValidationError) -> tuple[str | None, str]:
     """The field at fault (None if the whole body) and one line naming it, never echoing the
     input. A whole-body check names its field at the start of its message ("stop: ...")."""
     error = exc.errors(include_input=False, include_url=False)[0]
-    where = ".".join(str(part) for part in error["loc"])
+    where = ".".join(str(part) for part in _untagged(error["loc"]))
     message = str(error["msg"]).removeprefix("Value error, ")
     if where:
         return where, f"{where}: {message}"
     field, colon, _ = message.partition(": ")
     return (field if colon and field.isidentifier() else None), message
+
+
+def _untagged(loc: tuple[int | str, ...]) -> list[int | str]:
+    """An error's path without the tag pydantic puts after a content part's index
+    (`messages.0.content.1.image_url.image_url.url`: the part's kind, not a field)."""
+
+    def tag(i: int) -> bool:
+        return (
+            i >= 2
+            and loc[i] in PART_TAGS
+            and isinstance(loc[i - 1], int)
+            and loc[i - 2] == "content"
+        )
+
+    return [part for i, part in enumerate(loc) if not tag(i)]

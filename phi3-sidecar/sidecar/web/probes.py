@@ -35,6 +35,7 @@ async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
     }
     if ready:
         body["max_length"] = phase.max_length
+        body["image_input"] = phase.image_input  # the model reads images (issue 36)
         return JSONResponse(body)
     headers = {"Retry-After": str(phase.retry_after_s())}
     return JSONResponse(body, status_code=503, headers=headers)

@@ -28,6 +28,10 @@ class RequestRecord:
     # type, never its message
     fault: str | None = None
     prompt_tokens: int | None = None
+    # a request with images (images.py): how many, and the prompt tokens that stand for them
+    # (of prompt_tokens); never their bytes or URLs
+    images: int | None = None
+    image_tokens: int | None = None
     cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
     cache_reason: str | None = None  # why (model/prompt_cache.py, REASONS)
     # where those came from: ram (its KV slot), compact (compact RAM), disk (the disk tier);

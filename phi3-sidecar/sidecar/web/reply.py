@@ -138,6 +138,7 @@ class ReplyResponse(Response):
                 "cache-control": "no-store",
                 "x-accel-buffering": "no",  # proxies: do not buffer the stream
                 "x-prompt-tokens": str(started.prompt_tokens),
+                "x-image-tokens": str(started.image_tokens),  # of those, standing for images
                 "x-cached-tokens": str(started.cached_tokens),
                 "x-dropped-messages": str(started.dropped_messages),
             }

@@ -7,11 +7,13 @@ format and the stored responses (response_store.py) are the Responses API's own.
 Request, application/json (unknown fields are refused with 400 invalid_value, naming them):
   input         a string (one user message), or a list of items: messages ({"role": "user" |
                 "system" | "developer" | "assistant", "content": a string or text parts,
-                input_text / output_text}; "type": "message" may be left out; system and
-                developer only where the conversation starts), function_call items (an
-                earlier reply's calls, sent back) and function_call_output items ({"call_id",
-                "output"}: a call's result). Other items and parts (images, files, reasoning,
-                item_reference) are refused
+                input_text / output_text, and in user messages input_image parts {"type":
+                "input_image", "image_url": "data:image/png;base64,...", "detail"} (checked
+                as Chat Completions' image_url parts; by file_id: refused, no files are
+                stored); "type": "message" may be left out; system and developer only where
+                the conversation starts), function_call items (an earlier reply's calls, sent
+                back) and function_call_output items ({"call_id", "output"}: a call's result).
+                Other items and parts (files, reasoning, item_reference) are refused
   instructions  a system message in front of the conversation; not carried over to a
                 response that continues this one (as OpenAI's)
   model         any string up to 256 characters, echoed
@@ -42,7 +44,8 @@ Reply, stream false: 200, the response object {"id": "resp_...", "object": "resp
   "output": [{"type": "message", "id": "msg_...", "role": "assistant", "status", "content":
   [{"type": "output_text", "text", "annotations": [], "logprobs": [...]}]}] or function_call
   items {"type": "function_call", "id": "fc_...", "call_id", "name", "arguments", "status"},
-  "usage": {"input_tokens", "input_tokens_details": {"cached_tokens"}, "output_tokens",
+  "usage": {"input_tokens", "input_tokens_details": {"cached_tokens", "image_tokens"},
+  "output_tokens",
   "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens"}, and the request's
   settings echoed}. A structured reply that fails its final check: 500 invalid_reply.
 Reply, stream true: text/event-stream, `event: <type>` and `data: <json>` with a rising
@@ -69,8 +72,9 @@ from fastapi import APIRouter, Request, Response
 
 from sidecar import ipc
 from sidecar.web import structured
-from sidecar.web.deps import PipelineDep, RecordDep, ResponseStoreDep, SettingsDep
+from sidecar.web.deps import ImagesDep, PipelineDep, RecordDep, ResponseStoreDep, SettingsDep
 from sidecar.web.errors import ApiError
+from sidecar.web.images import body_allowance
 from sidecar.web.openai_api import _calls, _Checked, _json
 from sidecar.web.openai_schemas import ChatCompletionRequest, scope_of
 from sidecar.web.pipeline import read_body
@@ -89,9 +93,11 @@ async def create_response(
     pipeline: PipelineDep,
     record: RecordDep,
     store: ResponseStoreDep,
+    images: ImagesDep,
 ) -> Response:
+    allowance = body_allowance(settings)  # images' data URLs, beyond MAX_BODY_BYTES
     try:
-        body = await read_body(request, settings.max_body_bytes, ResponsesRequest)
+        body = await read_body(request, settings.max_body_bytes, ResponsesRequest, allowance)
     except ApiError as error:
         raise untagged(error) from None
     record.stream = body.stream
@@ -110,10 +116,11 @@ async def create_response(
         earlier = previous.conversation
     chat, conversation = body.as_chat(earlier)
     try:
+        checked = await images.prepare(chat.image_refs(), record)  # 400s naming the input
         check = await structured.settle(chat, record)  # 400 invalid_schema
     except ApiError as error:
         raise refusal_of(error) from None
-    generate = chat.generate(record.request_id, settings.max_new_tokens)
+    generate = chat.generate(record.request_id, settings.max_new_tokens, checked)
     model = body.model if body.model is not None else settings.served_model_name
     draft = Draft(body, chat, model, conversation, owner, store)
     reply_format = (ResponseEvents if body.stream else ResponseObject)(draft, check)
@@ -240,7 +247,10 @@ class Draft:
         incomplete = end.finish in ("length", "time_limit")
         usage = {
             "input_tokens": started.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": started.cached_tokens},
+            "input_tokens_details": {
+                "cached_tokens": started.cached_tokens,
+                "image_tokens": started.image_tokens,  # of input_tokens
+            },
             "output_tokens": end.generated_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": started.prompt_tokens + end.generated_tokens,

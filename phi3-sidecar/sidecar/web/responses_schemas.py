@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from sidecar.web.errors import ApiError
+from sidecar.web.images import ImageRef
 from sidecar.web.messages import (
     MAX_MESSAGES,
     MAX_TEXT_CHARS,
@@ -85,16 +86,38 @@ class Refusal(_Strict):
     refusal: Text
 
 
+class InputImage(_Strict):
+    """An image, as a data: URL (checked as Chat Completions' image_url parts: images.py).
+    By `file_id`: refused, no files are stored here."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None  # OpenAI's; the processor decides
+
+    @model_validator(mode="after")
+    def _by_url(self) -> Self:
+        if self.file_id is not None:
+            raise ValueError(
+                "file_id: no files are stored here; send the image as image_url, a data: URL"
+            )
+        if self.image_url is None:
+            raise ValueError("image_url: required (a data: URL)")
+        return self
+
+
 def _part_kind(value: object) -> object:
-    """Only text parts (image and file parts need a model that reads them)."""
+    """Text and image parts (file parts need files, which are not stored here)."""
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind not in ("input_text", "output_text", "refusal"):
-        raise ValueError("only text parts (input_text, output_text) are supported")
+    if kind not in ("input_text", "output_text", "refusal", "input_image"):
+        raise ValueError(
+            "only text and image parts (input_text, output_text, input_image) are supported"
+        )
     return value
 
 
 Part = Annotated[
-    Annotated[InputText | OutputText | Refusal, Field(discriminator="type")],
+    Annotated[InputText | OutputText | Refusal | InputImage, Field(discriminator="type")],
     BeforeValidator(_part_kind),
 ]
 
@@ -129,7 +152,27 @@ class Message(_Strict):
     phase: Literal["commentary", "final_answer"] | None = None
 
     def text(self) -> str:
-        return "\n".join(p.refusal if isinstance(p, Refusal) else p.text for p in self.content)
+        return "\n".join(_text(p) for p in self.content if not isinstance(p, InputImage))
+
+    def chat_content(self) -> str | list[dict[str, Any]]:
+        """The content as Chat Completions takes it: the text, or with images its parts."""
+        if not any(isinstance(p, InputImage) for p in self.content):
+            return self.text()
+        return [
+            {"type": "image_url", "image_url": _image_url(p)}
+            if isinstance(p, InputImage)
+            else {"type": "text", "text": _text(p)}
+            for p in self.content
+        ]
+
+
+def _text(part: InputText | OutputText | Refusal) -> str:
+    return part.refusal if isinstance(part, Refusal) else part.text
+
+
+def _image_url(part: InputImage) -> dict[str, Any]:
+    url: dict[str, Any] = {"url": part.image_url}
+    return url if part.detail is None else url | {"detail": part.detail}
 
 
 class FunctionCall(_Strict):
@@ -272,6 +315,17 @@ class ResponsesRequest(_Strict):
             raise ValueError("metadata: keys of at most 64 characters")
         return self
 
+    def image_refs(self) -> list[ImageRef]:
+        """The input's images (their URLs bound the body: pipeline.read_body); where each
+        stands is the Chat Completions request's to say (`as_chat`)."""
+        return [
+            ImageRef(part.image_url, f"input.{i}.content.{j}.image_url")
+            for i, item in enumerate(self.input)
+            if isinstance(item, Message)
+            for j, part in enumerate(item.content)
+            if isinstance(part, InputImage) and part.image_url is not None
+        ]
+
     @property
     def logprobs_count(self) -> int | None:
         """ipc.Generate.logprobs: asked for by `include` (or a `top_logprobs` above 0)."""
@@ -286,7 +340,7 @@ class ResponsesRequest(_Strict):
         for item in self.input:
             last = out[-1] if out else None
             if isinstance(item, Message):
-                out.append({"role": item.role, "content": item.text()})
+                out.append({"role": item.role, "content": item.chat_content()})
             elif isinstance(item, FunctionCallOutput):
                 out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
             else:  # calls join the assistant turn they follow, or make one
@@ -310,7 +364,7 @@ class ResponsesRequest(_Strict):
         # turn (templates know one); a system message later on is refused as Chat's is.
         system = [self.instructions] if self.instructions else []
         rest = list(conversation)
-        while rest and rest[0]["role"] in ("system", "developer"):
+        while rest and rest[0]["role"] in ("system", "developer") and _plain(rest[0]):
             system.append(rest.pop(0)["content"])
         messages = [{"role": "system", "content": "\n\n".join(system)}] if system else []
         chat: dict[str, Any] = {"messages": messages + rest, "stream": False}
@@ -358,6 +412,11 @@ class ResponsesRequest(_Strict):
         return choice
 
 
+def _plain(message: dict[str, Any]) -> bool:
+    """A message whose content is text (one with images is left for Chat's rules to refuse)."""
+    return isinstance(message.get("content"), str)
+
+
 # How a Chat Completions field is spelled in a Responses request (longest first). A message's
 # index is not the input item's (instructions, earlier turns): the whole input is named.
 _PREFIXES = (
@@ -393,7 +452,7 @@ def refusal_of(error: ApiError) -> ApiError:
 # part or format failed): not a field a client can find in its request.
 _TAGS = frozenset(
     {"message", "function_call", "function_call_output", "input_text", "output_text"}
-    | {"refusal", "text", "json_object", "json_schema"}
+    | {"refusal", "input_image", "text", "json_object", "json_schema"}
 )
 
 

@@ -74,10 +74,21 @@ def conversation(
     turns: Sequence[Turn], tools: Sequence[ToolSpec], choice: ToolChoice
 ) -> tuple[tuple[Role, str], ...]:
     """The turns in the roles every template knows (system, user, assistant)."""
+    return placed(turns, tools, choice)[0]
+
+
+def placed(
+    turns: Sequence[Turn], tools: Sequence[ToolSpec], choice: ToolChoice
+) -> tuple[tuple[tuple[Role, str], ...], list[int | None]]:
+    """`conversation`, and where each turn went in it (None: a tool result, joined with the
+    others of its call in one user turn). A user turn's text is kept as it is, so an image
+    keeps its offset in it (ipc.Generate.image_slots)."""
     names = {c.id: c.function.name for t in turns for c in t.tool_calls}
     out: list[tuple[Role, str]] = []
+    where: list[int | None] = []
     results: list[dict[str, str]] = []
     for turn in turns:
+        where.append(None if turn.role == "tool" else len(out) + (1 if results else 0))
         if turn.role == "tool":
             call_id = turn.tool_call_id or ""
             content = turn.content or ""
@@ -103,7 +114,8 @@ def conversation(
             out[0] = ("system", f"{out[0][1]}\n\n{offer}")
         else:
             out.insert(0, ("system", offer))
-    return tuple(out)
+            where = [None if at is None else at + 1 for at in where]
+    return tuple(out), where
 
 
 def written(calls: Sequence[ToolCall]) -> str:

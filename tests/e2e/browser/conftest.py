@@ -13,7 +13,7 @@ from playwright.sync_api import (
     sync_playwright,
 )
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e.browser.support import CHROMIUM
 from tests.e2e.conftest import AppFactory

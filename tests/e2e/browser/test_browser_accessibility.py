@@ -14,7 +14,7 @@ from playwright.sync_api import (
 )
 
 from chatapp import wire
-from scripts import services
+from scripts.run import services
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e.browser.support import (
     CODE,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from scripts import services
+from scripts.run import services
 from tests.e2e.browser.front_end import AFFINITY, FrontEnd
 from tests.e2e.browser.support import reply, send
 

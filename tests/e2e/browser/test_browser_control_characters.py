@@ -14,7 +14,7 @@ from playwright.sync_api import (
     expect,
 )
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, chunk, sse
 from tests.e2e.browser.support import chat_request, reply, send

@@ -17,7 +17,7 @@ from playwright.sync_api import (
     expect,
 )
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e import live

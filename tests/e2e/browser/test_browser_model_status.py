@@ -12,7 +12,8 @@ from playwright.sync_api import (
     expect,
 )
 
-from scripts import make_model, services
+from scripts.models import make_model
+from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e import live

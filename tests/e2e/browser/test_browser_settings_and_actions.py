@@ -8,7 +8,7 @@ from playwright.sync_api import (
     expect,
 )
 
-from scripts import services
+from scripts.run import services
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e.browser.support import CODE, chat_request, replies, reply, send
 from tests.e2e.conftest import AppFactory

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from sidecar.ipc import Generate
 from sidecar.model.batch_decoder import KvPool, Unsupported, read_spec
 from sidecar.model.engine import Engine

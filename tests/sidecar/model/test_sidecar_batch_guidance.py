@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from sidecar.ipc import Generate, Guidance
 from sidecar.model.batch_guidance import Grammars
 from sidecar.model.batch_scheduler import BatchGeneration

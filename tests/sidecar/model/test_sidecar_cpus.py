@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
+from scripts.run import services
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.settings import Settings
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from scripts import services
+from scripts.run import services
 from sidecar.model.device import device_error
 from sidecar.settings import Settings
 from tests.sidecar.support import assert_error, predict

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import make_model, services
-from scripts.services import Service
+from scripts.models import make_model
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar.support import request_line
 
 MAX_NEW = 64

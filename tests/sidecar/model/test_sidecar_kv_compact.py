@@ -3,7 +3,7 @@ prompt into a slot, and its K/V go through each encoding. fp32 comes back bit fo
 within half a scale step of every value; fp16 as numpy rounds it; an encoding grown by
 `extend` and cut by `truncate` is the encoding of those positions at once; a restore of N
 positions leaves the slot's others as they were. (The quality of a chat continued from them:
-scripts/quality.py --kv-restore, tests/realmodel/test_realmodel_kv_restore.py.)"""
+python -m scripts.bench quality --kv-restore, tests/realmodel/test_realmodel_kv_restore.py.)"""
 
 from __future__ import annotations
 

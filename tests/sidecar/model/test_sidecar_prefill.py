@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts.services import Service
+from scripts.run.services import Service
 from sidecar import ipc
 from sidecar.model.engine import load_engine
 from sidecar.settings import Settings

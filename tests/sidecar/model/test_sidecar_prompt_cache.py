@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar.support import request_line
 from tests.support.engines import EXIT, faulty, paced
 

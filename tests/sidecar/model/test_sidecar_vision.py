@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from scripts import services
-from scripts.services import request_line
+from scripts.run import services
+from scripts.run.services import request_line
 from sidecar import ipc
 from sidecar.model.engine import Engine, og
 from sidecar.model.generation import Generation

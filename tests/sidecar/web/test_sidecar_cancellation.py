@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from scripts.services import Service
+from scripts.run.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import metrics, predict, request_line
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts.services import Service
+from scripts.run.services import Service
 from sidecar.web.admission import Admission, QueueFull
 from tests.sidecar import reference
 from tests.sidecar.support import (

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import psutil
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar.support import metrics
 
 LOW_NOFILE = (160, 160)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts.services import Service
+from scripts.run.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import JSON_HEADERS, assert_error, predict, request_lines
 

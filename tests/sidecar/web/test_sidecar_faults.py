@@ -15,8 +15,8 @@ import httpx
 import psutil
 import pytest
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar.support import assert_error, metrics, predict, request_line
 from tests.support.engines import EXIT, RAISE, SECRET, START, faulty
 

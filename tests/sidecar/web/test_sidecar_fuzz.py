@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import services
+from scripts.run import services
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 # Every check that applies to one request at a time (the stateful and access-control ones need

@@ -16,8 +16,8 @@ import httpx
 import psutil
 import pytest
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar.support import predict, request_line
 from tests.sidecar.web.test_sidecar_faults import model_worker
 from tests.support.engines import EXIT, faulty, paced

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.models.fake_hub import FakeHub
 from tests.sidecar.support import assert_error, predict
 

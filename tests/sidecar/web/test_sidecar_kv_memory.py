@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar.support import metrics, predict, request_line, words
 from tests.support.engines import paced
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts.make_model import EOS_PROMPT, LONG_PROMPT
-from scripts.services import Service
+from scripts.models.make_model import EOS_PROMPT, LONG_PROMPT
+from scripts.run.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import assert_error, request_line
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from scripts.services import Service
+from scripts.run.services import Service
 
 # Token ids of the tiny model's vocabulary: a plain prompt, read as it is (no template).
 PROMPT_IDS = [1, 433, 347, 918, 81, 985, 12, 100, 200, 57, 640]

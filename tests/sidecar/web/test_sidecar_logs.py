@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from scripts.services import Service
+from scripts.run.services import Service
 from sidecar.settings import Settings
 from sidecar.web.app import create_app
 from tests.sidecar.support import assert_error, metrics, predict, request_line, request_lines

@@ -8,7 +8,7 @@ import threading
 
 import httpx
 
-from scripts.services import Service
+from scripts.run.services import Service
 from tests.sidecar.support import metrics, predict, request_line
 
 MARKER = "gecko-marker-3307"
@@ -26,6 +26,14 @@ LABELS = {
     "le": None,  # bucket bounds
     "source": {"ram", "compact", "disk", "recomputed"},  # where prompt tokens came from
     "tier": {"compact", "disk"},  # where a restored conversation came from
+    # why a request's images were refused (web/images.py, the pipeline)
+    "reason": {
+        "invalid_image",
+        "image_too_large",
+        "too_many_images",
+        "unsupported_image_url",
+        "image_input_unsupported",
+    },
 }
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import services
-from scripts.make_model import EOS_PROMPT, LONG_PROMPT
-from scripts.services import Service
+from scripts.models.make_model import EOS_PROMPT, LONG_PROMPT
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import assert_error, metrics, predict, request_line
 from tests.support.engines import RAISE, SECRET
@@ -237,13 +237,13 @@ HI = user("Hi")
 INVALID: dict[str, dict[str, Any]] = {
     "n-2": {"messages": HI, "n": 2},
     "bad-role": {"messages": [{"role": "tool", "content": "Hi"}]},
-    "image-part": {
+    "audio-part": {
         "messages": [
             {
                 "role": "user",
                 "content": [
                     {"type": "text", "text": "Hi"},
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
                 ],
             }
         ]
@@ -297,11 +297,11 @@ def test_invalid_requests_are_openais_400(sidecar_service: Service, body: dict[s
     ("body", "says"),
     [
         (INVALID["n-2"], "n: "),
-        (INVALID["image-part"], "type 'text'"),
+        (INVALID["audio-part"], "no model served here reads audio"),
         (INVALID["logit-bias"], "logit_bias is not supported"),
         (INVALID["stream-not-bool"], "stream: "),
     ],
-    ids=["n", "image", "logit-bias", "stream"],
+    ids=["n", "audio", "logit-bias", "stream"],
 )
 def test_refusals_name_the_reason(
     sidecar_service: Service, body: dict[str, Any], says: str

@@ -15,8 +15,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.support.engines import paced
 
 PROMPT = "Tell me about the weather in Paris today, and what I should wear outside."

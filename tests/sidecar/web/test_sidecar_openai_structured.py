@@ -22,8 +22,8 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.sidecar.support import request_line
 
 CODE = "[A-Z]{2}[0-9]{3}"  # unanchored, as users write it; they mean the whole string

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import requests
 
-from scripts.services import Service
+from scripts.run.services import Service
 from tests.sidecar import reference
 from tests.sidecar.support import predict, request_line
 

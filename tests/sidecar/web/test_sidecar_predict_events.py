@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from scripts.services import Service
+from scripts.run.services import Service
 from tests.support.engines import RAISE
 
 EVENTS = {"accept": "application/x-ndjson"}

@@ -17,8 +17,8 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
-from scripts import services
-from scripts.services import Service
+from scripts.run import services
+from scripts.run.services import Service
 from tests.support.engines import RAISE, SECRET
 
 QUESTION = "Tell me about the weather in Paris today."
@@ -347,10 +347,20 @@ def test_a_reply_that_fails_its_check_is_never_completed(faulty_service: Service
 
 BAD: dict[str, tuple[dict[str, Any], str | None, str]] = {
     "hosted-tool": ({"tools": [{"type": "web_search"}]}, "tools.0", "invalid_value"),
-    "image-part": (
-        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+    "file-part": (
+        {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
         "input.0.content.0",
         "invalid_value",
+    ),
+    "image-by-file-id": (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+        "input.0.content.0",
+        "invalid_value",
+    ),
+    "image-not-a-data-url": (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "input",
+        "unsupported_image_url",
     ),
     "reasoning-item": (
         {"input": [{"type": "reasoning", "summary": []}]},

@@ -2,7 +2,7 @@
 one long prefill (the model worker is another process, so the GIL it holds stalls nothing).
 
 No absolute latency is asserted (the machine may be busy); the bound is relative to the
-prefill's own duration. scripts/measure_health_latency.py measures the p99 figure."""
+prefill's own duration. python -m scripts.bench health-latency measures the p99 figure."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from scripts.services import Service
+from scripts.run.services import Service
 
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 300  # ~3300 tokens
 

@@ -26,8 +26,8 @@ import httpx
 import openai
 import pytest
 
-from scripts import services
-from scripts.make_model import LONG_PROMPT
+from scripts.models.make_model import LONG_PROMPT
+from scripts.run import services
 from tests.sidecar import reference
 from tests.sidecar.support import metrics, request_line
 from tests.sidecar.tutorial_apps import APPS, N_PREDICT, SYSTEM, Read, fastapi_app

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scripts import services
-from scripts.make_model import LONG_PROMPT
+from scripts.models.make_model import LONG_PROMPT
+from scripts.run import services
 from tests.sidecar.support import metrics, predict, request_line
 from tests.support.engines import paced
 

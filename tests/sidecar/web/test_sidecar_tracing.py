@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import SecretStr
 
-from scripts import services
+from scripts.run import services
 from sidecar.settings import Settings
 from sidecar.web.record import RequestRecord
 from sidecar.web.telemetry import Tracing, exporters

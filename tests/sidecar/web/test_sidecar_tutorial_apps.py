@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scripts import services
-from scripts.make_model import LONG_PROMPT
+from scripts.models.make_model import LONG_PROMPT
+from scripts.run import services
 from tests.sidecar import reference
 from tests.sidecar.support import request_line
 from tests.sidecar.tutorial_apps import APPS, N_PREDICT, SYSTEM

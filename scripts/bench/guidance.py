@@ -1,0 +1,145 @@
+"""What structured output costs and saves, on one model folder (default: Phi-3-mini's shapes,
+written by scripts/models/make_model.py --preset phi3-mini; random weights decode at the real
+model's speed). The sidecar's own engine runs in this process, cache off, greedy, one request at a
+time:
+
+1. Forced tokens: a typical JSON Schema reply (the docs' weather report) with
+   `enable_ff_tokens` on and off: tokens generated against decode steps taken, and the time to
+   the complete object. The replies must be the same text (checked).
+2. The cost guidance adds to a step: the same number of tokens of free text without a grammar
+   and under a grammar that allows any text (tool_choice "none"'s), time per decode step.
+
+    python -m scripts.bench guidance                      # builds phi3-mini shapes once
+    python -m scripts.bench guidance --model /models/phi3 --runs 5 --json out.json
+
+Prints a Markdown table headed with the CPU; the tests run it on the tiny model and check what
+it counts, never its timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from scripts.bench.drivers import cpu_name
+from sidecar.ipc import Generate, Guidance
+from sidecar.model.batch_scheduler import BatchGeneration
+from sidecar.model.engine import Engine
+from sidecar.model.generation import Generation
+from sidecar.web.guidance import TEXT_RULE, prepared
+
+REPO = Path(__file__).resolve().parents[2]
+REPORT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "country": {"enum": ["France", "United Kingdom", "Japan", "Germany", "Spain"]},
+        "temperature_celsius": {"type": "integer", "minimum": -50, "maximum": 60},
+        "conditions": {"enum": ["sunny", "cloudy", "rain", "snow", "storm"]},
+        "wind_kmh": {"type": "integer", "minimum": 0, "maximum": 250},
+        "advice": {"type": "string", "maxLength": 80},
+    },
+    "required": ["city", "country", "temperature_celsius", "conditions", "wind_kmh", "advice"],
+    "additionalProperties": False,
+}
+QUESTION = "What is the weather in Paris today? Answer as a JSON weather report."
+
+
+def timed(generation: Generation | BatchGeneration) -> dict[str, Any]:
+    """Run one generation to its end: its text, tokens, decode steps and times."""
+    text: list[str] = []
+    steps = 0
+    began = time.perf_counter()
+    decode_began = None
+    while generation.finish is None:
+        prefilling = generation.prefilling
+        if not prefilling and decode_began is None:
+            decode_began = time.perf_counter()
+        text.append(generation.step() or "")
+        steps += not prefilling
+    ended = time.perf_counter()
+    generation.release(reusable=False)
+    decode_s = ended - (decode_began or ended)
+    return {
+        "text": "".join(text),
+        "tokens": generation.generated,
+        "steps": steps,
+        "total_s": ended - began,
+        "per_step_ms": 1000 * decode_s / max(steps, 1),
+    }
+
+
+def forced_tokens(engine: Engine, runs: int, max_new: int) -> dict[str, Any]:
+    guidance = Guidance("json_schema", json.dumps(prepared(REPORT_SCHEMA)))
+    results: dict[str, Any] = {}
+    for label, ff in (("ff on", True), ("ff off", False)):
+        request = Generate(
+            "bench", (("user", QUESTION),), max_new, guidance=replace(guidance, ff_tokens=ff)
+        )
+        samples = [timed(engine.start(request, cached=False)) for _ in range(runs)]
+        results[label] = samples
+    texts = {s["text"] for samples in results.values() for s in samples}
+    if len(texts) != 1:
+        print("warning: the replies differ with forced tokens on and off", file=sys.stderr)
+    return results
+
+
+def step_cost(engine: Engine, runs: int, tokens: int) -> dict[str, Any]:
+    any_text = Guidance("lark_grammar", "start: TEXT\n" + TEXT_RULE)
+    results: dict[str, Any] = {}
+    for label, guidance in (("no grammar", None), ("any-text grammar", any_text)):
+        request = Generate(
+            "bench", (("user", QUESTION),), tokens, min_new_tokens=tokens, guidance=guidance
+        )
+        results[label] = [timed(engine.start(request, cached=False)) for _ in range(runs)]
+    return results
+
+
+def median(samples: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(s[key] for s in samples)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, help="a model folder (default: phi3-mini shapes)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--max-new", type=int, default=256, help="budget of the JSON reply")
+    parser.add_argument("--text-tokens", type=int, default=64, help="tokens of free text")
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    model = args.model
+    if model is None:
+        model = Path(tempfile.gettempdir()) / "bench-guidance-phi3-mini"
+        if not (model / "genai_config.json").exists():
+            subprocess.run(
+                [sys.executable, "-m", "scripts.models.make_model", "--preset", "phi3-mini",
+                 "--out", str(model)],
+                check=True,
+            )  # fmt: skip
+    engine = Engine(model)
+    engine.warm_up()
+    forced = forced_tokens(engine, args.runs, args.max_new)
+    cost = step_cost(engine, args.runs, args.text_tokens)
+    print(f"## Structured output on {model.name}, {cpu_name()}, median of {args.runs}\n")
+    print("| reply | tokens | decode steps | time to the complete object (s) |")
+    print("|---|---|---|---|")
+    for label, samples in forced.items():
+        print(
+            f"| JSON Schema, {label} | {median(samples, 'tokens'):.0f} | "
+            f"{median(samples, 'steps'):.0f} | {median(samples, 'total_s'):.2f} |"
+        )
+    print("\n| free text | tokens | ms per decode step |")
+    print("|---|---|---|")
+    for label, samples in cost.items():
+        print(
+            f"| {label} | {median(samples, 'tokens'):.0f} | {median(samples, 'per_step_ms'):.1f} |"
+        )
+    return {"model": str(model), "runs": args.runs, "forced": forced, "step_cost": cost}

