@@ -194,9 +194,9 @@ class Settings(BaseSettings):
         "model call checks them all, so replies that repeat their prompt (edits, summaries, "
         "code) decode several tokens a call. 0 turns it off. Greedy requests without "
         "response_format or tools only, on the Generator path (not DECODE_BATCH_ROWS' batched "
-        "one); the draft length adapts down and drafting pauses after misses. "
-        "docs/benchmarks.md, "
-        "'Prompt-lookup drafts'.",
+        "one); the draft length adapts down and drafting pauses after misses. Ignored "
+        "(logged) on a vision model: onnxruntime-genai drafts for decoder-only text models "
+        "only. docs/benchmarks.md, 'Prompt-lookup drafts'.",
     )
     prompt_cache_unscoped: bool = Field(
         default=True,

@@ -29,7 +29,7 @@ from sidecar.model.batch_setup import BatchOptions, KvOptions, batch_path, size_
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.model.device import use_device
 from sidecar.model.family import read_facts
-from sidecar.model.folder import read_genai_config
+from sidecar.model.folder import multimodal, read_genai_config
 from sidecar.model.generation import Generation
 from sidecar.model.generator_path import (
     GeneratorOptions,
@@ -110,6 +110,14 @@ class Engine:
         config.overlay(json.dumps(overlay))
         use_device(config, device, provider_options or {})
         self._path = path
+        if prompt_lookup_tokens and multimodal(genai_config):
+            # onnxruntime-genai 0.18 drafts for decoder-only text models only: a vision model's
+            # Generator refuses it ("N-gram decoding requires a plain decoder-only text model")
+            log.warning(
+                "PROMPT_LOOKUP_TOKENS is ignored: this model is more than a decoder",
+                extra={"fields": {"prompt_lookup_tokens": prompt_lookup_tokens}},
+            )
+            prompt_lookup_tokens = 0
         unbatched = generator_only(decode_batch_rows, device, prompt_lookup_tokens)
         if unbatched is not None and decode_batch_rows > 1:
             log.warning(

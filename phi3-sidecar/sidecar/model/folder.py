@@ -16,6 +16,8 @@ class ModelFolderError(Exception):
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# A multimodal model's graphs besides its decoder (genai_config.json's sections)
+OTHER_PARTS = ("embedding", "vision", "speech")
 
 
 def first_line(error: BaseException | str, limit: int = 300) -> str:
@@ -38,11 +40,16 @@ def model_files(config: dict[str, Any]) -> list[str]:
     model = config["model"]
     graph = str(model["decoder"]["filename"])
     files = [graph, f"{graph}.data"]
-    for section in ("embedding", "vision", "speech"):
+    for section in OTHER_PARTS:
         part = model.get(section)
         if isinstance(part, dict):
             files += [str(part[key]) for key in ("filename", "config_filename") if part.get(key)]
     return [*files, *TOKENIZER_FILES]
+
+
+def multimodal(config: dict[str, Any]) -> bool:
+    """Whether genai_config.json describes more than a decoder (a vision or speech model)."""
+    return any(isinstance(config["model"].get(section), dict) for section in OTHER_PARTS)
 
 
 def read_genai_config(path: Path) -> dict[str, Any]:

@@ -229,6 +229,17 @@ def test_the_images_are_one_step_and_the_text_after_them_is_chunked(engine: Engi
     run(generation)
 
 
+def test_prompt_lookup_drafts_are_left_out_on_a_vision_model(tiny_vision_model_dir: Path) -> None:
+    """onnxruntime-genai refuses drafts on a model that is more than a decoder: with
+    PROMPT_LOOKUP_TOKENS set, the vision model still loads and answers (the warm-up failed)."""
+    engine = Engine(tiny_vision_model_dir, prompt_lookup_tokens=3)
+    engine.warm_up()
+    assert engine.generators.options.prompt_lookup_tokens == 0
+    for request in (ipc.Generate("t", (("user", "Hello"),), 4), asking(RED_PNG, new=4)):
+        generation = engine.start(request)
+        assert run(generation) and generation.drafts() is None
+
+
 # -- the worker: its messages for these requests ----------------------------------------------
 
 
