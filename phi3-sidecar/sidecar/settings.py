@@ -119,11 +119,17 @@ class Settings(BaseSettings):
         description="Seconds the model worker may go without finishing a step (a token, or a "
         "chunk of PREFILL_CHUNK prompt tokens) while it is ready, before the watchdog fails its "
         "replies, kills it and starts another. Keep it above the longest step: one prompt chunk "
-        "on the slowest CPU the sidecar runs on; on a vision model, a prompt's images and every "
-        "token before them are one step (about 1,900 to 2,700 tokens an image: a minute or more "
-        "of Phi-3.5-vision on 2 vCPUs, docs/models.md), so raise it there. A replacement worker "
-        "still loading is replaced "
+        "on the slowest CPU the sidecar runs on. A replacement worker still loading is replaced "
         "too when it reports no progress for this plus twice the first worker's load time.",
+    )
+    worker_stall_image_s: float = Field(
+        default=120.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds more the model worker may go without a step, per image, while a "
+        "reply with images has not made its first token: on a vision model the prompt's images, "
+        "and every token before them, are read in one step (about 1,300 to 2,650 tokens an "
+        "image, then the image encoder; docs/benchmarks.md, images, says how long on which CPU).",
     )
     prompt_cache_mb: int = Field(
         default=2048,

@@ -43,14 +43,18 @@ def faulty() -> dict[str, str]:
     return {"ENGINE_FACTORY": "tests.support.engines:load_faulty_engine", "PYTHONPATH": str(REPO)}
 
 
-def paced(pace: float = 0.05, load_delay: float = 0.0, prefill_pace: float = 0.0) -> dict[str, str]:
+def paced(
+    pace: float = 0.05, load_delay: float = 0.0, prefill_pace: float = 0.0, image_step: float = 0.0
+) -> dict[str, str]:
     """Sidecar settings for the paced engine: `pace` seconds before each token,
-    `prefill_pace` before each chunk of PREFILL_CHUNK prompt tokens."""
+    `prefill_pace` before each chunk of PREFILL_CHUNK prompt tokens, `image_step` more before
+    the first step of a reply with images (a vision model's slow read of its images)."""
     return {
         "ENGINE_FACTORY": "tests.support.engines:load_paced_engine",
         "PYTHONPATH": str(REPO),
         "PACE_S": str(pace),
         "PREFILL_PACE_S": str(prefill_pace),
+        "IMAGE_STEP_S": str(image_step),
         "LOAD_DELAY_S": str(load_delay),
     }
 
@@ -161,11 +165,16 @@ def load_faulty_engine(settings: Settings) -> FaultyEngine:
 
 class PacedGeneration:
     def __init__(
-        self, real: Generation | BatchGeneration, pace: float, prefill_pace: float
+        self,
+        real: Generation | BatchGeneration,
+        pace: float,
+        prefill_pace: float,
+        first_step: float = 0.0,
     ) -> None:
         self._real = real
         self._pace = pace
         self._prefill_pace = prefill_pace
+        self._first_step = first_step
 
     def __getattr__(self, name: str) -> Any:  # prompt, generated, finish, tokens_per_s, ...
         return getattr(self._real, name)
@@ -174,19 +183,26 @@ class PacedGeneration:
         # A step is a token, or a chunk of the prompt (the worker's pings are answered between
         # steps, so neither wait looks like a stalled worker).
         time.sleep(self._prefill_pace if self._real.prefilling else self._pace)
+        time.sleep(self._first_step)
+        self._first_step = 0.0
         return self._real.step()
 
 
 class PacedEngine:
-    def __init__(self, real: Engine, pace: float, prefill_pace: float = 0.0) -> None:
+    def __init__(
+        self, real: Engine, pace: float, prefill_pace: float = 0.0, image_step: float = 0.0
+    ) -> None:
         self._real = real
         self._pace = pace
         self._prefill_pace = prefill_pace
+        self._image_step = image_step
         self.max_length = real.max_length
         self.image_input = real.image_input
 
     def start(self, request: ipc.Generate) -> PacedGeneration:
-        return PacedGeneration(self._real.start(request), self._pace, self._prefill_pace)
+        first_step = self._image_step if request.images else 0.0
+        real = self._real.start(request)
+        return PacedGeneration(real, self._pace, self._prefill_pace, first_step)
 
     def warm_up(self) -> None:
         self._real.warm_up()
@@ -199,7 +215,8 @@ def load_paced_engine(settings: Settings) -> PacedEngine:
     time.sleep(float(os.environ.get("LOAD_DELAY_S", "0")))  # a model that takes long to load
     pace = float(os.environ.get("PACE_S", "0.05"))
     prefill_pace = float(os.environ.get("PREFILL_PACE_S", "0"))
-    return PacedEngine(load_real_engine(settings), pace, prefill_pace)
+    image_step = float(os.environ.get("IMAGE_STEP_S", "0"))
+    return PacedEngine(load_real_engine(settings), pace, prefill_pace, image_step)
 
 
 def load_faulty_slow_engine(settings: Settings) -> FaultyEngine:

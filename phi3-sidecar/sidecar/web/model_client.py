@@ -69,9 +69,13 @@ class PhaseState:
 class Reply:
     """One request's view of its generation: how it started, its pieces, how it ended."""
 
-    def __init__(self, key: int) -> None:
+    def __init__(self, key: int, images: int = 0) -> None:
         loop = asyncio.get_running_loop()
         self.key = key
+        # A vision model reads a prompt's images in the reply's first step, which may be far
+        # longer than a token's (the watchdog allows WORKER_STALL_IMAGE_S more per image).
+        self.images = images
+        self.first_piece = False
         self.start: asyncio.Future[ipc.Started | ipc.Rejected | ipc.End] = loop.create_future()
         self.end: asyncio.Future[ipc.End] = loop.create_future()
         self.pieces: asyncio.Queue[ipc.Piece | ipc.End] = asyncio.Queue()
@@ -81,6 +85,7 @@ class Reply:
         if isinstance(message, ipc.Started | ipc.Rejected) and not self.start.done():
             self.start.set_result(message)
         elif isinstance(message, ipc.Piece):
+            self.first_piece = True
             self.generated = message.generated
             self.pieces.put_nowait(message)
         elif isinstance(message, ipc.End):
@@ -181,7 +186,7 @@ class ModelClient:
 
     def submit(self, request: ipc.Generate) -> Reply:
         request = dataclasses.replace(request, key=next(self._keys))
-        reply = Reply(request.key)
+        reply = Reply(request.key, len(request.images))
         self._replies[request.key] = reply
         self._outbox.put(request)
         return reply
@@ -291,11 +296,13 @@ class ModelClient:
         self._restart = self._loop.call_later(delay, self._spawn)
 
     async def _watch(self) -> None:
-        """Ping a ready worker; kill one that leaves a ping unanswered for WORKER_STALL_S, or a
-        replacement that makes no progress loading for WORKER_STALL_S + twice the last load."""
-        stall = self._settings.worker_stall_s
+        """Ping a ready worker; kill one that leaves a ping unanswered for WORKER_STALL_S (plus
+        WORKER_STALL_IMAGE_S an image while a reply's images are read), or a replacement that
+        makes no progress loading for WORKER_STALL_S + twice the last load."""
         while True:
+            stall = self._settings.worker_stall_s
             await asyncio.sleep(min(1.0, stall / 4))
+            stall += self._settings.worker_stall_image_s * self._images_being_read()
             if self._stalled is not None:
                 continue
             now = time.monotonic()
@@ -311,6 +318,11 @@ class ModelClient:
                     self._outbox.put(ipc.Ping())
             elif now - max(self._ping_sent, self._last_heard) > stall:
                 self._kill_stalled(now - self._last_heard)
+
+    def _images_being_read(self) -> int:
+        """The most images of a reply in flight that has not made its first token: the worker
+        may be in the one step that reads them."""
+        return max((r.images for r in self._replies.values() if not r.first_piece), default=0)
 
     def _loading_replacement(self) -> bool:
         """A replacement worker is running and has not become ready yet."""

@@ -287,3 +287,30 @@ def test_the_sdk_raises_bad_request_for_a_remote_url(vision_service: Service) ->
         )
     assert raised.value.code == "unsupported_image_url"
     assert "the sidecar fetches nothing" in raised.value.message
+
+
+@pytest.mark.parametrize("image_allowance", [10.0, 0.0])
+def test_reading_an_image_longer_than_worker_stall_s_is_work_not_a_stall(
+    tiny_vision_model_dir: Path, tmp_path: Path, image_allowance: float
+) -> None:
+    """The step that reads a prompt's images answers no ping (onnxruntime-genai holds the
+    GIL): WORKER_STALL_IMAGE_S an image keeps the watchdog from killing a worker that is busy
+    with one. Without it (0), the same 6-second step is taken for a frozen worker."""
+    settings = {
+        "WORKER_STALL_S": "1",
+        "WORKER_STALL_IMAGE_S": str(image_allowance),
+        **paced(0.0, image_step=6.0),
+    }
+    log = tmp_path / "sidecar.log"
+    with services.sidecar(tiny_vision_model_dir, log, env=settings) as service:
+        worker = model_worker(service)
+        response = httpx.post(
+            service.url + CHAT, json=chat_body(picture(RED), max_tokens=2), timeout=60
+        )
+        if image_allowance:
+            assert response.status_code == 200, response.text
+            assert "model worker stalled" not in service.log()
+            assert model_worker(service).pid == worker.pid
+        else:
+            assert response.status_code >= 500
+            assert "model worker stalled" in service.log()
