@@ -120,3 +120,9 @@ def test_building_the_web_app_loads_no_model_code(tmp_path: Path) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert json.loads(result.stdout) == []
+
+
+def test_the_engine_stays_one_module_that_reads_at_one_sitting() -> None:
+    """Issue 35: engine.py loads the model and starts replies; the paths live beside it."""
+    engine = SIDECAR / "model" / "engine.py"
+    assert len(engine.read_text(encoding="utf-8").splitlines()) < 300

@@ -63,16 +63,13 @@ class BatchOptions:
     exact: bool
     unscoped: bool
     kv: KvOptions
+    eos_ids: frozenset[int]
+    new_stream: Callable[[], Any]  # a tokenizer stream per reply
+    vocab_size: int
 
 
 def batch_path(
-    path: Path,
-    genai_config: Mapping[str, Any],
-    options: BatchOptions,
-    *,
-    eos_ids: frozenset[int],
-    new_stream: Callable[[], Any],
-    vocab_size: int,
+    path: Path, genai_config: Mapping[str, Any], options: BatchOptions
 ) -> BatchScheduler | None:
     """The batched path, or None (logged) where it cannot drive this model's decoder."""
     try:
@@ -95,9 +92,9 @@ def batch_path(
         cache,
         rows=options.rows,
         chunk=options.chunk,
-        eos_ids=eos_ids,
-        new_stream=new_stream,
-        vocab_size=vocab_size,
+        eos_ids=options.eos_ids,
+        new_stream=options.new_stream,
+        vocab_size=options.vocab_size,
     )
     attach_tiers(scheduler, path, spec, options.kv, threads=options.threads, cached=options.cached)
     return scheduler

@@ -17,7 +17,7 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home o
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import onnxruntime_genai as og
@@ -29,24 +29,21 @@ from sidecar.model.batch_setup import BatchOptions, KvOptions, batch_path, size_
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.model.device import use_device
 from sidecar.model.family import read_facts
-from sidecar.model.folder import multimodal, read_genai_config
+from sidecar.model.folder import read_genai_config
 from sidecar.model.generation import Generation
 from sidecar.model.generator_path import (
     GeneratorOptions,
     GeneratorPath,
+    TemplateTokenizer,
+    drafts_allowed,
     generator_only,
     grammar_eos,
+    rewind_slack,
 )
 from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
-from sidecar.model.prompt import ImagePlacement, PromptBuilder, UnsafePrompt
+from sidecar.model.prompt import PromptBuilder, UnsafePrompt
 from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
-from sidecar.model.vision import (
-    OTHER_IMAGE_TYPES,
-    ImageRefused,
-    check_slots,
-    image_tags,
-    number_images,
-)
+from sidecar.model.vision import ImageRefused, check_slots, fit_with_images, image_tags
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.engine")
@@ -85,12 +82,7 @@ class Engine:
         self.max_length = min(max_length or self.context_length, self.context_length)
         self.num_layers = int(genai_config["model"]["decoder"]["num_hidden_layers"])
         self.vocab_size = int(genai_config["model"].get("vocab_size") or 0)  # 0: unknown
-        # A KV cache that is not one buffer shared by past and present (a quantized KV cache
-        # on the CPU) cannot be rewound to its whole length once a token was generated
-        # ("Requested length of rewind is greater than the current length"): the cache then
-        # counts one token fewer as reusable after each generated token.
-        shared = genai_config.get("search", {}).get("past_present_share_buffer", True)
-        self.rewind_slack = 0 if shared else 1
+        self.rewind_slack = rewind_slack(genai_config)
         # Sized after the warm-up measured a token's KV bytes; off (budget 0) until then.
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self.cache.unscoped = prompt_cache_unscoped
@@ -110,14 +102,7 @@ class Engine:
         config.overlay(json.dumps(overlay))
         use_device(config, device, provider_options or {})
         self._path = path
-        if prompt_lookup_tokens and multimodal(genai_config):
-            # onnxruntime-genai 0.18 drafts for decoder-only text models only: a vision model's
-            # Generator refuses it ("N-gram decoding requires a plain decoder-only text model")
-            log.warning(
-                "PROMPT_LOOKUP_TOKENS is ignored: this model is more than a decoder",
-                extra={"fields": {"prompt_lookup_tokens": prompt_lookup_tokens}},
-            )
-            prompt_lookup_tokens = 0
+        prompt_lookup_tokens = drafts_allowed(genai_config, prompt_lookup_tokens)
         unbatched = generator_only(decode_batch_rows, device, prompt_lookup_tokens)
         if unbatched is not None and decode_batch_rows > 1:
             log.warning(
@@ -127,7 +112,7 @@ class Engine:
         # With batched decode the decoder's weights live in batch_decoder.py's session; the
         # Generator's model (the same weights again) is loaded only if a request needs it.
         self.tokenizer = og.Tokenizer(config)
-        template = _TemplateTokenizer(self.tokenizer)
+        template = TemplateTokenizer(self.tokenizer)
         self.facts = read_facts(
             path, genai_config, template, self.tokenizer.eos_token_ids, self.tokenizer.bos_token_id
         )
@@ -136,12 +121,6 @@ class Engine:
         # Whether requests may carry images (ipc.Phase.image_input): the model type decides
         self.image_tags = image_tags(self.facts.model_type)
         self.image_input = self.image_tags is not None
-        if self.facts.model_type in OTHER_IMAGE_TYPES:
-            log.warning(
-                "this model reads images, but the sidecar places images for phi3v only: "
-                "it serves text, and requests with images are refused",
-                extra={"fields": {"model_type": self.facts.model_type}},
-            )
         options = GeneratorOptions(
             vocab_size=self.vocab_size,
             prompt_lookup_tokens=prompt_lookup_tokens,
@@ -171,15 +150,11 @@ class Engine:
                 exact=prompt_cache_exact,
                 unscoped=prompt_cache_unscoped,
                 kv=self._kv,
-            )
-            self.batch = batch_path(
-                path,
-                genai_config,
-                batch_options,
                 eos_ids=self.eos_ids,
                 new_stream=self.tokenizer.create_stream,
                 vocab_size=self.vocab_size,
             )
+            self.batch = batch_path(path, genai_config, batch_options)
         if self.batch is not None:
             self.grammars = Grammars(path / "tokenizer.json", self.vocab_size, options.grammar_eos)
         elif not self.generators.loaded:
@@ -187,12 +162,12 @@ class Engine:
         if self.image_input:
             self.generators.open_processor()
         # Log probabilities (logprobs.py): each token's text, made on first use
-        self._token_texts = TokenTexts(path / "tokenizer.json", self._decode_one)
+        decode_one = lambda token: str(self.tokenizer.decode([token]))  # noqa: E731
+        self._token_texts = TokenTexts(path / "tokenizer.json", decode_one)
 
     @property
     def model(self) -> og.Model:
-        """onnxruntime-genai's model (generator_path.py), loaded on first use with batched
-        decode."""
+        """onnxruntime-genai's model (generator_path.py; loaded on first use when batched)."""
         return self.generators.model
 
     def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
@@ -234,19 +209,10 @@ class Engine:
             raise ImageRefused("a plain prompt takes no images")
         check_slots(request)
         processed = self.generators.process_images(request.images, self.image_tags)
-        placement = ImagePlacement(request.image_slots, processed.counts, self.image_tags.after)
-        fitted = self.prompts.fit(
-            request.messages, request.max_new_tokens, self.max_length, placement
+        prompt, kept = fit_with_images(
+            request, self.image_tags, processed.counts, self.prompts, self.max_length
         )
-        ids, kept = number_images(fitted.ids)
-        # An image is left out only with its turn: never one of a turn the prompt keeps
-        system = 1 if request.messages[0][0] == "system" else 0
-        gone = range(system, system + fitted.dropped_messages)
-        expected = [i for i, (m, _) in enumerate(request.image_slots) if m not in gone]
-        if sorted(kept) != expected:
-            raise ImageRefused("the model's chat template left out an image of a kept turn")
-        prompt = replace(fitted, ids=ids)
-        images = processed.inputs(kept, ids)
+        images = processed.inputs(kept, prompt.ids)
         return Generation(self, prompt, request, cached=cached, images=images)
 
     def logprobs_for(self, request: Generate) -> ReplyLogprobs | None:
@@ -259,9 +225,6 @@ class Engine:
     def shadow_guide(self, guidance: Guidance | None) -> RowGuide | None:
         """On the Generator path, a matcher for a guided reply's log probabilities' mask."""
         return self.generators.shadow_guide(guidance, self.grammars)
-
-    def _decode_one(self, token: int) -> str:
-        return str(self.tokenizer.decode([token]))
 
     def _batch_guides(self, request: Generate) -> bool:
         """Whether the batched path can follow this request's grammar: a model whose tokenizer
@@ -284,11 +247,7 @@ class Engine:
             self.cache.rewinds = self.generators.rewinds(generation.generator)
             generation.release(reusable=False)
             if not self.cache.rewinds:
-                log.info(
-                    "conversation cache off: the model's generators cannot be rewound",
-                    extra={"fields": {"model_type": self.facts.model_type}},
-                )
-                return
+                return  # no conversation cache (logged)
             self.cache.budget_bytes = self._cache_budget
             self.generators.make_spare(self.cache, self._spare_needed, self.facts.min_cache_length)
             return
@@ -312,29 +271,10 @@ class Engine:
         )
 
 
-class _TemplateTokenizer:
-    def __init__(self, tokenizer: og.Tokenizer) -> None:
-        self._tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return [int(i) for i in self._tokenizer.encode(text)]
-
-    def apply_chat_template(self, messages: str, add_generation_prompt: bool = True) -> str:
-        return str(
-            self._tokenizer.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt
-            )
-        )
-
-
 def load_engine(settings: Settings) -> Engine:
     threads, source = thread_count(settings)
-    log.info(
-        "onnxruntime threads",
-        extra={
-            "fields": {"threads": threads, "source": source, "spinning": settings.thread_spinning}
-        },
-    )
+    fields = {"threads": threads, "source": source, "spinning": settings.thread_spinning}
+    log.info("onnxruntime threads", extra={"fields": fields})
     return Engine(
         settings.model_path,
         num_threads=threads,

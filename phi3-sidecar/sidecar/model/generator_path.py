@@ -20,7 +20,7 @@ from sidecar.ipc import Generate, Guidance
 from sidecar.model.batch_guidance import Grammars, RowGuide
 from sidecar.model.device import DeviceUnavailable, device_error
 from sidecar.model.drafts import use_prompt_lookup
-from sidecar.model.folder import ModelFolderError, first_line
+from sidecar.model.folder import ModelFolderError, first_line, multimodal
 from sidecar.model.guidance import refusal
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import PromptCache
@@ -164,6 +164,7 @@ class GeneratorPath:
         try:
             generator.rewind_to(0)
         except RuntimeError:
+            log.info("conversation cache off: the model's generators cannot be rewound")
             return False
         return True
 
@@ -224,6 +225,32 @@ def _as_input(array: np.ndarray) -> np.ndarray:
     return array.view(np.int64) if array.dtype.kind == "i" and array.itemsize == 8 else array
 
 
+class TemplateTokenizer:
+    """onnxruntime-genai's tokenizer as the prompt builder and family.py read it
+    (prompt.Tokenizer): ids as ints, the chat template's text as str."""
+
+    def __init__(self, tokenizer: og.Tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return [int(i) for i in self._tokenizer.encode(text)]
+
+    def apply_chat_template(self, messages: str, add_generation_prompt: bool = True) -> str:
+        rendered = self._tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt
+        )
+        return str(rendered)
+
+
+def rewind_slack(genai_config: Mapping[str, Any]) -> int:
+    """Tokens a continued generator cannot reuse per generated token: a KV cache that is not
+    one buffer shared by past and present (a quantized KV cache on the CPU) cannot be rewound
+    to its whole length once a token was generated ("Requested length of rewind is greater
+    than the current length"), so the cache counts one token fewer as reusable."""
+    shared = genai_config.get("search", {}).get("past_present_share_buffer", True)
+    return 0 if shared else 1
+
+
 def folder_error(path: Path, exc: Exception) -> ModelFolderError:
     """The model's files cannot be loaded (by onnxruntime-genai, or by the batched path's
     session, which reads the same decoder): one sentence for /readyz."""
@@ -231,6 +258,19 @@ def folder_error(path: Path, exc: Exception) -> ModelFolderError:
         f"onnxruntime-genai could not load the model in {str(path)!r}: {first_line(exc)}; "
         "check that the folder is complete (download it again)"
     )
+
+
+def drafts_allowed(genai_config: dict[str, Any], prompt_lookup_tokens: int) -> int:
+    """PROMPT_LOOKUP_TOKENS, or 0 (logged) for a model that is more than a decoder:
+    onnxruntime-genai 0.18 drafts for decoder-only text models only, and a vision model's
+    Generator refuses it ("N-gram decoding requires a plain decoder-only text model")."""
+    if prompt_lookup_tokens and multimodal(genai_config):
+        log.warning(
+            "PROMPT_LOOKUP_TOKENS is ignored: this model is more than a decoder",
+            extra={"fields": {"prompt_lookup_tokens": prompt_lookup_tokens}},
+        )
+        return 0
+    return prompt_lookup_tokens
 
 
 def generator_only(rows: int, device: str, prompt_lookup_tokens: int) -> str | None:

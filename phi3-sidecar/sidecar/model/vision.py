@@ -9,11 +9,15 @@ onnxruntime-genai or onnxruntime-extensions that counts otherwise fails a test).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sidecar.ipc import Generate
+from sidecar.model.prompt import ImagePlacement, Prompt, PromptBuilder
+
+log = logging.getLogger("sidecar.model.vision")
 
 CROP_SIDE = 336  # pixels per side of a crop (CLIP ViT-L/14 at 336)
 MAX_CROPS = 16  # tiles of the HD transform; onnxruntime-extensions ignores `num_crops`
@@ -83,8 +87,37 @@ OTHER_IMAGE_TYPES = frozenset(
 
 
 def image_tags(model_type: str) -> ImageTags | None:
-    """How `model_type` marks images; None: the sidecar reads no images with it."""
+    """How `model_type` marks images; None: the sidecar reads no images with it (logged for a
+    type onnxruntime-genai reads images for)."""
+    if model_type in OTHER_IMAGE_TYPES:
+        log.warning(
+            "this model reads images, but the sidecar places images for phi3v only: "
+            "it serves text, and requests with images are refused",
+            extra={"fields": {"model_type": model_type}},
+        )
     return IMAGE_TAGS.get(model_type)
+
+
+def fit_with_images(
+    request: Generate,
+    tags: ImageTags,
+    counts: Sequence[int],
+    prompts: PromptBuilder,
+    max_length: int,
+) -> tuple[Prompt, list[int]]:
+    """The prompt with each image's run of tokens in its place (`counts`: each image's, from
+    the processor), older turns left out with their images; and the request's indices of the
+    images it holds, in order. An image is left out only with its turn, never one of a turn
+    the prompt keeps (ImageRefused)."""
+    placement = ImagePlacement(request.image_slots, list(counts), tags.after)
+    fitted = prompts.fit(request.messages, request.max_new_tokens, max_length, placement)
+    ids, kept = number_images(fitted.ids)
+    system = 1 if request.messages[0][0] == "system" else 0
+    gone = range(system, system + fitted.dropped_messages)
+    expected = [i for i, (m, _) in enumerate(request.image_slots) if m not in gone]
+    if sorted(kept) != expected:
+        raise ImageRefused("the model's chat template left out an image of a kept turn")
+    return replace(fitted, ids=ids), kept
 
 
 def check_slots(request: Generate) -> None:
