@@ -6,7 +6,6 @@ and text-only requests on the vision model work without the conversation cache."
 
 from __future__ import annotations
 
-import io
 import json
 import queue
 import threading
@@ -16,9 +15,7 @@ from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from scripts.run import services
 from scripts.run.services import request_line
@@ -29,18 +26,11 @@ from sidecar.model.prompt import PromptTooLong
 from sidecar.model.vision import ImageRefused, image_tokens
 from sidecar.model.worker import Scheduler
 from sidecar.web.guidance import prepared
+from tests.models.test_models_tiny_vision import png
 from tests.sidecar.support import predict
 
 RED, BLUE, GREY = (200, 30, 30), (30, 30, 200), (128, 128, 128)
 QUESTION = "What is in the picture?"
-
-
-def png(width: int, height: int, colour: tuple[int, int, int], seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = np.clip(rng.normal(colour, 40, size=(height, width, 3)), 0, 255)
-    out = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8)).save(out, "PNG")
-    return out.getvalue()
 
 
 RED_PNG, BLUE_PNG = png(467, 311, RED), png(487, 206, BLUE)  # 1,921 and 2,353 tokens
