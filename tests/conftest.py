@@ -60,6 +60,17 @@ def sidecar_service(
 
 
 @pytest.fixture(scope="session")
+def vision_sidecar_service(
+    tiny_vision_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[services.Service]:
+    """One real sidecar process on the tiny vision model, shared by tests that only read from
+    it (the HTTP image tests, the page's real-sidecar test)."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-vision.log"
+    with services.sidecar(tiny_vision_model_dir, log) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
 def generator_sidecar_service(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[services.Service]:

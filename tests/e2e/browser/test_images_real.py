@@ -8,7 +8,6 @@ fixture `tiny_vision_model_dir`, `image_url` parts on /predict, `image_input` in
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -34,26 +33,19 @@ STRIPES = gradient_png(200, 60)
 
 
 @pytest.fixture(scope="module")
-def vision_sidecar(
-    tiny_vision_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[services.Service]:
-    log = tmp_path_factory.mktemp("logs") / "sidecar-vision.log"
-    with services.sidecar(tiny_vision_model_dir, log) as service:
-        yield service
-
-
-@pytest.fixture(scope="module")
 def vision_app(
-    vision_sidecar: services.Service, start_app: AppFactory
+    vision_sidecar_service: services.Service, start_app: AppFactory
 ) -> Iterator[services.Service]:
-    with start_app(vision_sidecar.url) as app:
+    with start_app(vision_sidecar_service.url) as app:
         yield app
 
 
 def test_an_image_chat_on_the_vision_model(
-    page: Page, vision_app: services.Service, vision_sidecar: services.Service
+    page: Page, vision_app: services.Service, vision_sidecar_service: services.Service
 ) -> None:
-    assert httpx.get(vision_sidecar.url + "/readyz", timeout=5).json()["image_input"] is True
+    assert (
+        httpx.get(vision_sidecar_service.url + "/readyz", timeout=5).json()["image_input"] is True
+    )
     page.goto(vision_app.url)
     expect(page.locator("#model-status")).to_contain_text("Model ready")
     expect(page.locator("#attach")).to_have_attribute("aria-disabled", "false")
@@ -66,7 +58,7 @@ def test_an_image_chat_on_the_vision_model(
     expect(answer).to_have_attribute("data-state", "done", timeout=120_000)
     # The page shows what the sidecar answers the same content parts directly (greedy).
     expected = httpx.post(
-        vision_sidecar.url + "/predict", json={"messages": body["messages"]}, timeout=120
+        vision_sidecar_service.url + "/predict", json={"messages": body["messages"]}, timeout=120
     ).text
     assert expected
     expect(answer.locator(".text")).to_have_text(expected)

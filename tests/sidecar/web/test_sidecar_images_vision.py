@@ -40,15 +40,6 @@ def picture(color: tuple[int, int, int], size: tuple[int, int] = SIZE) -> str:
     return data_url(photo(*size, color))
 
 
-@pytest.fixture(scope="module")
-def vision_service(
-    tiny_vision_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Service]:
-    log = tmp_path_factory.mktemp("logs") / "sidecar-vision.log"
-    with services.sidecar(tiny_vision_model_dir, log) as service:
-        yield service
-
-
 def chat(service: Service, body: dict[str, Any], **headers: str) -> httpx.Response:
     return httpx.post(service.url + CHAT, json=body, headers=headers, timeout=120)
 
@@ -60,62 +51,72 @@ def answer(service: Service, *urls: str, text: str = "What is in this picture?")
     return content
 
 
-def test_readyz_and_the_model_list_say_the_model_reads_images(vision_service: Service) -> None:
-    ready = httpx.get(vision_service.url + "/readyz", timeout=10).json()
+def test_readyz_and_the_model_list_say_the_model_reads_images(
+    vision_sidecar_service: Service,
+) -> None:
+    ready = httpx.get(vision_sidecar_service.url + "/readyz", timeout=10).json()
     assert ready["ready"] is True and ready["image_input"] is True
-    (model,) = httpx.get(vision_service.url + "/v1/models", timeout=10).json()["data"]
+    (model,) = httpx.get(vision_sidecar_service.url + "/v1/models", timeout=10).json()["data"]
     assert model["input_modalities"] == ["text", "image"]
 
 
-def test_replies_differ_per_image_and_repeat_for_the_same_image(vision_service: Service) -> None:
+def test_replies_differ_per_image_and_repeat_for_the_same_image(
+    vision_sidecar_service: Service,
+) -> None:
     red, blue, green = picture(RED), picture(BLUE), picture(GREEN)
-    replies = [answer(vision_service, url) for url in (red, blue, green)]
+    replies = [answer(vision_sidecar_service, url) for url in (red, blue, green)]
     assert len(set(replies)) == 3, replies
-    assert answer(vision_service, red) == replies[0]  # greedy: the same image, the same reply
+    assert (
+        answer(vision_sidecar_service, red) == replies[0]
+    )  # greedy: the same image, the same reply
     # /predict's images stand before its text, as the parts above: the same prompt
     body = {"input_text": "What is in this picture?", "images": [red], "max_new_tokens": 12}
-    assert predict(vision_service.url, body).text == replies[0]
+    assert predict(vision_sidecar_service.url, body).text == replies[0]
     # the same pixels as a JPEG or WEBP are another file, but still an image the model reads
-    assert answer(vision_service, data_url(photo(*SIZE, BLUE), "image/png")) == replies[1]
+    assert answer(vision_sidecar_service, data_url(photo(*SIZE, BLUE), "image/png")) == replies[1]
 
 
-def test_usage_headers_log_and_metrics_count_the_image_tokens(vision_service: Service) -> None:
+def test_usage_headers_log_and_metrics_count_the_image_tokens(
+    vision_sidecar_service: Service,
+) -> None:
     expected = image_tokens(*SIZE)
     assert expected == 1921
-    before = metrics(vision_service.url)
+    before = metrics(vision_sidecar_service.url)
     request_id = "vision-" + uuid.uuid4().hex[:8]
-    response = chat(vision_service, chat_body(picture(RED)), **{"x-request-id": request_id})
+    response = chat(vision_sidecar_service, chat_body(picture(RED)), **{"x-request-id": request_id})
     usage = response.json()["usage"]
     assert usage["prompt_tokens_details"]["image_tokens"] == expected
     assert usage["prompt_tokens"] > expected  # the text's tokens too
-    line = request_line(vision_service, request_id)
+    line = request_line(vision_sidecar_service, request_id)
     assert (line["images"], line["image_tokens"]) == (1, expected)
     assert line["prompt_tokens"] == usage["prompt_tokens"]
-    after = metrics(vision_service.url)
+    after = metrics(vision_sidecar_service.url)
     assert after["sidecar_images_total"] - before["sidecar_images_total"] == 1
     grown = after["sidecar_image_tokens_total"] - before["sidecar_image_tokens_total"]
     assert grown == expected
     body = {"input_text": "What?", "images": [picture(RED)], "max_new_tokens": 4}
-    plain = predict(vision_service.url, body)
+    plain = predict(vision_sidecar_service.url, body)
     assert plain.status_code == 200 and plain.headers["x-image-tokens"] == str(expected)
     events = httpx.post(
-        vision_service.url + "/predict",
+        vision_sidecar_service.url + "/predict",
         json=body,
         headers={"accept": "application/x-ndjson"},
         timeout=120,
     )
     done = json.loads(events.text.splitlines()[-1])
     assert done["image_tokens"] == expected and done["prompt_tokens"] > expected
-    assert picture(RED).split(",")[1][:40] not in vision_service.log()
+    assert picture(RED).split(",")[1][:40] not in vision_sidecar_service.log()
 
 
-def test_the_openai_sdk_streamed_and_not(vision_service: Service) -> None:
+def test_the_openai_sdk_streamed_and_not(vision_sidecar_service: Service) -> None:
     content: Any = [
         {"type": "text", "text": "What is in this picture?"},
         {"type": "image_url", "image_url": {"url": picture(GREEN), "detail": "high"}},
     ]
     messages: Any = [{"role": "user", "content": content}]
-    with OpenAI(base_url=vision_service.url + "/v1", api_key="unused", max_retries=0) as client:
+    with OpenAI(
+        base_url=vision_sidecar_service.url + "/v1", api_key="unused", max_retries=0
+    ) as client:
         whole = client.chat.completions.create(model="any", messages=messages, max_tokens=12)
         stream = client.chat.completions.create(
             model="any",
@@ -134,8 +135,10 @@ def test_the_openai_sdk_streamed_and_not(vision_service: Service) -> None:
     assert details is not None and details.model_dump()["image_tokens"] == image_tokens(*SIZE)
 
 
-def test_the_responses_api_reads_an_input_image(vision_service: Service) -> None:
-    with OpenAI(base_url=vision_service.url + "/v1", api_key="unused", max_retries=0) as client:
+def test_the_responses_api_reads_an_input_image(vision_sidecar_service: Service) -> None:
+    with OpenAI(
+        base_url=vision_sidecar_service.url + "/v1", api_key="unused", max_retries=0
+    ) as client:
         response = client.responses.create(
             model="any",
             max_output_tokens=12,
@@ -152,7 +155,7 @@ def test_the_responses_api_reads_an_input_image(vision_service: Service) -> None
         follow = client.responses.create(
             model="any", max_output_tokens=4, previous_response_id=response.id, input="And?"
         )
-    assert response.output_text == answer(vision_service, picture(RED))
+    assert response.output_text == answer(vision_sidecar_service, picture(RED))
     assert response.usage is not None and follow.usage is not None
     details = response.usage.input_tokens_details.model_dump()
     assert details["image_tokens"] == image_tokens(*SIZE)
@@ -160,7 +163,7 @@ def test_the_responses_api_reads_an_input_image(vision_service: Service) -> None
     assert follow.usage.input_tokens_details.model_dump()["image_tokens"] == image_tokens(*SIZE)
 
 
-def test_a_json_schema_holds_a_reply_about_an_image(vision_service: Service) -> None:
+def test_a_json_schema_holds_a_reply_about_an_image(vision_sidecar_service: Service) -> None:
     schema = {
         "type": "object",
         "properties": {"colour": {"type": "string", "maxLength": 20}},
@@ -170,59 +173,59 @@ def test_a_json_schema_holds_a_reply_about_an_image(vision_service: Service) -> 
     response_format = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
     body = chat_body(picture(BLUE), response_format=response_format)
     body["max_tokens"] = 60
-    response = chat(vision_service, body)
+    response = chat(vision_sidecar_service, body)
     assert response.status_code == 200, response.text
     reply = json.loads(response.json()["choices"][0]["message"]["content"])
     assert set(reply) == {"colour"} and isinstance(reply["colour"], str)
     assert response.json()["usage"]["prompt_tokens_details"]["image_tokens"] == 1921
 
 
-def test_two_images_in_one_prompt(vision_service: Service) -> None:
+def test_two_images_in_one_prompt(vision_sidecar_service: Service) -> None:
     red, blue = picture(RED), picture(BLUE, OTHER_SIZE)
-    response = chat(vision_service, chat_body(red, blue, max_tokens=12))
+    response = chat(vision_sidecar_service, chat_body(red, blue, max_tokens=12))
     usage = response.json()["usage"]
     assert usage["prompt_tokens_details"]["image_tokens"] == 1921 + 2353
-    swapped = answer(vision_service, blue, red)
+    swapped = answer(vision_sidecar_service, blue, red)
     assert response.json()["choices"][0]["message"]["content"] != swapped  # order is kept
     # an image in an earlier turn is read again with each turn (and counted in MAX_IMAGES)
     earlier = {"role": "user", "content": [image_part(red), {"type": "text", "text": "This?"}]}
     history = chat_body(blue)
     history["messages"][:0] = [earlier, {"role": "assistant", "content": "A red picture."}]
-    turn = chat(vision_service, history).json()
+    turn = chat(vision_sidecar_service, history).json()
     assert turn["usage"]["prompt_tokens_details"]["image_tokens"] == 1921 + 2353
 
 
-def test_typed_image_tags_stay_text(vision_service: Service) -> None:
+def test_typed_image_tags_stay_text(vision_sidecar_service: Service) -> None:
     """Three typed tags and one image: 1,921 image tokens, not three images' worth (5,763
     with the tags read as tags); with no image, the tags are text to the model."""
     typed = "<|image_1|><|image_1|><|image_1|> what is <|image_2|> this?"
-    with_image = chat(vision_service, chat_body(picture(RED), text=typed)).json()
+    with_image = chat(vision_sidecar_service, chat_body(picture(RED), text=typed)).json()
     assert with_image["usage"]["prompt_tokens_details"]["image_tokens"] == 1921
     body = {"messages": [{"role": "user", "content": typed}], "max_tokens": 4}
-    text_only = chat(vision_service, body).json()
+    text_only = chat(vision_sidecar_service, body).json()
     assert text_only["usage"]["prompt_tokens_details"]["image_tokens"] == 0
     assert text_only["usage"]["prompt_tokens"] < 200
     # the typed tags are read as the text they are: their characters' tokens beside the image's
-    plain = chat(vision_service, chat_body(picture(RED), text=" what is  this?")).json()
+    plain = chat(vision_sidecar_service, chat_body(picture(RED), text=" what is  this?")).json()
     typed_tokens = with_image["usage"]["prompt_tokens"] - plain["usage"]["prompt_tokens"]
     assert (
         typed_tokens
         == text_only["usage"]["prompt_tokens"]
         - chat(
-            vision_service, {"messages": [{"role": "user", "content": " what is  this?"}]}
+            vision_sidecar_service, {"messages": [{"role": "user", "content": " what is  this?"}]}
         ).json()["usage"]["prompt_tokens"]
     )
     assert typed_tokens > 4
 
 
-def test_hostile_images_never_reach_the_vision_worker(vision_service: Service) -> None:
-    worker = model_worker(vision_service)
+def test_hostile_images_never_reach_the_vision_worker(vision_sidecar_service: Service) -> None:
+    worker = model_worker(vision_sidecar_service)
     for name, (make, reason, _) in HOSTILE.items():
-        response = chat(vision_service, chat_body(make()))
+        response = chat(vision_sidecar_service, chat_body(make()))
         assert response.status_code == 400, name
         assert response.json()["error"]["code"] == reason, name
-    assert model_worker(vision_service).pid == worker.pid
-    assert answer(vision_service, picture(GREEN))
+    assert model_worker(vision_sidecar_service).pid == worker.pid
+    assert answer(vision_sidecar_service, picture(GREEN))
 
 
 @pytest.fixture(scope="module")
@@ -272,15 +275,17 @@ def test_a_request_cancelled_while_its_image_prompt_is_read(
     ] == image_tokens(*SIZE)
 
 
-def test_a_text_request_to_the_vision_model_has_no_image_tokens(vision_service: Service) -> None:
-    response = chat(vision_service, {"messages": [{"role": "user", "content": "Hi"}]})
+def test_a_text_request_to_the_vision_model_has_no_image_tokens(
+    vision_sidecar_service: Service,
+) -> None:
+    response = chat(vision_sidecar_service, {"messages": [{"role": "user", "content": "Hi"}]})
     assert response.status_code == 200
     assert response.json()["usage"]["prompt_tokens_details"]["image_tokens"] == 0
 
 
-def test_the_sdk_raises_bad_request_for_a_remote_url(vision_service: Service) -> None:
+def test_the_sdk_raises_bad_request_for_a_remote_url(vision_sidecar_service: Service) -> None:
     content: Any = [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]
-    client = OpenAI(base_url=vision_service.url + "/v1", api_key="unused", max_retries=0)
+    client = OpenAI(base_url=vision_sidecar_service.url + "/v1", api_key="unused", max_retries=0)
     with client, pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(
             model="any", messages=[{"role": "user", "content": content}], max_tokens=3
