@@ -150,14 +150,16 @@ class Settings(BaseSettings):
         default=0,
         ge=0,
         le=1024 * 1024,
-        description="The one bound on all KV memory, in MiB, with batched decode: every running "
-        "reply reserves the KV of its prompt and max_tokens when it starts, and the "
-        "reservations plus the kept conversations' RAM never exceed it. A request that does "
-        "not fit moves kept conversations down (compact, disk, dropped) or waits for a running "
-        "reply to end; the context is capped to what the bound holds. 0: chosen at start from "
-        "the memory the container may use (its cgroup limit, else the machine's) less the "
-        "loaded model and a margin (a tenth, at least 1 GiB); logged and in /metrics. "
-        "docs/conversation-cache.md.",
+        description="The one bound on all KV memory, in MiB: every running reply reserves the KV "
+        "of its prompt and max_tokens when it starts, and the reservations plus the kept "
+        "conversations' RAM never exceed it. A request that does not fit moves kept "
+        "conversations down (compact, disk, dropped) or waits for a running reply to end; the "
+        "context is capped to what the bound holds. On the Generator path (a vision model, "
+        "DECODE_BATCH_ROWS=1) the generators the conversation cache does not keep reserve "
+        "theirs, beside PROMPT_CACHE_MB set aside; on a GPU it holds only when set. 0: chosen "
+        "at start from the memory the container may use (its cgroup limit, else the "
+        "machine's) less the loaded model and a margin (a tenth, at least 1 GiB); logged and "
+        "in /metrics. docs/conversation-cache.md.",
     )
     kv_compact: Literal["int8", "fp16", "fp32", "off"] = Field(
         default="int8",

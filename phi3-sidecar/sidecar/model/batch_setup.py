@@ -18,7 +18,7 @@ from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchScheduler
 from sidecar.model.generator_path import folder_error
 from sidecar.model.kv_compact import Encoding
 from sidecar.model.kv_disk import DiskTier, Shape, model_fingerprint
-from sidecar.model.memory import default_kv_bytes, memory_limit, service_resident_bytes
+from sidecar.model.memory import chosen_kv_bound
 from sidecar.model.prompt_cache import PromptCache
 
 log = logging.getLogger("sidecar.model.batch_setup")
@@ -125,18 +125,12 @@ def attach_tiers(
 def size_kv_memory(batch: BatchScheduler, options: KvOptions, max_length: int) -> int:
     """Set the one KV bound (KV_MEMORY_MB, or from the container's memory: memory.py) once the
     model is loaded; the context capped to what it holds (a reply alone always fits)."""
-    limit, source = memory_limit()
-    loaded = service_resident_bytes()
-    bound = options.memory_bytes or default_kv_bytes(limit, loaded)
+    bound, fields = chosen_kv_bound(options.memory_bytes)
     batch.memory.bound_bytes = bound
     capped = max(1, min(max_length, bound // batch.pool.bytes_per_token))
-    fields = {
-        "kv_memory_bytes": bound,
-        "chosen": "KV_MEMORY_MB" if options.memory_bytes else "from the memory limit",
-        "memory_limit_bytes": limit,
-        "limit_source": source,
-        "loaded_bytes": loaded,
+    fields |= {
         "context_tokens": capped,
+        "path": "batched",
         "compact": options.encoding or "off",
         "disk_tier": str(options.cache_dir) if batch.tiers.disk is not None else None,
     }

@@ -246,6 +246,9 @@ class Engine:
             self.cache.bytes_per_token = self.generators.kv_bytes_per_token(generation.generator)
             self.cache.rewinds = self.generators.rewinds(generation.generator)
             generation.release(reusable=False)
+            budget = self._cache_budget if self.cache.rewinds else 0
+            memory, bpt = self.generators.memory, self.cache.bytes_per_token  # the bound
+            self.max_length = memory.size(self._kv.memory_bytes, bpt, budget, self.max_length)
             if not self.cache.rewinds:
                 return  # no conversation cache (logged)
             self.cache.budget_bytes = self._cache_budget
@@ -259,16 +262,11 @@ class Engine:
         self.max_length = size_kv_memory(self.batch, self._kv, self.max_length)
 
     def cache_stats(self) -> CacheStats:
-        if self.batch is None:
-            return CacheStats(**asdict(self.cache.stats()))
         batch = self.batch
-        return CacheStats(
-            **asdict(batch.cache.stats()),
-            **batch.tiers.stats(),
-            kv_memory_bytes=batch.memory.bound_bytes,
-            kv_reserved_bytes=batch.memory.reserved_bytes,
-            kv_waits=batch.memory.waits,
-        )
+        memory = self.generators.memory.memory if batch is None else batch.memory
+        if batch is None:
+            return CacheStats(**asdict(self.cache.stats()), **memory.stats())
+        return CacheStats(**asdict(batch.cache.stats()), **batch.tiers.stats(), **memory.stats())
 
 
 def load_engine(settings: Settings) -> Engine:

@@ -88,10 +88,20 @@ class Generation:
         )
         lease = self.lease
         vocab_size = engine.generators.options.vocab_size
+        # A generator the cache does not keep reserves its KV against KV_MEMORY_MB before it is
+        # made (NoRoom: the request waits); the cache's own are within PROMPT_CACHE_MB.
+        self._memory = engine.generators.memory
+        fresh_alone = lease.fresh and not lease.keep
+        nbytes = lease.capacity * engine.cache.bytes_per_token
+        self._reserved = self._memory.reserve(nbytes) if fresh_alone else 0
         if lease.fresh:
-            generator, params = engine.generators.new_generator(
-                lease.capacity, request, prompt, guidance
-            )
+            try:
+                generator, params = engine.generators.new_generator(
+                    lease.capacity, request, prompt, guidance
+                )
+            except Exception:
+                self._memory.release(self._reserved)
+                raise
             entry = lease.attach(generator, params)
         else:
             assert lease.entry is not None
@@ -234,6 +244,8 @@ class Generation:
     def release(self, reusable: bool) -> None:
         """The request is over (finished, cancelled, or failed: not reusable)."""
         self.lease.give_back(reusable)
+        self._memory.release(self._reserved)
+        self._reserved = 0
 
     def drafts(self) -> Drafts | None:
         """This reply's prompt-lookup drafts; None when it had none (PROMPT_LOOKUP_TOKENS=0,

@@ -21,6 +21,7 @@ from sidecar.model.batch_guidance import Grammars, RowGuide
 from sidecar.model.device import DeviceUnavailable, device_error
 from sidecar.model.drafts import use_prompt_lookup
 from sidecar.model.folder import ModelFolderError, first_line, multimodal
+from sidecar.model.generator_memory import GeneratorMemory
 from sidecar.model.guidance import refusal
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import PromptCache
@@ -51,6 +52,8 @@ class GeneratorPath:
         # A guided reply's log probabilities need a matcher of their own (logprobs.py)
         self.shadow_grammars: Grammars | None = None
         self._processor: og.MultiModalProcessor | None = None  # a vision model's
+        # KV_MEMORY_MB for the generators made for one reply (generator_memory.py)
+        self.memory = GeneratorMemory(device)
 
     @property
     def loaded(self) -> bool:

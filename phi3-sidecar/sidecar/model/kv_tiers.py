@@ -55,6 +55,14 @@ class Memory:
         """What the kept conversations may hold now."""
         return max(0, self.bound_bytes - self.reserved_bytes)
 
+    def stats(self) -> dict[str, int]:
+        """What ipc.CacheStats (and so /metrics) says of the bound."""
+        return {
+            "kv_memory_bytes": self.bound_bytes,
+            "kv_reserved_bytes": self.reserved_bytes,
+            "kv_waits": self.waits,
+        }
+
 
 @dataclass
 class Restored:

@@ -87,6 +87,21 @@ def default_kv_bytes(limit: int, loaded: int) -> int:
     return max(256 * MIB, limit - loaded - margin(limit))
 
 
+def chosen_kv_bound(wanted_bytes: int) -> tuple[int, dict[str, object]]:
+    """The KV bound once the model is loaded: `wanted_bytes` (KV_MEMORY_MB) or, 0, chosen
+    from the memory limit; and the start log's fields that say how."""
+    limit, source = memory_limit()
+    loaded = service_resident_bytes()
+    bound = wanted_bytes or default_kv_bytes(limit, loaded)
+    return bound, {
+        "kv_memory_bytes": bound,
+        "chosen": "KV_MEMORY_MB" if wanted_bytes else "from the memory limit",
+        "memory_limit_bytes": limit,
+        "limit_source": source,
+        "loaded_bytes": loaded,
+    }
+
+
 def service_resident_bytes() -> int:
     """This worker's resident memory and its parent's (the web process)."""
     return resident_bytes() + resident_bytes(os.getppid())
