@@ -1,7 +1,9 @@
 """What structured output costs and saves, on one model folder (default: Phi-3-mini's shapes,
 written by scripts/models/make_model.py --preset phi3-mini; random weights decode at the real
 model's speed). The sidecar's own engine runs in this process, cache off, greedy, one request at a
-time:
+time, on the decode path the sidecar takes by default (batched decode, DECODE_BATCH_ROWS: its own
+llguidance matcher per row) or, with --rows 1, on onnxruntime-genai's Generator (its built-in
+llguidance):
 
 1. Forced tokens: a typical JSON Schema reply (the docs' weather report) with
    `enable_ff_tokens` on and off: tokens generated against decode steps taken, and the time to
@@ -34,6 +36,7 @@ from sidecar.ipc import Generate, Guidance
 from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.generation import Generation
+from sidecar.settings import Settings
 from sidecar.web.guidance import TEXT_RULE, prepared
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-new", type=int, default=256, help="budget of the JSON reply")
     parser.add_argument("--text-tokens", type=int, default=64, help="tokens of free text")
+    rows = int(Settings.model_fields["decode_batch_rows"].default)
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=rows,
+        help=f"DECODE_BATCH_ROWS (default {rows}, the sidecar's; 1: the Generator path)",
+    )
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -124,11 +134,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                  "--out", str(model)],
                 check=True,
             )  # fmt: skip
-    engine = Engine(model)
+    engine = Engine(model, decode_batch_rows=args.rows, max_concurrency=max(args.rows, 1))
     engine.warm_up()
+    path = "the Generator" if engine.batch is None else f"batched decode ({args.rows} rows)"
     forced = forced_tokens(engine, args.runs, args.max_new)
     cost = step_cost(engine, args.runs, args.text_tokens)
-    print(f"## Structured output on {model.name}, {cpu_name()}, median of {args.runs}\n")
+    print(f"## Structured output on {model.name}, {path}, {cpu_name()}, median of {args.runs}\n")
     print("| reply | tokens | decode steps | time to the complete object (s) |")
     print("|---|---|---|---|")
     for label, samples in forced.items():
@@ -142,4 +153,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"| {label} | {median(samples, 'tokens'):.0f} | {median(samples, 'per_step_ms'):.1f} |"
         )
-    return {"model": str(model), "runs": args.runs, "forced": forced, "step_cost": cost}
+    return {
+        "model": str(model),
+        "path": path,
+        "runs": args.runs,
+        "forced": forced,
+        "step_cost": cost,
+    }
