@@ -82,13 +82,13 @@ def timed(generation: Generation | BatchGeneration) -> dict[str, Any]:
 
 def forced_tokens(engine: Engine, runs: int, max_new: int) -> dict[str, Any]:
     guidance = Guidance("json_schema", json.dumps(prepared(REPORT_SCHEMA)))
-    results: dict[str, Any] = {}
-    for label, ff in (("ff on", True), ("ff off", False)):
-        request = Generate(
+    requests = {
+        label: Generate(
             "bench", (("user", QUESTION),), max_new, guidance=replace(guidance, ff_tokens=ff)
         )
-        samples = [timed(engine.start(request, cached=False)) for _ in range(runs)]
-        results[label] = samples
+        for label, ff in (("ff on", True), ("ff off", False))
+    }
+    results = interleaved(engine, requests, runs)
     texts = {s["text"] for samples in results.values() for s in samples}
     if len(texts) != 1:
         print("warning: the replies differ with forced tokens on and off", file=sys.stderr)
@@ -97,12 +97,24 @@ def forced_tokens(engine: Engine, runs: int, max_new: int) -> dict[str, Any]:
 
 def step_cost(engine: Engine, runs: int, tokens: int) -> dict[str, Any]:
     any_text = Guidance("lark_grammar", "start: TEXT\n" + TEXT_RULE)
-    results: dict[str, Any] = {}
-    for label, guidance in (("no grammar", None), ("any-text grammar", any_text)):
-        request = Generate(
+    requests = {
+        label: Generate(
             "bench", (("user", QUESTION),), tokens, min_new_tokens=tokens, guidance=guidance
         )
-        results[label] = [timed(engine.start(request, cached=False)) for _ in range(runs)]
+        for label, guidance in (("no grammar", None), ("any-text grammar", any_text))
+    }
+    return interleaved(engine, requests, runs)
+
+
+def interleaved(engine: Engine, requests: dict[str, Generate], runs: int) -> dict[str, Any]:
+    """Each request `runs` times, taking turns (a machine that warms up or slows down as it
+    goes weighs on every label alike), after one untimed run of each."""
+    for request in requests.values():
+        timed(engine.start(request, cached=False))
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label in requests}
+    for _ in range(runs):
+        for label, request in requests.items():
+            results[label].append(timed(engine.start(request, cached=False)))
     return results
 
 

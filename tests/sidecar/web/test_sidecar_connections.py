@@ -22,9 +22,11 @@ from typing import Any
 
 import httpx
 import psutil
+import uvicorn
 
 from scripts.run import services
 from scripts.run.services import Service
+from sidecar.web.listener import Listener
 from tests.sidecar.support import metrics
 
 LOW_NOFILE = (160, 160)
@@ -336,3 +338,16 @@ def test_the_soft_open_files_limit_is_raised_to_the_hard_one_at_start(
     assert start["nofile_hard"] == 4096 and start["level"] == "info"
     assert start["connection_limit"] == 512 and start["limited_by"] == "MAX_CONNECTIONS"
     assert after["sidecar_connection_limit"] == 512
+
+
+def test_accepted_connections_send_without_waiting_for_acks() -> None:
+    """TCP_NODELAY on each accepted connection: asyncio sets it only where a socket's proto says
+    TCP, and uvicorn's bound socket says 0, so a response's body waited for the client's delayed
+    ACK of its headers: 44 ms for every keep-alive /healthz, and for each /predict's first byte."""
+    listener = Listener.from_config(uvicorn.Config("unused:app", host="127.0.0.1", port=0))
+    listener.listen()  # asyncio's create_server does this for uvicorn
+    with listener, socket.create_connection(listener.getsockname()[:2], timeout=5):
+        assert listener.proto == 0  # what asyncio reads to skip TCP_NODELAY
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
