@@ -119,8 +119,7 @@ class BatchScheduler:
         if lease.entry is not None:
             self.tiers.account(lease.entry)  # lent: its slot is now the reply's reservation
         memory = self.memory
-        # A reply alone always fits (the engine caps the context to the bound).
-        if memory.reserved_bytes and memory.reserved_bytes + reserve > memory.bound_bytes:
+        if not memory.fits(reserve):
             self._unlease(lease)
             raise NoRoom(f"{reserve} bytes of KV do not fit beside the running replies")
         memory.reserved_bytes += reserve

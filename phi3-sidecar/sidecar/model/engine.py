@@ -263,10 +263,12 @@ class Engine:
 
     def cache_stats(self) -> CacheStats:
         batch = self.batch
-        memory = self.generators.memory.memory if batch is None else batch.memory
         if batch is None:
-            return CacheStats(**asdict(self.cache.stats()), **memory.stats())
-        return CacheStats(**asdict(batch.cache.stats()), **batch.tiers.stats(), **memory.stats())
+            bound = self.generators.memory.memory.stats()
+            return CacheStats(**asdict(self.cache.stats()), **bound)
+        return CacheStats(
+            **asdict(batch.cache.stats()), **batch.tiers.stats(), **batch.memory.stats()
+        )
 
 
 def load_engine(settings: Settings) -> Engine:

@@ -31,7 +31,6 @@ class GeneratorMemory:
 
     device: str = "cpu"  # MODEL_DEVICE
     memory: Memory = field(default_factory=lambda: Memory(0))
-    set_aside: int = 0  # the conversation cache's budget, within the bound
 
     @property
     def bounded(self) -> bool:
@@ -49,7 +48,7 @@ class GeneratorMemory:
             return max_length
         bound, fields = chosen_kv_bound(wanted_bytes)
         self.memory.bound_bytes = bound
-        self.set_aside = min(cache_budget, bound)
+        self.memory.set_aside = min(cache_budget, bound)
         capped = max(1, min(max_length, bound // max(bytes_per_token, 1)))
         fields |= {
             "context_tokens": capped,
@@ -65,8 +64,7 @@ class GeneratorMemory:
         memory = self.memory
         if not self.bounded:
             return 0
-        room = memory.bound_bytes - self.set_aside
-        if memory.reserved_bytes and memory.reserved_bytes + nbytes > room:
+        if not memory.fits(nbytes):
             memory.waits += 1
             raise NoRoom(f"{nbytes} bytes of KV do not fit beside the running replies")
         memory.reserved_bytes += nbytes

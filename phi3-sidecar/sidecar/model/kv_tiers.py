@@ -50,6 +50,15 @@ class Memory:
     bound_bytes: int
     reserved_bytes: int = 0
     waits: int = 0  # requests that had to wait for room, since start
+    # Held for what else the bound covers: on the Generator path, the conversation cache's
+    # budget (generator_memory.py); the batched path's kept conversations move down instead.
+    set_aside: int = 0
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a reply that reserves `nbytes` may start beside the running ones: a reply
+        alone always may (the engine caps the context to the bound)."""
+        room = self.bound_bytes - self.set_aside
+        return not self.reserved_bytes or self.reserved_bytes + nbytes <= room
 
     def room(self) -> int:
         """What the kept conversations may hold now."""
