@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -16,6 +18,28 @@ JSON_HEADERS = {"content-type": "application/json"}
 
 def predict(url: str, body: dict[str, Any], timeout: float = 60.0) -> httpx.Response:
     return httpx.post(url + "/predict", json=body, timeout=timeout)
+
+
+def one_after_another(
+    url: str, bodies: dict[str, dict[str, Any]], delay: float
+) -> dict[str, httpx.Response]:
+    """POST /predict two bodies (keyed by their X-Request-Id), the second `delay` seconds after
+    the first, while the first's reply is still running; both responses."""
+    results: dict[str, httpx.Response] = {}
+
+    def send(request_id: str) -> None:
+        headers = {"X-Request-Id": request_id}
+        results[request_id] = httpx.post(
+            url + "/predict", json=bodies[request_id], headers=headers, timeout=120
+        )
+
+    first, second = bodies
+    thread = threading.Thread(target=send, args=(first,))
+    thread.start()
+    time.sleep(delay)
+    send(second)
+    thread.join()
+    return results
 
 
 def metrics(url: str) -> dict[str, float]:

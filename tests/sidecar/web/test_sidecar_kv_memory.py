@@ -17,7 +17,7 @@ import pytest
 
 from scripts.run import services
 from scripts.run.services import Service
-from tests.sidecar.support import metrics, predict, request_line, words
+from tests.sidecar.support import metrics, one_after_another, predict, request_line, words
 from tests.support.engines import paced
 
 
@@ -58,24 +58,12 @@ def test_the_context_is_capped_to_what_the_bound_holds(bounded: Service) -> None
 
 def test_a_request_that_does_not_fit_waits_for_a_running_reply(bounded: Service) -> None:
     waits = metrics(bounded.url).get("sidecar_kv_memory_waits_total", 0)
-    results: dict[int, httpx.Response] = {}
-
-    def send(seed: int) -> None:
-        results[seed] = httpx.post(
-            bounded.url + "/predict",
-            json=body(seed),
-            headers={"X-Request-Id": f"kv-wait-{seed}"},
-            timeout=120,
-        )
-
-    first = threading.Thread(target=send, args=(1,))
-    first.start()
-    time.sleep(0.5)  # the first reply is decoding: its ~560 tokens are reserved
-    send(2)
-    first.join()
-    for seed in (1, 2):
-        assert results[seed].status_code == 200
-        assert request_line(bounded, f"kv-wait-{seed}")["generated_tokens"] == 300
+    bodies = {f"kv-wait-{seed}": body(seed) for seed in (1, 2)}
+    # The second comes while the first reply decodes: its ~560 tokens are reserved
+    results = one_after_another(bounded.url, bodies, delay=0.5)
+    for request_id in bodies:
+        assert results[request_id].status_code == 200
+        assert request_line(bounded, request_id)["generated_tokens"] == 300
     assert metrics(bounded.url)["sidecar_kv_memory_waits_total"] == waits + 1
     assert any('"msg": "request waits for KV memory"' in x for x in bounded.log_lines())
     assert metrics(bounded.url)["sidecar_kv_reserved_bytes"] == 0

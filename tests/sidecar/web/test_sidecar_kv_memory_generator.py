@@ -8,19 +8,16 @@ they wanted whatever the container held."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from scripts.run import services
 from scripts.run.services import Service
 from sidecar.model.vision import image_tokens
-from tests.sidecar.support import metrics, predict, request_line, words
+from tests.sidecar.support import metrics, one_after_another, predict, request_line, words
 from tests.sidecar.web.image_files import data_url, photo
 from tests.support.engines import paced
 
@@ -64,27 +61,6 @@ def kv_memory_line(service: Service) -> dict[str, Any]:
     return line
 
 
-def both_at_once(service: Service, bodies: dict[str, dict[str, Any]]) -> dict[str, httpx.Response]:
-    """The first body's reply is decoding when the second is sent."""
-    results: dict[str, httpx.Response] = {}
-
-    def send(request_id: str) -> None:
-        results[request_id] = httpx.post(
-            service.url + "/predict",
-            json=bodies[request_id],
-            headers={"X-Request-Id": request_id},
-            timeout=120,
-        )
-
-    first, second = bodies
-    thread = threading.Thread(target=send, args=(first,))
-    thread.start()
-    time.sleep(1.0)  # the first reply started: its KV is reserved
-    send(second)
-    thread.join()
-    return results
-
-
 def test_the_generator_path_is_bounded_and_its_context_capped(generator_bounded: Service) -> None:
     line = kv_memory_line(generator_bounded)
     assert line["path"] == "generator" and line["chosen"] == "KV_MEMORY_MB"
@@ -106,7 +82,7 @@ def test_a_reply_that_does_not_fit_waits_for_the_running_one(generator_bounded: 
         }
         for seed in (1, 2)
     }
-    results = both_at_once(generator_bounded, bodies)
+    results = one_after_another(generator_bounded.url, bodies, delay=1.0)
     for request_id in bodies:
         assert results[request_id].status_code == 200
         assert request_line(generator_bounded, request_id)["generated_tokens"] == 300
@@ -129,7 +105,7 @@ def test_a_second_photo_chat_waits_for_the_first(vision_bounded: Service) -> Non
         }
         for name, color in (("red", (200, 30, 30)), ("blue", (30, 30, 200)))
     }
-    results = both_at_once(vision_bounded, bodies)
+    results = one_after_another(vision_bounded.url, bodies, delay=1.0)
     for request_id in bodies:
         assert results[request_id].status_code == 200, results[request_id].text
         line = request_line(vision_bounded, request_id)
