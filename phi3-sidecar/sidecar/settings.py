@@ -175,7 +175,10 @@ class Settings(BaseSettings):
         description="The conversation cache's disk tier: a directory (made 0700; files 0600 "
         "with random names) where conversations pushed out of RAM are written and read back "
         "when their users return, instead of the chat being read again. Unset: off. Files "
-        "written for the loaded model are kept across restarts; others are deleted at start. "
+        "written for the loaded model are kept across restarts; others of the tier's own names "
+        "are deleted at start, and nothing else there is touched. A symbolic link, a directory "
+        "another user owns, or one that is not private and holds other files is refused (one "
+        "error line; the cache runs in RAM only). "
         "App Service: the container's local /tmp, or a mounted volume. With batched decode.",
     )
     prompt_cache_disk_mb: int = Field(
