@@ -304,10 +304,14 @@ class Settings(BaseSettings):
         ge=0,
         le=64 * 1024,
         description="Memory for the Responses API's stored responses (`store`, "
-        "`previous_response_id`, GET/DELETE /v1/responses/{id}), in MiB of their JSON, in the "
-        "web process: the least recently used go first; a restart empties it. Each belongs to "
-        "its API key, and is continued only in its `prompt_cache_key`/`user` scope "
-        "(docs/api.md). 0: nothing is stored (`previous_response_id` is then always a 404).",
+        "`previous_response_id`, GET/DELETE /v1/responses/{id}), in MiB of the memory they "
+        "really take in the web process (each kept as its encoded JSON): a restart empties it. "
+        "Each API key is guaranteed an equal share (this / the number of keys) and may use free "
+        "room beyond it; when full, the least recently used response of the key furthest over "
+        "its share goes first, so one key's flood never evicts another's within its share. "
+        "Each belongs to its API key, and is continued only in its `prompt_cache_key`/`user` "
+        "scope (docs/api.md). 0: nothing is stored (`previous_response_id` is then always a "
+        "404).",
     )
     request_headers_timeout_s: float = Field(
         default=5.0,

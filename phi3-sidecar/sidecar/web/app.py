@@ -41,7 +41,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The cap's connections are counted by the HTTP protocol (__main__ hands it this object).
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     connections = Connections(connection_limit(settings.max_connections, nofile))
-    metrics = Metrics(prompt_cache=settings.prompt_cache_mb > 0, connections=connections)
+    # Each API key's fair share of the stored responses (response_store.py).
+    response_store = ResponseStore(settings.response_store_mb * 2**20, len(settings.api_keys))
+    metrics = Metrics(
+        prompt_cache=settings.prompt_cache_mb > 0,
+        connections=connections,
+        response_store=response_store,
+    )
     admission = Admission(settings.max_concurrency, settings.queue_size)
     # A slot is held until the worker reports the generation over (see admission.py).
     model = ModelClient(settings, on_generation_over=admission.release)
@@ -79,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.connections = connections
     app.state.admission = admission
     app.state.model = model
-    app.state.response_store = ResponseStore(settings.response_store_mb * 2**20)
+    app.state.response_store = response_store
     app.state.images = Images(settings)  # the image checks (images.py)
     app.state.pipeline = Pipeline(
         model,
