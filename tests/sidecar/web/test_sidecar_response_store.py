@@ -133,6 +133,7 @@ def create(service: Service, key: str, **fields: Any) -> httpx.Response:
     return httpx.post(service.url + "/v1/responses", json=body, headers=headers, timeout=60)
 
 
+@pytest.mark.slow  # 160 requests
 def test_over_http_a_flood_from_one_key_leaves_the_others_responses(small_store: Service) -> None:
     """Key B stores two responses; key A stores 1 MiB and more of them (16 x 512 characters of
     metadata each: OpenAI's limits); B's are still there, and /metrics counts the store."""
