@@ -329,6 +329,28 @@ class Settings(BaseSettings):
         "headers; then 408 request_timeout and the connection is closed (a body nobody reads "
         "is closed 2 s later). A stalled or endless body cannot hold a socket past it.",
     )
+    write_timeout_s: float = Field(
+        default=30.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds a client may leave the sidecar unable to write to it (it stopped "
+        "reading: the socket's buffers are full) before its connection is closed, its reply "
+        "cancelled in the model worker (the request's log line: outcome cancelled, closed "
+        "write_timeout) and counted (sidecar_write_timeouts_total). A client that reads, "
+        "however slowly, is never cut: each byte it takes restarts the count. Without it, "
+        "each such connection held its buffers (about 10 MB) and its reply for as long as it "
+        "stayed.",
+    )
+    send_buffer_kb: int = Field(
+        default=256,
+        ge=0,
+        le=65536,
+        description="The kernel's send buffer of each client connection (SO_SNDBUF, in KiB; "
+        "Linux doubles it): what a client that stops reading can leave queued in the kernel, "
+        "besides the 64 KiB asyncio holds, until WRITE_TIMEOUT_S closes it. Autotuned, Linux "
+        "let it grow to 4 MiB a connection (1.7 MB seen on a loopback). 256 KiB streams a reply "
+        "far faster than a model writes it at any round-trip time. 0: the kernel's autotuning.",
+    )
     log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
     log_prompts: bool = Field(
         default=False,

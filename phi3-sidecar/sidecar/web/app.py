@@ -40,7 +40,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     # The cap's connections are counted by the HTTP protocol (__main__ hands it this object).
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    connections = Connections(connection_limit(settings.max_connections, nofile))
+    connections = Connections(
+        connection_limit(settings.max_connections, nofile),
+        write_timeout_s=settings.write_timeout_s,
+        send_buffer=settings.send_buffer_kb * 1024,
+    )
     # Each API key's fair share of the stored responses (response_store.py).
     response_store = ResponseStore(settings.response_store_mb * 2**20, len(settings.api_keys))
     metrics = Metrics(

@@ -361,6 +361,12 @@ class _ConnectionsCollector(Collector):
                 c.idle_closed,
             ),
             (
+                "write_timeouts",
+                "Connections closed because their client stopped reading for WRITE_TIMEOUT_S "
+                "(its reply cancelled in the model worker).",
+                c.write_timeouts,
+            ),
+            (
                 "accept_errors",
                 "Connections that could not be accepted: out of file descriptors or memory "
                 "(EMFILE, ENFILE, ENOBUFS, ENOMEM); accepting resumes a second later.",

@@ -24,6 +24,7 @@ class RequestRecord:
     structured: str | None = None
     outcome: str | None = None  # eos, stop, length, time_limit, cancelled, error, ...
     error_type: str | None = None
+    closed: str | None = None  # the sidecar closed the connection: "write_timeout"
     # outcome "error" from a fault of this reply's own step (ipc.End.fault): its exception's
     # type, never its message
     fault: str | None = None
