@@ -299,6 +299,18 @@ class Settings(BaseSettings):
         "before it is decoded (a few KB of PNG can declare 30000 x 30000 pixels); beyond: 400 "
         "image_too_large. Default: an 8K UHD frame (33,177,600).",
     )
+    image_memory_mb: int = Field(
+        default=1024,
+        ge=1,
+        le=1024 * 1024,
+        description="Memory for the images of requests in flight in the web process, in MiB, "
+        "counted before any image is decoded from what its header says (20 bytes a pixel of "
+        "the request's largest image while they are decoded, 4 a pixel and its file for each) "
+        "and, once decoded, as the PNGs they became, until the request ends. A request whose "
+        "images do not fit now: 503 images_busy with Retry-After (not queued); one whose "
+        "images need more than all of it: 400 image_too_large. Four 12-megapixel photos need "
+        "about 430 MiB to be decoded. web/image_memory.py.",
+    )
     response_store_mb: int = Field(
         default=64,
         ge=0,

@@ -47,10 +47,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # Each API key's fair share of the stored responses (response_store.py).
     response_store = ResponseStore(settings.response_store_mb * 2**20, len(settings.api_keys))
+    images = Images(settings)  # the image checks and their memory bound (images.py)
     metrics = Metrics(
         prompt_cache=settings.prompt_cache_mb > 0,
         connections=connections,
         response_store=response_store,
+        image_memory=images.memory,
     )
     admission = Admission(settings.max_concurrency, settings.queue_size)
     # A slot is held until the worker reports the generation over (see admission.py).
@@ -90,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.admission = admission
     app.state.model = model
     app.state.response_store = response_store
-    app.state.images = Images(settings)  # the image checks (images.py)
+    app.state.images = images
     app.state.pipeline = Pipeline(
         model,
         admission,

@@ -14,7 +14,8 @@ names them:
 - `sidecar_request_prompt_tokens`, `sidecar_request_generated_tokens`: sizes per request.
 
 Images (images.py): those of requests that reached the model, the prompt tokens that stood for
-them, and the requests refused for their images, by reason (errors.REFUSALS' image reasons).
+them, and the requests refused for their images, by reason (errors.REFUSALS' image reasons);
+the memory the images of requests in flight hold, and its bound (image_memory.py).
 
 The Responses API's stored responses (response_store.py): entries, the bytes they really take
 (RESPONSE_STORE_MB is counted in these), those evicted to make room and those not kept.
@@ -46,6 +47,7 @@ from sidecar import ipc
 
 if TYPE_CHECKING:
     from sidecar.web.connections import Connections
+    from sidecar.web.image_memory import ImageMemory
     from sidecar.web.record import RequestRecord
     from sidecar.web.response_store import ResponseStore
 
@@ -77,6 +79,7 @@ IMAGE_REFUSALS = (
     "too_many_images",
     "unsupported_image_url",
     "image_input_unsupported",
+    "images_busy",
 )
 
 
@@ -98,6 +101,7 @@ class Metrics:
         prompt_cache: bool,
         connections: Connections | None = None,
         response_store: ResponseStore | None = None,
+        image_memory: ImageMemory | None = None,
     ) -> None:
         # No `_created` series beside every counter and histogram: Prometheus does not need
         # them in this format (a process-wide switch of prometheus-client; idempotent).
@@ -110,6 +114,8 @@ class Metrics:
             self.registry.register(_ConnectionsCollector(connections))
         if response_store is not None:
             self.registry.register(_ResponseStoreCollector(response_store))
+        if image_memory is not None:
+            self.registry.register(_ImageMemoryCollector(image_memory))
 
         def counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(name, help_text, labels, registry=self.registry)
@@ -411,4 +417,24 @@ class _ResponseStoreCollector(Collector):
             "sidecar_response_store_refused",
             "Responses not kept: larger than the room their key could have.",
             value=store.refused,
+        )
+
+
+class _ImageMemoryCollector(Collector):
+    """The images' memory (IMAGE_MEMORY_MB), read when /metrics is scraped."""
+
+    def __init__(self, memory: ImageMemory) -> None:
+        self._memory = memory
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "sidecar_image_memory_bytes",
+            "Memory counted for the images of requests in flight (from their headers until "
+            "decoded, then their PNGs).",
+            value=self._memory.in_use,
+        )
+        yield GaugeMetricFamily(
+            "sidecar_image_memory_limit_bytes",
+            "IMAGE_MEMORY_MB, in bytes.",
+            value=self._memory.budget_bytes,
         )
