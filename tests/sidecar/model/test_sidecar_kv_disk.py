@@ -19,7 +19,7 @@ from scripts.run import services
 from sidecar.model import kv_disk
 from sidecar.model.kv_compact import Block, CompactKv
 from sidecar.model.kv_disk import DiskTier, Shape
-from tests.sidecar.model.test_sidecar_kv_tiers import chat_on_disk
+from tests.sidecar.model.test_sidecar_kv_tiers import chat_on_disk, make_engine
 from tests.sidecar.support import predict
 
 SHAPE = Shape(layers=1, kv_heads=2, head_size=4, encoding="int8")
@@ -243,3 +243,16 @@ def test_the_sidecar_starts_and_serves_beside_a_crafted_file_for_its_model(
         log = sidecar.log()
     assert IGNORED in log and crafted.name in log
     assert sorted(directory.iterdir()) == [kept]
+
+
+def test_the_start_line_says_the_tier_is_off_when_its_directory_is_refused(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "kv").symlink_to(target)
+    with caplog.at_level(logging.INFO):
+        make_engine(tiny_model_dir, prompt_cache_dir=tmp_path / "kv")
+    (line,) = [r for r in caplog.records if r.message == "kv memory"]
+    assert line.fields["disk_tier"] is None  # type: ignore[attr-defined]
+    assert REFUSED in messages(caplog)
