@@ -33,6 +33,7 @@ LABELS = {
         "too_many_images",
         "unsupported_image_url",
         "image_input_unsupported",
+        "images_busy",
     },
 }
 
