@@ -265,3 +265,17 @@ def test_an_encoder_that_fails_to_load_is_said_and_chat_goes_on(
         )
         assert chat.status_code == 200
         assert "embedding model failed to load" in side.log()
+
+
+def test_render_cuts_a_matryoshka_vector_and_makes_it_unit_length_again() -> None:
+    import json
+
+    from sidecar.web.embeddings_api import render
+
+    vectors = np.array([[3.0, 4.0, 12.0], [1.0, 0.0, 0.0]], dtype=np.float32)
+    body = json.loads(render(vectors, 2, "float", "enc", 7))
+    assert body["data"][0]["embedding"] == pytest.approx([0.6, 0.8])
+    assert body["data"][1]["embedding"] == [1.0, 0.0]
+    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7} and body["model"] == "enc"
+    whole = json.loads(render(vectors, 3, "base64", "enc", 7))["data"][0]["embedding"]
+    assert np.frombuffer(base64.b64decode(whole), "<f4").tolist() == [3.0, 4.0, 12.0]
