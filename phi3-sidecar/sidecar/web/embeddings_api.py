@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -42,6 +43,7 @@ from sidecar.embeddings.service import Embeddings, QueueFull
 from sidecar.web.deps import EmbeddingsDep, RecordDep, SettingsDep
 from sidecar.web.errors import RETRY_NOT_READY_S, ApiError, overloaded
 from sidecar.web.pipeline import read_body
+from sidecar.web.reply import wait_for_disconnect
 
 if TYPE_CHECKING:
     import numpy as np
@@ -91,14 +93,32 @@ async def create_embeddings(
     tokens = sum(len(t) for t in ids)
     record.prompt_tokens = tokens
     try:
-        vectors = await embeddings.embed(ids)
+        vectors = await _unless_gone(request, embeddings.embed(ids))
     except QueueFull:
         raise overloaded() from None
+    if vectors is None:  # the client left: its batches still queued were dropped
+        record.outcome = "cancelled"
+        return Response(status_code=499)
     content = await asyncio.to_thread(
         render, vectors, width, body.encoding_format, embeddings.name, tokens
     )
     record.outcome = "ok"
     return Response(content, media_type="application/json")
+
+
+async def _unless_gone(request: Request, work: Awaitable[np.ndarray]) -> np.ndarray | None:
+    """The vectors, or None once the client has disconnected (an indexer that gave up must
+    not keep the encoder busy: the request's queued batches are skipped)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    return None
 
 
 def _ready_encoder(embeddings: Embeddings) -> Encoder:

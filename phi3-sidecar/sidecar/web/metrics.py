@@ -56,6 +56,7 @@ GENERATION_PATHS = {
     "/v1/responses": "v1",
 }
 EMBEDDINGS_PATH = "/v1/embeddings"  # counted apart: sidecar_embedding_*
+EMBEDDING_OUTCOMES = ("ok", "rejected", "cancelled", "error")
 OUTCOMES = ("eos", "stop", "length", "time_limit", "cancelled", "error", "rejected")
 _LABELS = ("api", "outcome")
 
@@ -213,10 +214,11 @@ class Metrics:
         # /v1/embeddings (embeddings_api.py): requests, inputs, tokens and time
         self.embedding_requests = counter(
             "sidecar_embedding_requests",
-            "Finished /v1/embeddings requests by outcome (ok, rejected, error).",
+            "Finished /v1/embeddings requests by outcome (ok, rejected, cancelled: the client "
+            "left, error).",
             ("outcome",),
         )
-        for outcome in ("ok", "rejected", "error"):
+        for outcome in EMBEDDING_OUTCOMES:
             self.embedding_requests.labels(outcome)
         self.embedding_inputs = counter(
             "sidecar_embedding_inputs", "Inputs embedded (strings or token lists)."
@@ -281,7 +283,7 @@ class Metrics:
                 gaps.observe(later - earlier)
 
     def _observe_embeddings(self, record: RequestRecord) -> None:
-        outcome = record.outcome if record.outcome in ("ok", "rejected") else "error"
+        outcome = record.outcome if record.outcome in EMBEDDING_OUTCOMES else "error"
         self.embedding_requests.labels(outcome).inc()
         if outcome == "ok":
             self.embedding_inputs.inc(record.embedding_inputs or 0)

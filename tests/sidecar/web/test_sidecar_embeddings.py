@@ -279,3 +279,28 @@ def test_render_cuts_a_matryoshka_vector_and_makes_it_unit_length_again() -> Non
     assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7} and body["model"] == "enc"
     whole = json.loads(render(vectors, 3, "base64", "enc", 7))["data"][0]["embedding"]
     assert np.frombuffer(base64.b64decode(whole), "<f4").tolist() == [3.0, 4.0, 12.0]
+
+
+def test_a_client_that_leaves_cancels_its_request() -> None:
+    """The route gives up on the vectors when the connection says http.disconnect, and the
+    cancellation reaches the pool's future (its queued batches are then skipped)."""
+    import asyncio
+    from concurrent.futures import Future
+
+    from starlette.requests import Request
+
+    from sidecar.web.embeddings_api import _unless_gone
+
+    async def scenario() -> tuple[object, bool]:
+        pending: Future[np.ndarray] = Future()
+
+        async def receive() -> dict[str, str]:
+            await asyncio.sleep(0.01)
+            return {"type": "http.disconnect"}
+
+        request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+        result = await _unless_gone(request, asyncio.wrap_future(pending))
+        await asyncio.sleep(0)  # the cancellation travels to the concurrent future
+        return result, pending.cancelled()
+
+    assert asyncio.run(scenario()) == (None, True)
