@@ -99,6 +99,7 @@ def generator_sidecar_service(
 SLOW_TESTS = (
     "tests/e2e/",
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
+    "tests/sidecar/web/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
     "tests/scripts/test_bench_hops.py",  # the hops benchmark, end to end
     "tests/scripts/test_bench_users_turns.py",  # four sidecars, one after another
     "tests/scripts/test_export_model.py",  # onnxruntime-genai's builder

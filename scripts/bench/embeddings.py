@@ -174,16 +174,35 @@ def beside(
         target=lambda: rate.append(index(service.url, chunks, args.request_inputs, stop)),
         daemon=True,
     )
+    probes: list[float] = []
+    prober = threading.Thread(target=probe, args=(service.url, stop, probes), daemon=True)
     indexer.start()
     time.sleep(2.0)  # the index run is going
+    prober.start()
     runs = [chat(service, args.chat_tokens) for _ in range(args.chats)]
     stop.set()
     indexer.join()
+    prober.join()
     return {
         "decode_tok_s": statistics.median(r[0] for r in runs),
         "ttft_ms": statistics.median(r[1] for r in runs),
         "index_chunks_s": rate[0] if rate else 0.0,
+        "healthz_ms_p50": statistics.median(probes) if probes else 0.0,
+        "healthz_ms_p99": max(probes)
+        if len(probes) < 100
+        else statistics.quantiles(probes, n=100)[-1],
     }
+
+
+def probe(url: str, stop: threading.Event, latencies: list[float]) -> None:
+    """/healthz every 50 ms: how long the web process's event loop keeps a request waiting
+    (the encoder threads' GIL at a lower CPU priority could hold it up)."""
+    with httpx.Client(timeout=30) as client:
+        while not stop.is_set():
+            began = time.perf_counter()
+            client.get(url + "/healthz")
+            latencies.append((time.perf_counter() - began) * 1000)
+            time.sleep(0.05)
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:

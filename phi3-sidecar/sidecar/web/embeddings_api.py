@@ -37,7 +37,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from sidecar.embeddings.service import Embeddings, QueueFull
 from sidecar.web.deps import EmbeddingsDep, RecordDep, SettingsDep
@@ -53,10 +53,22 @@ if TYPE_CHECKING:
 router = APIRouter()
 
 
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+INPUT_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+        _IDS,
+        {"type": "array", "items": _IDS, "minItems": 1},
+    ]
+}
+
+
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    input: Any  # checked by read_inputs, for one clear message per mistake
+    # Checked by read_inputs, for one clear message per mistake; its schema, for the docs
+    input: Annotated[Any, WithJsonSchema(INPUT_SCHEMA)]
     model: Annotated[str, Field(max_length=256)] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
