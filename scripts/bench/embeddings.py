@@ -84,9 +84,12 @@ def make_chunks(folder: Path, count: int, tokens: int) -> list[str]:
     chunks = []
     for n in range(count):
         text = f"passage {n}:"
-        while len(tokenizer.encode(text).ids) < tokens - 12:
+        while len(tokenizer.encode(text).ids) < tokens:
             text += " " + TOPICS[(n + len(text)) % len(TOPICS)] + "."
-        chunks.append(text)
+        encoding = tokenizer.encode(text)
+        # cut after the token that makes `tokens` with [CLS] and [SEP], at a word's end
+        end = encoding.offsets[min(tokens - 2, len(encoding.offsets) - 2)][1]
+        chunks.append(text[: text.rfind(" ", 0, end + 1)] if end < len(text) else text)
     return chunks
 
 
@@ -267,9 +270,10 @@ def print_tables(result: dict[str, Any]) -> None:
     )
     print(
         "| EMBED_NICE | chat decode alone (tok/s) | beside an index run | ratio | TTFT alone "
-        "(ms) | beside | ratio | index run beside the chats (chunks/s) |"
+        "(ms) | beside | ratio | index run beside the chats (chunks/s) | /healthz beside, "
+        "p50 / p99 (ms) |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for nice, run in runs.items():
         a, b = run["alone"], run["beside"]
         decode = b["decode_tok_s"] / a["decode_tok_s"] if a["decode_tok_s"] else 0.0
@@ -277,6 +281,6 @@ def print_tables(result: dict[str, Any]) -> None:
         print(
             f"| {nice} | {a['decode_tok_s']:.1f} | {b['decode_tok_s']:.1f} | {decode:.2f} | "
             f"{a['ttft_ms']:.0f} | {b['ttft_ms']:.0f} | {ttft:.2f} | "
-            f"{b['index_chunks_s']:.1f} |"
+            f"{b['index_chunks_s']:.1f} | {b['healthz_ms_p50']:.1f} / {b['healthz_ms_p99']:.1f} |"
         )
     print("\ntargets: decode beside >= 0.5x alone; TTFT beside <= 2x alone")

@@ -57,7 +57,7 @@ def write_tokenizer(out: Path, vocab: list[str], max_tokens: int) -> None:
     dump(out / "tokenizer_config.json", {"do_lower_case": True, "model_max_length": max_tokens})
 
 
-def write_graph(path: Path, vocab_size: int, seed: int) -> None:
+def write_graph(path: Path, vocab_size: int, seed: int, positions: int = POSITIONS) -> None:
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -69,7 +69,7 @@ def write_graph(path: Path, vocab_size: int, seed: int) -> None:
 
     init = [
         weight("word", vocab_size, WIDTH, scale=1.0),
-        weight("position", POSITIONS, WIDTH),
+        weight("position", positions, WIDTH),
         weight("type", 2, WIDTH),
         numpy_helper.from_array(np.ones(WIDTH, "f4"), "gamma"),
         numpy_helper.from_array(np.zeros(WIDTH, "f4"), "beta"),
@@ -133,13 +133,14 @@ def make_encoder(out: Path, pooling: str = "mean", max_tokens: int = 32, seed: i
     out.mkdir(parents=True, exist_ok=True)
     vocab = vocabulary()
     write_tokenizer(out, vocab, max_tokens)
-    write_graph(out / "onnx" / "model.onnx", len(vocab), seed)
+    positions = max(POSITIONS, max_tokens)  # position embeddings for every token allowed
+    write_graph(out / "onnx" / "model.onnx", len(vocab), seed, positions)
     dump(
         out / "config.json",
         {
             "model_type": "bert",
             "hidden_size": WIDTH,
-            "max_position_embeddings": POSITIONS,
+            "max_position_embeddings": positions,
             "vocab_size": len(vocab),
         },
     )
