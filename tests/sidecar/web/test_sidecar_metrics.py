@@ -34,6 +34,7 @@ LABELS = {
         "too_many_images",
         "unsupported_image_url",
         "image_input_unsupported",
+        "images_busy",  # IMAGE_MEMORY_MB full (web/image_memory.py)
     },
 }
 
