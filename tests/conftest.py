@@ -50,6 +50,15 @@ def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny generated encoder (scripts/models/make_encoder.py) for /v1/embeddings, no torch."""
+    out = tmp_path_factory.mktemp("encoders") / "tiny-encoder"
+    command = [sys.executable, "-m", "scripts.models.make_encoder", "--out", str(out)]
+    subprocess.run(command, check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
 def sidecar_service(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[services.Service]:
@@ -90,6 +99,7 @@ def generator_sidecar_service(
 SLOW_TESTS = (
     "tests/e2e/",
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
+    "tests/sidecar/web/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
     # The benchmarks' own tests (shape, not speed), each a sidecar or several for seconds;
     # test_bench_entry.py (the command's --help) stays quick.
     "tests/scripts/test_bench_guidance.py",

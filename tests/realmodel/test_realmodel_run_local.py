@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT
@@ -34,7 +35,7 @@ def test_run_local_serves_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
             lambda: (
                 "the model is loaded and ready" in output.read_text() or process.poll() is not None
             ),
-            120,
+            300,  # all-MiniLM-L6-v2 is built first when it is not there yet (about a minute)
             "run_local.py to load the model",
         )
         text = output.read_text()
@@ -48,6 +49,13 @@ def test_run_local_serves_smollm2(smollm2_dir: Path, tmp_path: Path) -> None:
             [{"role": "user", "content": "What is the capital of France?"}],
         )
         assert "Paris" in live.text_of(objs)
+        sidecar = f"http://127.0.0.1:{sidecar_port}"
+        live.wait_until(
+            lambda: httpx.get(sidecar + "/readyz", timeout=5).json()["embeddings"]["served"],
+            60,
+            "all-MiniLM-L6-v2 to be ready",
+        )
+        assert httpx.get(sidecar + "/v1/models", timeout=5).json()["data"][1]["dimensions"] == 384
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
     finally:

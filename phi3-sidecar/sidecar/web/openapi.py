@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from sidecar.web.completions_api import CompletionRequest
+from sidecar.web.embeddings_api import EmbeddingRequest
 from sidecar.web.errors import REFUSALS
 from sidecar.web.openai_schemas import ChatCompletionRequest
 from sidecar.web.predict_api import PredictRequest
@@ -56,6 +57,7 @@ def build(app: FastAPI) -> dict[str, Any]:
         ChatCompletionRequest,
         CompletionRequest,
         ResponsesRequest,
+        EmbeddingRequest,
     ]
     _, definitions = models_json_schema([(body, "validation") for body in bodies], ref_template=REF)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -79,6 +81,11 @@ def build(app: FastAPI) -> dict[str, Any]:
         ("/v1/chat/completions", "ChatCompletionRequest", json_or_events),
         ("/v1/completions", "CompletionRequest", json_or_events),
         ("/v1/responses", "ResponsesRequest", json_or_events),
+        (
+            "/v1/embeddings",
+            "EmbeddingRequest",
+            {"application/json": {"schema": {"type": "object"}}},
+        ),
     ):
         operation = schema["paths"][path]["post"]
         operation["requestBody"] = {

@@ -22,7 +22,8 @@ HISTOGRAMS = (
 )
 LABELS = {
     "api": {"predict", "v1"},
-    "outcome": {"eos", "stop", "length", "time_limit", "cancelled", "error", "rejected"},
+    # generation outcomes; "ok": a /v1/embeddings request (sidecar_embedding_requests)
+    "outcome": {"eos", "stop", "length", "time_limit", "cancelled", "error", "rejected", "ok"},
     "le": None,  # bucket bounds
     "source": {"ram", "compact", "disk", "recomputed"},  # where prompt tokens came from
     "tier": {"compact", "disk"},  # where a restored conversation came from
@@ -33,7 +34,7 @@ LABELS = {
         "too_many_images",
         "unsupported_image_url",
         "image_input_unsupported",
-        "images_busy",
+        "images_busy",  # IMAGE_MEMORY_MB full (web/image_memory.py)
     },
 }
 
