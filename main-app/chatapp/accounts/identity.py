@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flask import Flask, current_app, g, request
+from sqlalchemy import select
 
 from chatapp.errors import ApiError
 from chatapp.store import current_store
-from chatapp.store.models import NAME_CHARS, SUBJECT_CHARS
+from chatapp.store.models import NAME_CHARS, SUBJECT_CHARS, User
 from chatapp.store.users import LOCAL_SUBJECT, ensure_user
 from chatapp.wire import FORBIDDEN_CHARS
 
@@ -98,9 +99,15 @@ def current_user() -> CurrentUser:
     user: CurrentUser | None = g.get("user")
     if user is None:
         identity = identify(current_app.config, request.headers, request.remote_addr)
-        with current_store().session(write=True) as session:
-            row = ensure_user(session, identity.subject, identity.name)
-            user = CurrentUser(row.id, row.subject, row.name)
+        store = current_store()
+        with store.session() as session:  # most requests: a user seen before, as they were
+            row = session.scalars(select(User).where(User.subject == identity.subject)).first()
+            if row is not None and (identity.name is None or row.name == identity.name):
+                user = CurrentUser(row.id, row.subject, row.name)
+        if user is None:
+            with store.session(write=True) as session:
+                row = ensure_user(session, identity.subject, identity.name)
+                user = CurrentUser(row.id, row.subject, row.name)
         g.user = user
     return user
 

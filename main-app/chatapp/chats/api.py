@@ -120,10 +120,11 @@ def create_chat() -> Response:
 def get_chat(chat_id: str) -> Response:
     user = current_user()
     with current_store().session() as session:
-        chat = chats.get_chat(session, user.id, chat_id, messages=True)
-        if chat is None:
-            raise no_such_chat()
-        return _answer(_full(chat))
+        found = chats.open_chat(session, user.id, chat_id)
+    if found is None:
+        raise no_such_chat()
+    chat, rows = found
+    return _answer({**convert.summary(chat), "messages": [convert.message_json(r) for r in rows]})
 
 
 @bp.patch("/chats/<chat_id>")

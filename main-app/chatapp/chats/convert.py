@@ -13,7 +13,7 @@ from typing import Any
 
 from chatapp import images, wire
 from chatapp.errors import ApiError
-from chatapp.store.chats import NewMessage
+from chatapp.store.chats import AnyRow, NewMessage
 from chatapp.store.models import FINISH_CHARS, TITLE_CHARS, Chat, Message
 
 # The most messages one stored chat holds; past it a chat must be continued in a new one.
@@ -28,7 +28,7 @@ def timestamp(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def summary(chat: Chat) -> dict[str, Any]:
+def summary(chat: Chat | AnyRow) -> dict[str, Any]:
     return {
         "id": chat.id,
         "title": chat.title,
@@ -37,7 +37,7 @@ def summary(chat: Chat) -> dict[str, Any]:
     }
 
 
-def message_json(message: Message) -> dict[str, Any]:
+def message_json(message: Message | AnyRow) -> dict[str, Any]:
     out: dict[str, Any] = {
         "role": message.role,
         "content": message.content,
@@ -52,7 +52,7 @@ def message_json(message: Message) -> dict[str, Any]:
     return out
 
 
-def wire_message(message: Message) -> dict[str, Any]:
+def wire_message(message: Message | AnyRow) -> dict[str, Any]:
     """A stored message as the model service takes it (images first, then the text)."""
     if not message.images:
         return {"role": message.role, "content": message.content}

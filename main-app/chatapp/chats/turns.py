@@ -26,8 +26,7 @@ from chatapp.accounts import CurrentUser
 from chatapp.chats import convert
 from chatapp.errors import ApiError
 from chatapp.store import Store, chats
-from chatapp.store.chats import NewMessage
-from chatapp.store.models import Message
+from chatapp.store.chats import AnyRow, NewMessage
 
 log = logging.getLogger(__name__)
 # JSON's share of a message beyond its text, counted against MAX_REQUEST_BYTES.
@@ -51,7 +50,7 @@ def _size(message: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def fit(
-    stored: Sequence[Message], head: list[dict[str, Any]], config: Mapping[str, Any]
+    stored: Sequence[AnyRow], head: list[dict[str, Any]], config: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     """The newest stored turns that fit with `head` (the system message, if any, and the new
     user message) in MAX_MESSAGES, MAX_REQUEST_BYTES of text and MAX_IMAGES images."""
@@ -121,11 +120,11 @@ def start(
             "the chat's earlier turns are kept on the server."
         )
     with store.session() as session:
-        chat = chats.get_chat(session, user.id, chat_id)
-        if chat is None:
-            raise ApiError("not_found", "There is no such chat.", status=404)
-        stored = chats.messages_of(session, user.id, chat_id) or []
-        title = None if chat.title else convert.title_from(_text(head[-1]["content"]))
+        found = chats.open_chat(session, user.id, chat_id)
+    if found is None:
+        raise ApiError("not_found", "There is no such chat.", status=404)
+    chat, stored = found
+    title = None if chat.title else convert.title_from(_text(head[-1]["content"]))
     if len(stored) + 2 > convert.MAX_STORED_MESSAGES:
         raise ApiError(
             "payload_too_large",

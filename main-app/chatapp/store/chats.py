@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Row, delete, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from chatapp.store import search
@@ -19,6 +19,8 @@ from chatapp.store.base import utcnow
 from chatapp.store.models import TITLE_CHARS, Chat, Message
 
 LIST_LIMIT = 500
+# A row of plain columns, whatever they are (open_chat's).
+AnyRow = Row[*tuple[Any, ...]]
 
 
 @dataclass
@@ -130,6 +132,32 @@ def append_messages(
     chat.updated_at = max(utcnow(), chat.updated_at)
     session.flush()
     return added
+
+
+def open_chat(
+    session: Session, owner_id: int, chat_id: str
+) -> tuple[AnyRow, Sequence[AnyRow]] | None:
+    """The owner's chat as plain rows, in two queries and without an object per message (a
+    chat of 200 reads several times faster than through `Chat.messages`): its summary (`id`,
+    `title`, `created_at`, `updated_at`) and its messages in order (`role`, `content`,
+    `images`, `finish`, `citations`, `created_at`). None if it is not theirs."""
+    summary = session.execute(
+        select(Chat.id, Chat.title, Chat.created_at, Chat.updated_at).where(
+            Chat.id == chat_id, Chat.owner_id == owner_id
+        )
+    ).one_or_none()
+    if summary is None:
+        return None
+    columns = (
+        Message.role,
+        Message.content,
+        Message.images,
+        Message.finish,
+        Message.citations,
+        Message.created_at,
+    )
+    statement = select(*columns).where(Message.chat_id == chat_id).order_by(Message.position)
+    return summary, session.execute(statement).all()
 
 
 def messages_of(session: Session, owner_id: int, chat_id: str) -> Sequence[Message] | None:
