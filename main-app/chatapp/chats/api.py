@@ -12,16 +12,20 @@
 - `DELETE /api/chats/<id>` → `204`.
 
 Another user's chat, or one that does not exist, is `404 not_found` on every route: nobody
-learns that an id exists. Each answer is `Cache-Control: no-store`.
+learns that an id exists. Each answer is `Cache-Control: no-store`. Each request logs one
+`chatapp.request` line `api` (method, route pattern, status, error type, duration): never a
+chat id, a title, a search or a message.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from chatapp import images
+from chatapp import errors, images
 from chatapp.accounts import current_user
 from chatapp.chats import convert
 from chatapp.errors import ApiError
@@ -30,6 +34,28 @@ from chatapp.store import chats, current_store
 from chatapp.store.models import Chat
 
 bp = Blueprint("chats", __name__, url_prefix="/api")
+request_log = logging.getLogger("chatapp.request")
+
+
+@bp.before_request
+def _started() -> None:
+    g.api_started = time.monotonic()
+
+
+@bp.after_request
+def _log_line(response: Response) -> Response:
+    started = g.get("api_started")
+    fields: dict[str, Any] = {
+        "method": request.method,
+        "route": request.url_rule.rule if request.url_rule else None,
+        "status": response.status_code,
+    }
+    if response.status_code >= 400:
+        fields["error"] = errors.type_of(response)
+    if started is not None:
+        fields["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    request_log.info("api", extra={"fields": fields})
+    return response
 
 
 def no_such_chat() -> ApiError:

@@ -162,3 +162,22 @@ def test_user_a_never_reaches_user_bs_chats(client: FlaskClient) -> None:
     bob_sees = client.get(f"/api/chats/{bobs}", headers=BOB).get_json()
     assert bob_sees["title"] == "Bob's walrus secret"
     assert [m["content"] for m in bob_sees["messages"]] == ["Bob's walrus secret"]
+
+
+def test_each_request_logs_one_line_without_ids_or_text(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    chat = _make(client, ALICE, title="Secret plans")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="chatapp.request"):
+        client.get("/api/chats?q=walrus", headers=ALICE)
+        client.get(f"/api/chats/{chat}", headers=BOB)
+    lines = [r for r in caplog.records if r.name == "chatapp.request"]
+    fields = [r.fields for r in lines]  # type: ignore[attr-defined]
+    assert [(f["method"], f["route"], f["status"]) for f in fields] == [
+        ("GET", "/api/chats", 200),
+        ("GET", "/api/chats/<chat_id>", 404),
+    ]
+    assert fields[1]["error"] == "not_found" and fields[0]["duration_ms"] >= 0
+    logged = " ".join(r.getMessage() + str(r.fields) for r in lines)  # type: ignore[attr-defined]
+    assert chat not in logged and "walrus" not in logged and "Secret" not in logged
