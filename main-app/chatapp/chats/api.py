@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from chatapp import errors, images
 from chatapp.accounts import current_user
@@ -69,15 +70,27 @@ def _answer(body: Any, status: int = 200) -> Response:
     return response
 
 
-def _object_body() -> dict[str, Any]:
+def _object_body(limit: int | None = None) -> dict[str, Any]:
     if request.mimetype != "application/json":
         raise ApiError(
             "unsupported_media_type", "Send JSON (Content-Type: application/json).", status=415
         )
-    body = json_body(current_app.config["MAX_CONTENT_LENGTH"])
+    body = json_body(limit or current_app.config["MAX_CONTENT_LENGTH"])
     if not isinstance(body, dict):
         raise convert.invalid("The request must be a JSON object.")
     return body
+
+
+def _import_text_bytes(body: dict[str, Any]) -> int:
+    """An import's bytes less the data: URLs of its messages' `images`."""
+    size = len(request.get_data(cache=True))
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        urls = message.get("images") if isinstance(message, dict) else None
+        for url in urls if isinstance(urls, list) else ():
+            if isinstance(url, str):
+                size -= len(url.encode("utf-8", "surrogatepass"))
+    return size
 
 
 @bp.get("/me")
@@ -117,9 +130,13 @@ def _full(chat: Chat) -> dict[str, Any]:
 @bp.post("/chats")
 def create_chat() -> Response:
     user = current_user()
-    # An import may carry images: the room /chat gives them (images.py).
-    request.max_content_length = images.body_limit(current_app.config)
-    body = _object_body()
+    # An import may carry images: the room /chat gives them (images.py); its text, the body
+    # less the images' data: URLs, keeps MAX_REQUEST_BYTES.
+    limit = images.body_limit(current_app.config)
+    request.max_content_length = limit
+    body = _object_body(limit)
+    if _import_text_bytes(body) > current_app.config["MAX_CONTENT_LENGTH"]:
+        raise RequestEntityTooLarge()
     title = convert.title(body.get("title"))
     messages = convert.imported_messages(body.get("messages"), current_app.config)
     created = convert.moment(body.get("created_at"), "created_at")

@@ -83,6 +83,22 @@ def test_an_imported_chat_keeps_its_messages_images_and_times(client: FlaskClien
     assert reply["finish"] == "length"
 
 
+def test_an_import_takes_images_larger_than_the_text_bound(client: FlaskClient) -> None:
+    """An image of 300 KB (the text of a body keeps MAX_REQUEST_BYTES, 64 KiB; images have
+    room of their own, as in POST /chat)."""
+    big = (
+        "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(300_000)).decode()
+    )
+    body = {"messages": [{"role": "user", "content": "look", "images": [big]}]}
+    made = client.post("/api/chats", json=body, headers=ALICE)
+    assert made.status_code == 201, made.get_json()
+    assert made.get_json()["messages"][0]["images"] == [big]
+    too_much_text = {"messages": [{"role": "user", "content": "x" * 70_000, "images": [big]}]}
+    refused = client.post("/api/chats", json=too_much_text, headers=ALICE)
+    assert refused.status_code == 413
+    assert refused.get_json()["error"]["type"] == "payload_too_large"
+
+
 @pytest.mark.parametrize(
     ("body", "status", "type"),
     [
