@@ -101,6 +101,7 @@ def populate(url: str, args: argparse.Namespace, rng: random.Random) -> tuple[li
                 messages.append(
                     {
                         "chat_id": chat_id,
+                        "owner_id": owner,
                         "position": position,
                         "role": "user" if position % 2 == 0 else "assistant",
                         "content": _sentence(rng),

@@ -23,7 +23,9 @@ Adding tables from another package (the documents library, say):
    `if op.get_bind().dialect.name == ...`, as 0001 does for search; on SQLite alter tables with
    `op.batch_alter_table`. tests/chatapp/store/test_migrations.py runs every revision up and down
    on both engines.
-3. Its queries take the owner (`User.id`) and filter by it in SQL, as `chats` does.
+3. Its queries take the owner (`User.id`) and filter by it in SQL, as `chats` does. A table
+   searched by text is best narrowed by owner before the words are matched (`messages`
+   repeats its chat's `owner_id` for that: `chatapp.store.search`).
 """
 
 from __future__ import annotations

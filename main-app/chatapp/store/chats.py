@@ -47,7 +47,7 @@ def list_chats(
     (`chatapp.store.search`)."""
     statement = select(Chat).where(Chat.owner_id == owner_id)
     if query is not None:
-        condition = search.matches(session, query)
+        condition = search.matches(session, owner_id, query)
         if condition is None:
             return []
         statement = statement.where(condition)
@@ -119,6 +119,7 @@ def append_messages(
         added.append(
             Message(
                 chat_id=chat_id,
+                owner_id=owner_id,
                 position=position,
                 role=message.role,
                 content=message.content,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from sqlalchemy import ColumnElement, exists, func, literal_column, or_, select, text
+from sqlalchemy import ColumnElement, func, literal_column, or_, select, text
 from sqlalchemy.orm import Session
 
 from chatapp.store.models import Chat, Message
@@ -25,30 +25,34 @@ def words(query: str) -> list[str]:
     return [word.lower() for word in WORD.findall(query)][:MAX_WORDS]
 
 
-def matches(session: Session, query: str) -> ColumnElement[bool] | None:
-    """A condition on `Chat` that holds when its title, or one of its messages, holds every
-    word of `query`; None when the query has no words (then nothing matches)."""
+def matches(session: Session, owner_id: int, query: str) -> ColumnElement[bool] | None:
+    """A condition on the owner's `Chat`s that holds when its title, or one of its messages,
+    holds every word of `query`; None when the query has no words (then nothing matches). Only
+    the owner's messages are read: the engines narrow by `owner_id` before they match words."""
     found = words(query)
     if not found:
         return None
     if session.get_bind().dialect.name == "postgresql":
-        return _postgresql(found)
-    return _sqlite(found)
+        return _postgresql(owner_id, found)
+    return _sqlite(owner_id, found)
 
 
-def _postgresql(found: list[str]) -> ColumnElement[bool]:
+def _postgresql(owner_id: int, found: list[str]) -> ColumnElement[bool]:
     q = func.to_tsquery(literal_column("'simple'::regconfig"), " & ".join(f"{w}:*" for w in found))
-    in_message = exists(
-        select(1)
-        .select_from(Message)
-        .where(Message.chat_id == Chat.id, literal_column("messages.search").op("@@")(q))
+    in_message = select(Message.chat_id).where(
+        Message.owner_id == owner_id, literal_column("messages.search").op("@@")(q)
     )
-    return or_(literal_column("chats.search").op("@@")(q), in_message)
+    return or_(literal_column("chats.search").op("@@")(q), Chat.id.in_(in_message))
 
 
-def _sqlite(found: list[str]) -> ColumnElement[bool]:
-    fts = " ".join(f'"{word}"*' for word in found)
-    titles = text("SELECT chat_id FROM chats_fts WHERE chats_fts MATCH :fts")
-    messages = text("SELECT rowid FROM messages_fts WHERE messages_fts MATCH :fts")
-    in_message = select(Message.chat_id).where(Message.id.in_(messages.bindparams(fts=fts)))
-    return or_(Chat.id.in_(titles.bindparams(fts=fts)), Chat.id.in_(in_message))
+def _sqlite(owner_id: int, found: list[str]) -> ColumnElement[bool]:
+    # The owner's id as an FTS5 column filter, then each word as a prefix of the text column.
+    def fts(column: str) -> str:
+        return " AND ".join([f'owner_id : "{owner_id}"', *(f'{column} : "{w}"*' for w in found)])
+
+    titles = text("SELECT chat_id FROM chats_fts WHERE chats_fts MATCH :in_titles")
+    messages = text("SELECT rowid FROM messages_fts WHERE messages_fts MATCH :in_messages")
+    in_message = select(Message.chat_id).where(
+        Message.id.in_(messages.bindparams(in_messages=fts("content")))
+    )
+    return or_(Chat.id.in_(titles.bindparams(in_titles=fts("title"))), Chat.id.in_(in_message))

@@ -62,8 +62,8 @@ def test_an_older_database_keeps_its_rows_through_every_later_revision(database_
         )
         connection.execute(
             text(
-                "INSERT INTO messages (chat_id, position, role, content, created_at) "
-                "VALUES ('c1', 0, 'user', 'kept words', :t)"
+                "INSERT INTO messages (chat_id, owner_id, position, role, content, created_at) "
+                "VALUES ('c1', 1, 0, 'user', 'kept words', :t)"
             ),
             {"t": now},
         )

@@ -3,7 +3,9 @@
 The same three tables on both engines; the search differs (`chatapp.store.search` reads it):
 SQLite gets FTS5 tables kept by triggers (`messages_fts`, external content over `messages`;
 `chats_fts`, the titles, keyed by chat id since a chat's id is text), PostgreSQL a generated
-`tsvector` column `search` on `chats` and `messages`, each with a GIN index. Both tokenize the
+`tsvector` column `search` on `chats` and `messages`, each with a GIN index. Each search
+narrows to one owner first: the FTS5 tables index `owner_id` as a column, and PostgreSQL reads
+the owner's messages by `ix_messages_owner_id`. Both tokenize the
 same way: words of letters and digits, case folded, accents kept, no stemming (the `simple`
 configuration; FTS5's unicode61), so a search finds the same chats on either.
 
@@ -28,24 +30,27 @@ depends_on: str | Sequence[str] | None = None
 
 SQLITE_SEARCH = [
     """CREATE VIRTUAL TABLE messages_fts USING fts5(
-        content, content='messages', content_rowid='id',
+        owner_id, content, content='messages', content_rowid='id',
         tokenize='unicode61 remove_diacritics 0')""",
     """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+        INSERT INTO messages_fts(rowid, owner_id, content)
+        VALUES (new.id, new.owner_id, new.content);
     END""",
     """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-        INSERT INTO messages_fts(messages_fts, rowid, content)
-        VALUES ('delete', old.id, old.content);
+        INSERT INTO messages_fts(messages_fts, rowid, owner_id, content)
+        VALUES ('delete', old.id, old.owner_id, old.content);
     END""",
-    """CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-        INSERT INTO messages_fts(messages_fts, rowid, content)
-        VALUES ('delete', old.id, old.content);
-        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+    """CREATE TRIGGER messages_fts_update AFTER UPDATE OF owner_id, content ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, owner_id, content)
+        VALUES ('delete', old.id, old.owner_id, old.content);
+        INSERT INTO messages_fts(rowid, owner_id, content)
+        VALUES (new.id, new.owner_id, new.content);
     END""",
     """CREATE VIRTUAL TABLE chats_fts USING fts5(
-        chat_id UNINDEXED, title, tokenize='unicode61 remove_diacritics 0')""",
+        chat_id UNINDEXED, owner_id, title, tokenize='unicode61 remove_diacritics 0')""",
     """CREATE TRIGGER chats_fts_insert AFTER INSERT ON chats BEGIN
-        INSERT INTO chats_fts(chat_id, title) VALUES (new.id, new.title);
+        INSERT INTO chats_fts(chat_id, owner_id, title)
+        VALUES (new.id, new.owner_id, new.title);
     END""",
     """CREATE TRIGGER chats_fts_delete AFTER DELETE ON chats BEGIN
         DELETE FROM chats_fts WHERE chat_id = old.id;
@@ -92,6 +97,7 @@ def upgrade() -> None:
         "messages",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("chat_id", sa.String(32), nullable=False),
+        sa.Column("owner_id", sa.Integer(), nullable=False),
         sa.Column("position", sa.Integer(), nullable=False),
         sa.Column("role", sa.String(16), nullable=False),
         sa.Column("content", sa.Text(), nullable=False),
@@ -102,9 +108,16 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ["chat_id"], ["chats.id"], name=op.f("fk_messages_chat_id_chats"), ondelete="CASCADE"
         ),
+        sa.ForeignKeyConstraint(
+            ["owner_id"],
+            ["users.id"],
+            name=op.f("fk_messages_owner_id_users"),
+            ondelete="CASCADE",
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_messages")),
         sa.UniqueConstraint("chat_id", "position", name=op.f("uq_messages_chat_id_position")),
     )
+    op.create_index("ix_messages_owner_id", "messages", ["owner_id"])
     dialect = op.get_bind().dialect.name
     for statement in SQLITE_SEARCH if dialect == "sqlite" else POSTGRESQL_SEARCH:
         op.execute(statement)
@@ -114,6 +127,7 @@ def downgrade() -> None:
     if op.get_bind().dialect.name == "sqlite":
         for table in ("chats_fts", "messages_fts"):
             op.execute(f"DROP TABLE IF EXISTS {table}")  # their triggers go with the tables
+    op.drop_index("ix_messages_owner_id", table_name="messages")
     op.drop_table("messages")
     op.drop_index("ix_chats_owner_id_updated_at", table_name="chats")
     op.drop_table("chats")
