@@ -84,6 +84,9 @@ class StoredTurn:
     chat_id: str
     user_message: NewMessage
     title: str | None  # the chat's first message names it
+    # The sources the reply cites (a grounded answer: the documents feature sets them before
+    # the reply ends); stored with the reply.
+    citations: list[dict[str, Any]] | None = None
 
     def end(self, reply: str, finish: str, started: bool) -> None:
         """Store the turn (`started`: whether any reply came, or it ended normally)."""
@@ -91,7 +94,8 @@ class StoredTurn:
             return
         try:
             with self.store.session(write=True) as session:
-                turn = [self.user_message, NewMessage("assistant", reply, finish=finish)]
+                answer = NewMessage("assistant", reply, finish=finish, citations=self.citations)
+                turn = [self.user_message, answer]
                 if chats.append_messages(session, self.owner_id, self.chat_id, turn) is None:
                     return  # deleted while the reply streamed: nothing to keep it in
                 if self.title:

@@ -135,3 +135,27 @@ def test_a_reply_cut_off_is_stored_as_cut_off(
     # What the sidecar got for the first turn: the stored chat's own scope, per user.
     sent = json.loads(fake.raw_bodies[0])
     assert sent["cache_scope"].startswith("user-") and sent["cache_scope"].endswith(f":chat-{chat}")
+
+
+def test_a_replys_citations_are_stored_with_it(
+    make_app: Callable[..., Flask], database_url: str
+) -> None:
+    """What the documents feature hands a stored turn before its reply ends."""
+    from chatapp.chats.turns import StoredTurn
+    from chatapp.store.chats import NewMessage
+
+    app = make_app(DATABASE_URL=database_url, AUTH_MODE="appservice")
+    client = app.test_client()
+    chat = _new_chat(client, ALICE)
+    owner = client.get("/api/me", headers=ALICE).get_json()["user"]
+    assert owner is not None
+    with app.extensions["store"].session() as session:
+        from chatapp.store.models import Chat
+
+        owner_id = session.get(Chat, chat).owner_id
+    cited = [{"document": "d1", "title": "Manual", "passage": 3}]
+    turn = StoredTurn(app.extensions["store"], owner_id, chat, NewMessage("user", "q"), "q")
+    turn.citations = cited
+    turn.end("An answer [1].", "stop", True)
+    messages = client.get(f"/api/chats/{chat}", headers=ALICE).get_json()["messages"]
+    assert messages[1]["citations"] == cited and "citations" not in messages[0]
