@@ -79,6 +79,40 @@ param sidecarPort string = '8000'
 @description('Create Application Insights (and its Log Analytics workspace) and send the traces of both containers to it.')
 param useApplicationInsights bool = false
 
+// Sign-in with Entra ID through App Service's Easy Auth (authsettingsV2): the platform signs
+// people in before a request reaches the app and hands it X-MS-CLIENT-PRINCIPAL-ID and -NAME,
+// which its front end strips from what clients send; the app runs with AUTH_MODE=appservice
+// and keeps each user's chats (docs/deploy.md, "Sign-in"). Needs an app registration: its
+// client id, with https://<site>/.auth/login/aad/callback as a redirect URI.
+@description('Sign people in with Entra ID (Easy Auth) and keep chats per user on the server.')
+param enableEasyAuth bool = false
+
+@description('With enableEasyAuth: the application (client) id of the Entra ID app registration.')
+param easyAuthClientId string = ''
+
+@description('With enableEasyAuth: the tenant that signs people in (default: the tenant of this subscription).')
+param easyAuthTenantId string = subscription().tenantId
+
+@secure()
+@description('With enableEasyAuth: a client secret of the app registration (else ID tokens alone: enable them on the registration).')
+param easyAuthClientSecret string = ''
+
+// Users and chats: a PostgreSQL URL (postgresql+psycopg://USER:PASSWORD@HOST:5432/DB?sslmode=require,
+// or a Key Vault reference @Microsoft.KeyVault(SecretUri=...)) shared by every instance. Empty:
+// each instance keeps its own SQLite file in the container (lost on restart): fine for one
+// instance and no sign-in, wrong for several.
+@secure()
+@description('DATABASE_URL for the app (PostgreSQL, shared by all instances); empty: SQLite per instance.')
+param databaseUrl string = ''
+
+// Autoscale of the plan: out on CPU or on requests waiting in the front end's queue, in
+// when both are low. Each new instance starts its own sidecar and loads the model (minutes).
+@description('Scale the plan out and in by CPU and HTTP queue length, between instanceCount and autoscaleMaxInstances.')
+param enableAutoscale bool = false
+
+@description('With enableAutoscale: the most instances.')
+param autoscaleMaxInstances int = 3
+
 var resourceToken = toLower(uniqueString(subscription().id, resourceGroup().id, environmentName))
 var tags = {
   'azd-env-name': environmentName
@@ -191,6 +225,16 @@ var telemetrySettings = useApplicationInsights
       { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: appInsights.properties.ConnectionString }
     ]
   : []
+var authMode = enableEasyAuth ? 'appservice' : 'none'
+var databaseSettings = empty(databaseUrl) ? [] : [{ name: 'DATABASE_URL', value: databaseUrl }]
+var databaseVariables = [for setting in databaseSettings: {
+  name: setting.name
+  value: setting.name
+}]
+var easyAuthSecretSetting = 'MICROSOFT_PROVIDER_AUTHENTICATION_SECRET'
+var easyAuthSettings = enableEasyAuth && !empty(easyAuthClientSecret)
+  ? [{ name: easyAuthSecretSetting, value: easyAuthClientSecret }]
+  : []
 var appSettings = concat(
   [
     // Mount the persistent /home share into the containers (the downloaded model lives there).
@@ -200,7 +244,10 @@ var appSettings = concat(
     { name: 'APP_PORT', value: appPort }
     { name: 'SIDECAR_URL', value: 'http://localhost:${sidecarPort}' }
     { name: 'SIDECAR_PORT', value: sidecarPort }
+    { name: 'AUTH_MODE', value: authMode }
   ],
+  databaseSettings,
+  easyAuthSettings,
   modelSource == 'download' ? downloadSettings : [],
   kvCacheSettings,
   telemetrySettings
@@ -271,7 +318,9 @@ resource mainContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
       [
         { name: 'PORT', value: 'APP_PORT' }
         { name: 'SIDECAR_URL', value: 'SIDECAR_URL' }
+        { name: 'AUTH_MODE', value: 'AUTH_MODE' }
       ],
+      databaseVariables,
       telemetryVariables
     )
   }
@@ -296,6 +345,129 @@ resource sidecarContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
       sidecarKvCacheVariables,
       telemetryVariables
     )
+  }
+}
+
+// Easy Auth: every request signed in with Entra ID before it reaches the containers, except
+// the probes (App Service's health check reads /readyz).
+resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = if (enableEasyAuth) {
+  parent: site
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: true
+      unauthenticatedClientAction: 'RedirectToLoginPage'
+      redirectToProvider: 'azureactivedirectory'
+      excludedPaths: [
+        '/healthz'
+        '/readyz'
+      ]
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          openIdIssuer: 'https://login.microsoftonline.com/${easyAuthTenantId}/v2.0'
+          clientId: easyAuthClientId
+          clientSecretSettingName: empty(easyAuthClientSecret) ? null : easyAuthSecretSetting
+        }
+        validation: {
+          allowedAudiences: [
+            'api://${easyAuthClientId}'
+          ]
+        }
+      }
+    }
+    login: {
+      tokenStore: {
+        enabled: true
+      }
+    }
+  }
+}
+
+// Autoscale: out by one instance when CPU or the HTTP queue stays high for 10 minutes, in by
+// one when CPU stays low for 20 (a new instance loads the model before it takes chats, and
+// ARR affinity keeps each browser on the instance that holds its conversation cache).
+resource autoscale 'Microsoft.Insights/autoscalesettings@2022-10-01' = if (enableAutoscale) {
+  name: 'autoscale-${environmentName}-${resourceToken}'
+  location: location
+  tags: tags
+  properties: {
+    enabled: true
+    targetResourceUri: plan.id
+    profiles: [
+      {
+        name: 'cpu-and-queue'
+        capacity: {
+          minimum: string(instanceCount)
+          maximum: string(max(instanceCount, autoscaleMaxInstances))
+          default: string(instanceCount)
+        }
+        rules: [
+          {
+            metricTrigger: {
+              metricName: 'CpuPercentage'
+              metricResourceUri: plan.id
+              timeGrain: 'PT1M'
+              statistic: 'Average'
+              timeWindow: 'PT10M'
+              timeAggregation: 'Average'
+              operator: 'GreaterThan'
+              threshold: 70
+            }
+            scaleAction: {
+              direction: 'Increase'
+              type: 'ChangeCount'
+              value: '1'
+              cooldown: 'PT10M'
+            }
+          }
+          {
+            metricTrigger: {
+              metricName: 'HttpQueueLength'
+              metricResourceUri: plan.id
+              timeGrain: 'PT1M'
+              statistic: 'Average'
+              timeWindow: 'PT10M'
+              timeAggregation: 'Average'
+              operator: 'GreaterThan'
+              threshold: 10
+            }
+            scaleAction: {
+              direction: 'Increase'
+              type: 'ChangeCount'
+              value: '1'
+              cooldown: 'PT10M'
+            }
+          }
+          {
+            metricTrigger: {
+              metricName: 'CpuPercentage'
+              metricResourceUri: plan.id
+              timeGrain: 'PT1M'
+              statistic: 'Average'
+              timeWindow: 'PT20M'
+              timeAggregation: 'Average'
+              operator: 'LessThan'
+              threshold: 30
+            }
+            scaleAction: {
+              direction: 'Decrease'
+              type: 'ChangeCount'
+              value: '1'
+              cooldown: 'PT20M'
+            }
+          }
+        ]
+      }
+    ]
   }
 }
 

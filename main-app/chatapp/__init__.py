@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flask import Flask
 
+    from chatapp.store import Store
     from chatapp.upstream import Upstream
 
 
@@ -23,8 +24,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # patched the standard library (sockets, ssl, threads).
     from flask import Flask
 
-    from chatapp import errors, health, images, metrics, pages, relay, settings
+    from chatapp import accounts, errors, health, images, metrics, pages, relay, settings
+    from chatapp.accounts import cross_site
     from chatapp.body_deadline import BodyDeadline
+    from chatapp.chats import api as chats_api
     from chatapp.host import LowerCaseHost
     from chatapp.telemetry import Telemetry
     from chatapp.uploads import LargeBodies
@@ -39,6 +42,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config.from_mapping(test_config)
 
     app.extensions["upstream"] = _make_upstream(app.config)
+    accounts.install(app)
+    app.extensions["store"] = store = _open_store(app.config)
+    _keep_chats_for(app, store)
     # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py); one with
     # images may be larger than a text's (images.py), a few at once (uploads.py).
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
@@ -52,12 +58,42 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
     telemetry.install(app)
     errors.install(app)
+    cross_site.install(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(relay.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(chats_api.bp)
     if app.config["METRICS"]:
         app.register_blueprint(metrics.bp)
     return app
+
+
+def _open_store(config: Mapping[str, Any]) -> Store:
+    """The database DATABASE_URL names (else the SQLite file in DATA_DIR), migrated to the
+    newest revision: here, in each worker, under a lock that makes it happen once
+    (chatapp/store/migrate.py)."""
+    from chatapp.store import Store, migrate
+    from chatapp.store.database import default_url
+
+    store = Store.open(config["DATABASE_URL"] or default_url(config["DATA_DIR"]))
+    migrate.upgrade(store.engine)
+    return store
+
+
+def _keep_chats_for(app: Flask, store: Store) -> None:
+    """CHAT_RETENTION_DAYS: a sweep now, then at most hourly from a request
+    (chatapp/store/retention.py)."""
+    from chatapp.store.retention import Retention
+
+    retention = Retention(store, app.config["CHAT_RETENTION_DAYS"])
+    app.extensions["retention"] = retention
+    if app.config["CHAT_RETENTION_DAYS"]:
+        retention.maybe_sweep()
+
+        def sweep() -> None:
+            retention.maybe_sweep()
+
+        app.before_request(sweep)
 
 
 def _make_upstream(config: Mapping[str, Any]) -> Upstream:

@@ -3,7 +3,10 @@
 The page's script (`static/chat.js` and the modules it imports) renders replies as Markdown
 with the libraries vendored under `static/vendor/` (see `scripts/vendor_static.py`), always
 through an allow-list sanitiser, and keeps chats and settings in the browser's localStorage
-(the images of a chat in its IndexedDB, `static/image-store.js`).
+(the images of a chat in its IndexedDB, `static/image-store.js`); for a signed-in user
+(`GET /api/me`, chatapp/chats/api.py) it keeps chats on the server instead
+(`static/server-chats.js`) and offers the browser's own chats for import once
+(`static/import-chats.js`).
 
 Every response also gets headers that keep a browser from doing anything the page does not
 need: the page loads only its own script, style and icon, and model output that somehow ended

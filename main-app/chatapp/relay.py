@@ -18,17 +18,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from chatapp import errors, images, wire
+from chatapp.accounts import CurrentUser, current_user
 from chatapp.body_deadline import LATE
+from chatapp.chats import turns
+from chatapp.chats.turns import StoredTurn
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
 from chatapp.pending import PendingReply
+from chatapp.store import current_store
 from chatapp.telemetry import Telemetry
 from chatapp.uploads import FULL
 from chatapp.upstream import DEFAULT_RETRY_AFTER, Broken, Done, Refused, ReplyStream, Upstream
@@ -48,11 +52,16 @@ class Relay:
         heartbeat: float,
         stall: float,
         time_limit: float = float("inf"),
+        on_end: Callable[[str, str, bool], None] | None = None,
     ) -> None:
         self._reply = reply
         self._record = record
         self._outcome = "client_gone"  # unless the relay reaches an end of its own
         self._lines = self._relay(heartbeat, stall, record.started + time_limit)
+        # A stored chat's turn (chatapp/chats/turns.py): the reply's text, how it ended, and
+        # whether anything came, once the response is closed.
+        self._on_end = on_end
+        self._text: list[str] = []
 
     def __iter__(self) -> Iterator[bytes]:
         return self._lines
@@ -63,6 +72,11 @@ class Relay:
         self._lines.close()
         self._reply.close()
         self._record.finish(200, self._outcome)
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            done = self._outcome == "done"
+            finish = (self._record.finish_reason or "stop") if done else self._outcome
+            on_end("".join(self._text), finish, done or bool(self._text))
 
     def _relay(
         self, heartbeat: float, stall: float, deadline: float
@@ -127,6 +141,8 @@ class Relay:
                 if record.pieces == 0:
                     first = now
                 record.pieces += 1
+                if self._on_end is not None:
+                    self._text.append(event.text)
                 yield wire.delta(event.text)
         finally:
             self._reply.close()
@@ -187,7 +203,7 @@ def _tag_and_log_refusal(response: Response) -> Response:
     return response
 
 
-def _json_body(text_limit: int) -> Any:
+def json_body(text_limit: int) -> Any:
     """The request's JSON; every way it can be wrong is a 400 in the envelope, never a 500.
     A body whose text (less its image URLs) is over `text_limit` bytes is a 413."""
     if request.environ.get(FULL):  # uploads.py: as many chats with images as it takes
@@ -226,6 +242,19 @@ def _json_body(text_limit: int) -> Any:
     return body
 
 
+def _stored_turn(body: Any, payload: dict[str, Any], user: CurrentUser | None) -> StoredTurn | None:
+    """With a `chat_id`, the stored chat's turns go first (chatapp/chats/turns.py). A signed-in
+    user's conversation gets a cache scope of its own, whatever id the page sent."""
+    chat_id = body.get("chat_id") if isinstance(body, dict) else None
+    if chat_id is not None:
+        return turns.start(
+            current_store(), user or current_user(), chat_id, payload, current_app.config
+        )
+    if user is not None:
+        payload["cache_scope"] = turns.scope(user.subject, payload["cache_scope"])
+    return None
+
+
 @bp.post("/chat")
 def chat() -> Response:
     record: ChatRecord = g.chat
@@ -236,7 +265,9 @@ def chat() -> Response:
             status=415,
         )
     config = current_app.config
-    body = _json_body(config["MAX_CONTENT_LENGTH"])
+    # Who is asking, before the body is read: a 401 under a sign-in mode without a user.
+    user = current_user() if config["AUTH_MODE"] != "none" else None
+    body = json_body(config["MAX_CONTENT_LENGTH"])
     payload = wire.parse_chat_request(
         body,
         config["MAX_MESSAGES"],
@@ -244,6 +275,7 @@ def chat() -> Response:
         max_images=config["MAX_IMAGES"],
         max_image_bytes=config["MAX_IMAGE_BYTES"],
     )
+    turn = _stored_turn(body, payload, user)
     record.messages = len(payload["messages"])
     record.images = images.count(payload["messages"]) or None
     default = config["MAX_NEW_TOKENS"]
@@ -266,6 +298,7 @@ def chat() -> Response:
         config["HEARTBEAT_INTERVAL"],
         config["SIDECAR_READ_TIMEOUT"],
         config["RELAY_TIME_LIMIT"],
+        on_end=None if turn is None else turn.end,
     )
     _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(

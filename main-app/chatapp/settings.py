@@ -11,6 +11,7 @@ from it, docs/configuration.md (`python -m scripts.gen_docs`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,6 +45,15 @@ DEFAULTS: dict[str, Any] = {
     "TRACES_FILE": None,
     "OTEL_SERVICE_NAME": "phi3-chat-app",
     "OTEL_SDK_DISABLED": False,
+    # The database (chatapp/store/): unset, a SQLite file in DATA_DIR.
+    "DATABASE_URL": None,
+    "DATA_DIR": "data",
+    # Who is asking (chatapp/accounts/), and how long chats are kept.
+    "AUTH_MODE": "none",
+    "AUTH_HEADER": "X-Forwarded-User",
+    "AUTH_NAME_HEADER": None,
+    "TRUSTED_PROXIES": [],
+    "CHAT_RETENTION_DAYS": None,
 }
 
 # Read by the server that runs the app, not by create_app (listen_address, server_size).
@@ -131,6 +141,31 @@ DESCRIPTIONS: dict[str, str] = {
     "TRACES_FILE": "Append spans to this file as OTLP JSON lines (disconnected sites).",
     "OTEL_SERVICE_NAME": "The spans' `service.name`.",
     "OTEL_SDK_DISABLED": "`true` turns tracing off whatever is set.",
+    "DATABASE_URL": "The database that keeps users and chats, as a SQLAlchemy URL: "
+    "`sqlite:///PATH` (a file; `sqlite:////abs/path`) or "
+    "`postgresql+psycopg://USER:PASSWORD@HOST/DB` (`postgresql://` works too; for several "
+    "instances). Unset: the SQLite file `chatapp.db` in "
+    "`DATA_DIR`. Migrations run when the app starts, once however many workers start together.",
+    "DATA_DIR": "The folder of the app's own files (made if missing): the SQLite database when "
+    "`DATABASE_URL` is unset. Relative paths are from the working directory; the image sets "
+    "`/data`, a volume in the compose file.",
+    "AUTH_MODE": "Who is asking (docs/deploy.md, 'Sign-in'): `none` (one local user; identity "
+    "headers are ignored; the page keeps chats in the browser), `appservice` (App Service's "
+    "Easy Auth headers `X-MS-CLIENT-PRINCIPAL-ID` and `-NAME`, which its front end strips from "
+    "what clients send; a request without them is 401 `unauthenticated`) or `header` (a "
+    "reverse proxy's `AUTH_HEADER`, believed only on connections from `TRUSTED_PROXIES`). "
+    "With a user, chats are kept on the server, per user.",
+    "AUTH_HEADER": "With `AUTH_MODE=header`: the request header that names the user "
+    "(oauth2-proxy's `X-Forwarded-User` with `--pass-user-headers`; `X-Auth-Request-User` "
+    "behind nginx's auth_request).",
+    "AUTH_NAME_HEADER": "With `AUTH_MODE=header`: a header with the user's display name "
+    "(`X-Forwarded-Email`, `X-Forwarded-Preferred-Username`); unset, the name is the user.",
+    "TRUSTED_PROXIES": "With `AUTH_MODE=header`: the addresses (IPs or CIDR networks, "
+    "comma-separated) of the proxy that signs people in; the identity header is believed only "
+    "on connections from them (required in that mode). Make the app reachable only through "
+    "the proxy too.",
+    "CHAT_RETENTION_DAYS": "Delete the chats not updated for this many days (each app process "
+    "sweeps at start and hourly); unset: kept until their owner deletes them.",
     "HOST": "The address the server listens on.",
     "PORT": "The port the server listens on (App Service sends outside traffic to 8080).",
     "WEB_CONCURRENCY": "gunicorn worker processes.",
@@ -240,6 +275,48 @@ def _text(name: str, raw: str) -> str:
     return raw.strip()
 
 
+def _auth_mode(name: str, raw: str) -> str:
+    """none, appservice or header"""
+    mode = raw.strip().lower()
+    if mode not in ("none", "appservice", "header"):
+        raise SettingsError(f"{name} must be none, appservice or header, got {raw!r}")
+    return mode
+
+
+def _header_name(name: str, raw: str) -> str:
+    """an HTTP header name"""
+    header = raw.strip()
+    if not re.fullmatch(r"[A-Za-z0-9-]{1,100}", header):
+        raise SettingsError(f"{name} must be an HTTP header name, got {raw!r}")
+    return header
+
+
+def _networks(name: str, raw: str) -> list[Any]:
+    """IP addresses or CIDR networks, comma-separated"""
+    import ipaddress
+
+    networks = []
+    for part in raw.split(","):
+        if part.strip():
+            try:
+                networks.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError:
+                raise SettingsError(f"{name}: {part.strip()!r} is not an IP address") from None
+    return networks
+
+
+def _database_url(name: str, raw: str) -> str:
+    """sqlite:///PATH or postgresql+psycopg://..."""
+    # The form only: chatapp.store.database parses it (SQLAlchemy is not loaded here, where
+    # gunicorn's master reads the settings before its workers patch the standard library).
+    url = raw.strip()
+    if not url.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg://")):
+        raise SettingsError(
+            f"{name} must start with sqlite:/// or postgresql+psycopg:// (or postgresql://)"
+        )
+    return url
+
+
 def _otlp_protocol(name: str, raw: str) -> str:
     """http/protobuf"""
     if raw.strip() != "http/protobuf":
@@ -277,6 +354,13 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TRACES_FILE": ("TRACES_FILE", _text),
     "OTEL_SERVICE_NAME": ("OTEL_SERVICE_NAME", _text),
     "OTEL_SDK_DISABLED": ("OTEL_SDK_DISABLED", _bool),
+    "DATABASE_URL": ("DATABASE_URL", _database_url),
+    "DATA_DIR": ("DATA_DIR", _text),
+    "AUTH_MODE": ("AUTH_MODE", _auth_mode),
+    "AUTH_HEADER": ("AUTH_HEADER", _header_name),
+    "AUTH_NAME_HEADER": ("AUTH_NAME_HEADER", _header_name),
+    "TRUSTED_PROXIES": ("TRUSTED_PROXIES", _networks),
+    "CHAT_RETENTION_DAYS": ("CHAT_RETENTION_DAYS", _positive_int),
 }
 
 

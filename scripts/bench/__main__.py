@@ -68,6 +68,8 @@ COMMANDS = (
             "and off again"),
     Command("container-start", "container_start", "the sidecar image's start, from `podman "
             "run` to ready, model baked in or mounted"),
+    Command("store", "store", "the chat app's database: opening a 200-message chat, the chat "
+            "list and search with 100 users x 50 chats, what keeping a chat adds to TTFT"),
     Command("kv-memory", "kv_memory", "the sidecar's peak memory under a container's memory "
             "limit with more KV wanted than fits (root)"),
 )  # fmt: skip

@@ -21,8 +21,10 @@ def fake() -> Iterator[FakeSidecar]:
 
 
 @pytest.fixture
-def make_app(fake: FakeSidecar) -> Callable[..., Flask]:
-    """create_app against the fake sidecar, with fast timeouts; keyword args override config."""
+def make_app(fake: FakeSidecar) -> Iterator[Callable[..., Flask]]:
+    """create_app against the fake sidecar, with fast timeouts; keyword args override config.
+    Each app's database connections are closed when the test ends."""
+    made: list[Flask] = []
 
     def make(**config: Any) -> Flask:
         defaults = {
@@ -32,9 +34,13 @@ def make_app(fake: FakeSidecar) -> Callable[..., Flask]:
             "SIDECAR_READ_TIMEOUT": 5.0,
             "HEARTBEAT_INTERVAL": 0.2,
         }
-        return create_app({**defaults, **config})
+        app = create_app({**defaults, **config})
+        made.append(app)
+        return app
 
-    return make
+    yield make
+    for app in made:
+        app.extensions["store"].close()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from chatapp.settings import DEFAULTS as APP_DEFAULTS
-from chatapp.settings import from_environ, listen_address
+from chatapp.settings import SettingsError, from_environ, listen_address
 from sidecar.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,10 @@ def app_reads(variable: str) -> bool:
     """Whether the chat app reads this environment variable (through its public settings)."""
     if variable in ("HOST", "PORT"):  # read by chatapp.gunicorn_conf through listen_address
         return True
-    return any(from_environ({variable: sample}) for sample in ("http://localhost:1", "1"))
+    try:
+        return any(from_environ({variable: sample}) for sample in ("http://localhost:1", "1"))
+    except SettingsError:  # read, and this sample is not a value it takes
+        return True
 
 
 def strip_comments(text: str) -> str:
@@ -394,3 +397,36 @@ def test_the_start_time_limit_comes_from_the_measured_start() -> None:
     limit = int(resolve(app_settings()["WEBSITES_CONTAINER_START_TIME_LIMIT"]))
     assert limit == max(230, math.ceil(10 * measured / 60) * 60) <= 1800
     assert f"**{limit} s**" in text  # the page states the value the Bicep sets
+
+
+def test_easy_auth_is_an_option_that_signs_people_in_before_the_app() -> None:
+    declared = params()
+    assert declared["enableEasyAuth"] == "false" and "easyAuthClientId" in declared
+    [auth] = [r for r in of_type("Microsoft.Web/sites/config") if "authsettingsV2" in r["body"]]
+    assert "if (enableEasyAuth)" in SOURCE[SOURCE.index("resource authSettings") :][:200]
+    body = auth["body"]
+    assert value(body, "requireAuthentication") == "true"
+    assert value(body, "clientId") == "easyAuthClientId"
+    assert "'/readyz'" in body  # App Service's health check is never sent to sign in
+    # The app believes the platform's headers exactly when Easy Auth is on.
+    assert "var authMode = enableEasyAuth ? 'appservice' : 'none'" in SOURCE
+    main = containers()["main"]["body"]
+    assert "{ name: 'AUTH_MODE', value: 'AUTH_MODE' }" in main
+    assert from_environ({"AUTH_MODE": "appservice"})["AUTH_MODE"] == "appservice"
+
+
+def test_the_database_url_is_a_secure_parameter_given_to_the_app_alone() -> None:
+    assert re.search(r"@secure\(\)\n(@description\(.*\)\n)?param databaseUrl string = ''", SOURCE)
+    assert "databaseVariables" in containers()["main"]["body"]
+    assert "databaseVariables" not in containers()["phi3"]["body"]
+
+
+def test_autoscale_is_an_option_on_cpu_and_http_queue_length() -> None:
+    [autoscale] = of_type("Microsoft.Insights/autoscalesettings")
+    body = autoscale["body"]
+    assert "if (enableAutoscale)" in SOURCE[SOURCE.index("resource autoscale") :][:200]
+    metrics = re.findall(r"metricName: '(\w+)'", body)
+    assert set(metrics) == {"CpuPercentage", "HttpQueueLength"}
+    assert value(body, "targetResourceUri") == "plan.id"
+    # ARR affinity stays on: the conversation cache lives in each instance's sidecar.
+    assert value(of_type("Microsoft.Web/sites")[0]["body"], "clientAffinityEnabled") == "true"

@@ -111,8 +111,23 @@ def test_k8s_pod_holds_both_containers_with_probes(k8s: list[dict[str, Any]]) ->
     assert app["livenessProbe"]["httpGet"]["port"] == APP_PORT
     assert [p["containerPort"] for p in app["ports"]] == [APP_PORT]
     assert [p["containerPort"] for p in sidecar["ports"]] == [SIDECAR_PORT]
-    env = {e["name"]: e["value"] for e in app["env"]}
+    env = {e["name"]: e.get("value") for e in app["env"]}
     assert env["SIDECAR_URL"] == SIDECAR_URL
+
+
+def test_k8s_replicas_share_one_database_and_scale(k8s: list[dict[str, Any]]) -> None:
+    pod = kind(k8s, "Deployment")["spec"]["template"]["spec"]
+    app = next(c for c in pod["containers"] if c["name"] == "app")
+    database = next(e for e in app["env"] if e["name"] == "DATABASE_URL")
+    assert database["valueFrom"]["secretKeyRef"] == {
+        "name": "phi3-chat-database",
+        "key": "url",
+        "optional": True,
+    }
+    assert kind(k8s, "Service")["spec"]["sessionAffinity"] == "ClientIP"
+    hpa = kind(k8s, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == kind(k8s, "Deployment")["metadata"]["name"]
+    assert 2 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
 
 
 def test_k8s_runs_as_the_images_non_root_user(k8s: list[dict[str, Any]]) -> None:

@@ -1,6 +1,7 @@
 """The smaller questions of `python -m scripts.bench` end to end on the tiny model, each through
 the command line: it prints its table and writes its JSON (with the CPU and the date). No timing
-is asserted; counts are. (images runs on the tiny vision model; hops, peers, users,
+is asserted; counts are. (images runs on the tiny vision model; store on SQLite and the
+embedded PostgreSQL, no model; hops, peers, users,
 users-turns, variants, quality and guidance have test files of their own; container-start
 needs podman images and kv-memory root.)"""
 
@@ -82,3 +83,22 @@ def test_images_counts_each_image_as_the_formula_does(
     assert all(row["image_tokens"] == row["formula_tokens"] > 1000 for row in rows)
     assert all(row["prompt_tokens"] > row["image_tokens"] for row in rows)
     assert data["clip_encoder_estimate_s"] > 0 and "CLIP ViT-L/14" in printed
+
+
+def test_store_measures_each_figure_on_both_engines(tmp_path: Path) -> None:
+    data, printed = ask(
+        "store", tmp_path, "--users", "3", "--chats", "3", "--messages", "4", "--long", "12",
+        "--runs", "3",
+    )  # fmt: skip
+    for engine in ("sqlite", "postgresql"):
+        figures = data["engines"][engine]
+        assert set(figures) == {
+            "open 12-message chat",
+            "chat list",
+            "search",
+            "turn read, 4-message chat",
+            "turn read, 12-message chat",
+            "turn write (after the reply)",
+        }
+        assert all(row["p95"] >= row["p50"] > 0 for row in figures.values())
+    assert "postgresql  chat list" in printed

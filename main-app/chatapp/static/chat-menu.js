@@ -4,7 +4,7 @@ import { closeDialog, showDialog } from "./dialogs.js";
 import { stop } from "./exchange.js";
 import { forgetChat, loadImage } from "./image-store.js";
 import { dataUrl } from "./images.js";
-import { openChat } from "./open-chat.js";
+import { openChat, openChatById } from "./open-chat.js";
 import { $, announce, chatMenu, input } from "./page.js";
 import { assistantName, state, store } from "./state.js";
 import { TITLE_MAX } from "./store.js";
@@ -98,7 +98,8 @@ $("rename-form").addEventListener("submit", (event) => {
 $("rename-cancel").addEventListener("click", () => closeDialog($("rename-dialog")));
 
 export function deleteChat() {
-  $("delete-text").textContent = `“${state.chat.title}” and its messages will be removed from this browser.`;
+  const where = store.server ? "your account" : "this browser";
+  $("delete-text").textContent = `“${state.chat.title}” and its messages will be removed from ${where}.`;
   showDialog($("delete-dialog"), chatMenu.querySelector("summary"));
   $("delete-cancel").focus();
 }
@@ -114,6 +115,7 @@ $("delete-form").addEventListener("submit", (event) => {
   closeDialog($("delete-dialog"));
   const next = store.list()[0];
   openChat((next && store.load(next.id)) || blankChat());
+  if (next && !store.load(next.id) && store.server) openChatById(next.id);
   announce(`Deleted the chat “${doomed.title}”.`);
 });
 $("delete-cancel").addEventListener("click", () => closeDialog($("delete-dialog")));

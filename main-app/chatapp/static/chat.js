@@ -1,7 +1,11 @@
 // The chat page. Talks to POST /chat and reads the NDJSON reply stream described in
 // chatapp/wire.py. Model output and stored chats are untrusted: a reply is rendered as Markdown
 // only through the sanitiser in markdown.js; everything else (your messages, titles, notes) is
-// inserted as text, never as HTML. Chats and settings are kept in this browser (store.js).
+// inserted as text, never as HTML. Chats and settings are kept in this browser (store.js), or,
+// for a signed-in user, chats on the server (server-chats.js; import-chats.js offers this
+// browser's own chats once). In a chat the server keeps, each turn sends only the new message
+// with the chat's id, and the server stores the turn; editing and regenerating are not offered
+// there (a stored turn stays as it was sent).
 //
 // This module wires the page's events to the modules that do the work: views.js (a message),
 // exchange.js (POST /chat and its stream), chats.js and open-chat.js (saved chats), edit.js,
@@ -30,7 +34,9 @@ import {
   stopButton,
 } from "./page.js";
 import { openSettings, renderSettingsSummary } from "./settings-dialog.js";
-import { state, store, viewOf } from "./state.js";
+import { importChats } from "./import-chats.js";
+import { ServerStore, whoAmI } from "./server-chats.js";
+import { localStore, state, store, useStore, viewOf } from "./state.js";
 import { pollModelStatus } from "./status.js";
 import { addView, messageView } from "./views.js";
 
@@ -143,6 +149,7 @@ document.addEventListener("keydown", (event) => {
 
 // Another tab changed the saved chats: show the new list.
 window.addEventListener("storage", (event) => {
+  if (store.server) return;
   if (event.key === null || event.key.startsWith("chat.v1.")) renderChatList();
 });
 
@@ -156,8 +163,32 @@ window.addEventListener("pagehide", () => {
   persist(exchange.chat);
 });
 
+// A signed-in user's chats are kept on the server (GET /api/me says so): the list, search and
+// each chat come from there, and the chats this browser kept before are offered for import.
+const me = await whoAmI();
+if (me?.server_chats && me.user) {
+  const server = new ServerStore(localStore);
+  await server.refresh();
+  useStore(server);
+  $("signed-in").textContent = me.user.name ? `Signed in as ${me.user.name}` : "Signed in";
+  $("signed-in").hidden = false;
+  $("chat-search").hidden = false;
+  let searching = null;
+  $("chat-search-input").addEventListener("input", (event) => {
+    clearTimeout(searching);
+    searching = setTimeout(async () => {
+      await server.refresh(event.target.value);
+      renderChatList();
+    }, 200);
+  });
+  $("chat-search").addEventListener("submit", (event) => event.preventDefault());
+  importChats(localStore, me.user.name || "user", async () => {
+    await server.refresh();
+    renderChatList();
+  });
+}
 const last = store.current();
-openChat((last && store.load(last)) || blankChat());
+openChat((last && (store.load(last) || (store.server ? await store.fetch(last) : null))) || blankChat());
 renderSettingsSummary();
 pollModelStatus();
 input.focus();

@@ -12,6 +12,8 @@ export function blankChat() {
 export function showStorageNote() {
   if (!persistent) {
     storageNote.textContent = "This browser does not let the page keep chats: they last until the page is closed.";
+  } else if (store.server && !store.ok) {
+    storageNote.textContent = "The server did not answer: the list may be out of date. Reload the page.";
   } else if (!store.ok) {
     storageNote.textContent = "This browser's storage for the page is full: recent changes were not kept. Export or delete old chats.";
   } else if (!imageStorage.kept) {

@@ -18,12 +18,13 @@ import {
   stopButton,
   UNREACHABLE,
 } from "./page.js";
-import { assistantName, state } from "./state.js";
+import { assistantName, state, store } from "./state.js";
 import { showModelStatus } from "./status.js";
 import { addView, clearTransient, messageView, refreshActions } from "./views.js";
 
 function requestBody(messages, chat) {
-  const body = { messages, conversation_id: chat.id };
+  // A chat the server keeps goes on from its stored turns: only the new message is sent.
+  const body = chat.onServer ? { messages, chat_id: chat.id } : { messages, conversation_id: chat.id };
   if (state.settings.temperature !== null) body.temperature = state.settings.temperature;
   if (state.settings.maxNewTokens !== null) body.max_new_tokens = state.settings.maxNewTokens;
   return body;
@@ -128,7 +129,14 @@ async function run(exchange) {
   exchange.controller = new AbortController();
   exchange.reply.setState("streaming", "");
   try {
-    exchange.body ??= JSON.stringify(await fittedBody(exchange.history, exchange.chat));
+    if (store.server && !exchange.chat.onServer) await store.create(exchange.chat);
+  } catch {
+    finish(exchange, { kind: "error", message: "The chat could not be kept on the server; try again." });
+    return;
+  }
+  const history = exchange.chat.onServer ? [exchange.turn] : exchange.history;
+  try {
+    exchange.body ??= JSON.stringify(await fittedBody(history, exchange.chat));
   } catch {
     finish(exchange, { kind: "error", message: "The images of this chat could not be read; attach them again." });
     return;

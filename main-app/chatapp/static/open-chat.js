@@ -34,9 +34,9 @@ export function newChat() {
   input.focus();
 }
 
-export function openChatById(id) {
+export async function openChatById(id) {
   if (state.chat && id === state.chat.id) return;
-  const stored = store.load(id);
+  const stored = store.load(id) || (store.server ? await store.fetch(id) : null);
   if (!stored) {
     renderChatList(); // deleted in another tab
     return;

@@ -5,10 +5,17 @@ import { Store, browserStorage, memoryStorage } from "./store.js";
 
 /** The browser's storage, or null where the page may not keep anything. */
 export const persistent = browserStorage();
-export const store = new Store(persistent || memoryStorage());
+/** The browser's own store: its settings, and its chats when the server keeps none. */
+export const localStore = new Store(persistent || memoryStorage());
+/** Where chats are kept: `localStore`, or the server's for a signed-in user (server-chats.js). */
+export let store = localStore;
+
+export function useStore(next) {
+  store = next;
+}
 
 export const state = {
-  settings: store.loadSettings(TOKENS_LIMIT),
+  settings: localStore.loadSettings(TOKENS_LIMIT),
   /** The open chat: {id, title, renamed, created, updated, messages: [{role, content, ending?}]}. */
   chat: null,
   /** One view per message of the open chat (same order), and views of failed exchanges. */

@@ -1,0 +1,160 @@
+"""`POST /chat` with `"chat_id"`: continue a chat the server keeps.
+
+The request's `messages` hold only the new user message (after an optional system message, the
+page's setting, which is sent each turn and not stored). The prompt is the chat's stored turns
+and then that message, so a client can no longer write the assistant's earlier turns. The
+newest stored turns that fit go on (`fit`: the bounds a browser's conversation has, the oldest
+left out first, as the page does); the model service may leave out more to fit its context.
+
+The user's message and the reply are stored together when the reply ends (`StoredTurn.end`):
+a complete reply with its finish (`stop`, `length`), one cut off with the error that cut it
+(`upstream_timeout`, `upstream_disconnected`, `reply_time_limit`, a refusal's type) or
+`client_gone` (the person stopped it, or left). A chat refused before any text came stores
+nothing: the page says so and the person may send it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chatapp import wire
+from chatapp.accounts import CurrentUser
+from chatapp.chats import convert
+from chatapp.errors import ApiError
+from chatapp.store import Store, chats
+from chatapp.store.chats import AnyRow, NewMessage
+
+log = logging.getLogger(__name__)
+# JSON's share of a message beyond its text, counted against MAX_REQUEST_BYTES.
+MESSAGE_OVERHEAD = 40
+
+
+def scope(subject: str, conversation: str) -> str:
+    """The model service's cache scope for one user's conversation: the user's subject, hashed
+    (it never leaves the app), then the conversation, so no two users ever share a scope."""
+    user = hashlib.sha256(subject.encode("utf-8")).hexdigest()[:32]
+    return f"user-{user}:{conversation}"
+
+
+def _size(message: Mapping[str, Any]) -> tuple[int, int]:
+    """(text bytes, images) of a message as it goes on."""
+    content = message["content"]
+    if isinstance(content, str):
+        return len(content.encode("utf-8")) + MESSAGE_OVERHEAD, 0
+    text = sum(len(p["text"].encode("utf-8")) for p in content if p["type"] == "text")
+    return text + MESSAGE_OVERHEAD * len(content), sum(p["type"] == "image_url" for p in content)
+
+
+def fit(
+    stored: Sequence[AnyRow], head: list[dict[str, Any]], config: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The newest stored turns that fit with `head` (the system message, if any, and the new
+    user message) in MAX_MESSAGES, MAX_REQUEST_BYTES of text and MAX_IMAGES images."""
+    messages_left = config["MAX_MESSAGES"] - len(head)
+    bytes_left = config["MAX_CONTENT_LENGTH"] - sum(_size(m)[0] for m in head) - 200
+    images_left = config["MAX_IMAGES"] - sum(_size(m)[1] for m in head)
+    kept: list[dict[str, Any]] = []
+    for message in reversed(stored):
+        if message.role == "system":
+            continue  # only the request's system message goes first
+        turn = convert.wire_message(message)
+        size, pictures = _size(turn)
+        if messages_left < 1 or size > bytes_left or pictures > images_left:
+            break
+        kept.append(turn)
+        messages_left, bytes_left, images_left = (
+            messages_left - 1,
+            bytes_left - size,
+            images_left - pictures,
+        )
+    kept.reverse()
+    return kept
+
+
+@dataclass
+class StoredTurn:
+    """The new user message of a stored chat, stored with its reply when the reply ends."""
+
+    store: Store
+    owner_id: int
+    chat_id: str
+    user_message: NewMessage
+    title: str | None  # the chat's first message names it
+    # The sources the reply cites (a grounded answer: the documents feature sets them before
+    # the reply ends); stored with the reply.
+    citations: list[dict[str, Any]] | None = None
+
+    def end(self, reply: str, finish: str, started: bool) -> None:
+        """Store the turn (`started`: whether any reply came, or it ended normally)."""
+        if not started:
+            return
+        try:
+            with self.store.session(write=True) as session:
+                answer = NewMessage("assistant", reply, finish=finish, citations=self.citations)
+                turn = [self.user_message, answer]
+                if chats.append_messages(session, self.owner_id, self.chat_id, turn) is None:
+                    return  # deleted while the reply streamed: nothing to keep it in
+                if self.title:
+                    chat = chats.get_chat(session, self.owner_id, self.chat_id)
+                    if chat is not None and not chat.title:
+                        chat.title = self.title
+        except Exception:
+            log.exception("could not store a chat's turn")
+
+
+def start(
+    store: Store,
+    user: CurrentUser,
+    chat_id: Any,
+    payload: dict[str, Any],
+    config: Mapping[str, Any],
+) -> StoredTurn:
+    """Put the stored chat's turns before the request's new message in `payload` (checked by
+    chatapp.wire), and its cache scope; raises 404 for a chat that is not the user's."""
+    if not isinstance(chat_id, str) or not wire.CONVERSATION_ID.fullmatch(chat_id):
+        raise ApiError("not_found", "There is no such chat.", status=404)
+    head = payload["messages"]
+    if len(head) > 2 or (len(head) == 2 and head[0]["role"] != "system"):
+        raise convert.invalid(
+            "With a chat_id, send only the new message (after a system message, if any): "
+            "the chat's earlier turns are kept on the server."
+        )
+    with store.session() as session:
+        found = chats.open_chat(session, user.id, chat_id)
+    if found is None:
+        raise ApiError("not_found", "There is no such chat.", status=404)
+    chat, stored = found
+    title = None if chat.title else convert.title_from(_text(head[-1]["content"]))
+    if len(stored) + 2 > convert.MAX_STORED_MESSAGES:
+        raise ApiError(
+            "payload_too_large",
+            "This chat is as long as a chat gets; start a new chat.",
+            status=413,
+        )
+    system = head[:-1]
+    payload["messages"] = system + fit(stored, head, config) + head[-1:]
+    payload["cache_scope"] = scope(user.subject, f"chat-{chat_id}")
+    new = head[-1]
+    content = new["content"]
+    urls = (
+        [p["image_url"]["url"] for p in content if p["type"] == "image_url"]
+        if isinstance(content, list)
+        else []
+    )
+    return StoredTurn(
+        store,
+        user.id,
+        chat_id,
+        NewMessage("user", _text(content), images=urls or None),
+        title or None,
+    )
+
+
+def _text(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(p["text"] for p in content if p["type"] == "text")
