@@ -176,6 +176,11 @@ class Rejected:
     reason: Refusal
     message: str
     limit_tokens: int | None = None
+    # What the refusal cost (issue 46): seconds the worker's side spent on the request before
+    # refusing it (building its prompt, in the prompt process or in the worker), and whether
+    # the byte bound refused it before any tokenization (model/token_bound.py)
+    spent_s: float = 0.0
+    byte_bound: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +194,12 @@ class Started:
     cache_tier: CacheTier | None = None  # where those came from
     restore_s: float = 0.0  # the time it took to put them back into a KV slot
     image_tokens: int = 0  # prompt tokens that stand for images (counted in prompt_tokens)
+    # Characters of text tokenized to build the prompt (0: its tokens were kept from an
+    # earlier turn, or given as ids) and the seconds that took (model/prompt_process.py)
+    tokenized_chars: int = 0
+    prepare_s: float = 0.0
+    # Seconds it waited for room under the KV bound (KV_MEMORY_MB) before it started
+    kv_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

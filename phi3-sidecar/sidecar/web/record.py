@@ -39,6 +39,16 @@ class RequestRecord:
     cache_tier: str | None = None
     restore_ms: float | None = None
     dropped_messages: int | None = None
+    # Building the prompt (model/prompt_process.py): characters tokenized (0: none, the
+    # tokens were kept) and the time it took; the time the request waited for room under the
+    # KV bound (KV_MEMORY_MB) before it started
+    tokenized_chars: int | None = None
+    prepare_ms: float | None = None
+    kv_wait_ms: float | None = None
+    # A refusal by the model worker: the time its side spent on the request before refusing
+    # it, and true when the byte bound refused it before any tokenization (issue 46)
+    refusal_ms: float | None = None
+    byte_bound: bool | None = None
     generated_tokens: int | None = None
     queue_wait_ms: float | None = None  # from asking for a generation slot to getting one
     ttft_ms: float | None = None
