@@ -6,9 +6,16 @@ formatting. The tokenizer, though, turns any added-token string in its input (`<
 real role markers. To prevent that, the template is rendered once with a unique placeholder in
 place of each message, which tells exactly which characters are template and which are content.
 
-- Usual case (no message contains an added-token string): the whole rendered text is encoded in
-  one call, exactly as the model's tokenizer would, and the special ids in the result are checked
-  to be exactly the template's own.
+- Usual case (no message contains an added-token string): the text between the template's
+  special tokens is encoded piece by piece, the specials inserted by id, which is what the
+  model's tokenizer gives for the whole text where it splits at added tokens first (HF's and
+  onnxruntime-extensions' do: tests/families checks five families against HF's encode). A
+  template that writes no special token has its whole text encoded in one call. (The one call
+  was meant for every template, but it read the text without the specials and so never
+  returned for a template that writes them; found while profiling issue 46, where each prompt
+  was encoded twice: that encode is no longer made. Encoding the whole text with its specials
+  would change the ids of tokenizers that do not split so: left for a change of its own.)
+  Each piece's ids are kept for the next turn of the conversation (prompt_memo.py).
 - Otherwise the text is cut inside every added-token string that lies in (or runs into) content,
   the pieces are encoded separately and their ids concatenated; the template's special tokens
   are inserted by id. Those strings then arrive as plain text tokens ("<", "|end|>", ...).
@@ -46,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sidecar.ipc import Generate, Role
+from sidecar.model.prompt_memo import PieceMemo
 
 
 class Tokenizer(Protocol):
@@ -143,6 +151,8 @@ class PromptBuilder:
         probe = list(tokenizer.encode("a"))
         # Tokenizers that put BOS in front of every encode(): keep it once, at the start.
         self._auto_bos = bos_id if probe and bos_id is not None and probe[0] == bos_id else None
+        # A conversation's next turn encodes only the pieces it adds (prompt_memo.py)
+        self.memo = PieceMemo(lambda piece: self._strip_bos(self._encode_text(piece)))
 
     def encode(self, messages: Sequence[Message], images: _ImageMarks | None = None) -> list[int]:
         segments = self._segments(self._fold_system(messages))
@@ -150,12 +160,13 @@ class PromptBuilder:
             marked = images.split(segments)
             if any(isinstance(s, _Image) for s in marked):
                 return self._encode_cut(marked, images.tokens)
+        # Without the template's special tokens in the text, one encode can return only for
+        # a template that writes none (see the module's docstring)
         legit = [s for s in segments if isinstance(s, int)]
-        if all(isinstance(s, int) or not self._has_added(s) for s in segments):
+        if not legit and all(not self._has_added(s) for s in segments if isinstance(s, str)):
             text = "".join(self._text_of(s) for s in segments)
             ids = self._strip_bos(self._encode_text(text))
-            specials = [i for i in ids if i in self._added_ids]
-            if specials == legit:
+            if not any(i in self._added_ids for i in ids):
                 return self._with_bos(ids)
         return self._encode_cut(segments)
 
@@ -377,7 +388,7 @@ class PromptBuilder:
                 ids.extend([-(segment.index + 1)] * image_tokens[segment.index])
                 continue
             for piece in self._cut(segment):
-                piece_ids = self._strip_bos(self._encode_text(piece))
+                piece_ids = self.memo.ids(piece)
                 if self._added_ids.intersection(piece_ids):
                     raise UnsafePrompt("message text encodes to a special token")
                 ids.extend(piece_ids)
