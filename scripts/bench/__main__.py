@@ -66,6 +66,8 @@ COMMANDS = (
             "and off again"),
     Command("container-start", "container_start", "the sidecar image's start, from `podman "
             "run` to ready, model baked in or mounted"),
+    Command("abuse", "abuse", "what abusive requests cost the others: a flood of over-long "
+            "prompts (a bystander's longest gap), one huge max_tokens (others' TTFT)"),
     Command("kv-memory", "kv_memory", "the sidecar's peak memory under a container's memory "
             "limit with more KV wanted than fits (root)"),
 )  # fmt: skip
