@@ -147,11 +147,23 @@ class PromptProcess:
             rule_out(text, self.max_length, self._spec.max_token_bytes)
 
     def submit(self, job: Job) -> None:
-        if self._conn is None:
-            self.start()
-        assert self._conn is not None
-        self.pending[job.request.key] = job
-        self._conn.send(job)
+        """Send a job, starting a process if there is none (or it is gone); OSError if none
+        can be started (the worker then builds the prompt itself)."""
+        if self._process is not None and self._process.poll() is not None:
+            self.answers()  # it died while idle: a new one starts (its jobs, if any, refused)
+        for attempt in range(2):
+            if self._conn is None:
+                self.start()
+            assert self._conn is not None
+            try:
+                self._conn.send(job)
+            except OSError:  # it died since its last answer: its jobs are lost with it
+                if attempt:
+                    raise
+                self.close()
+                continue
+            self.pending[job.request.key] = job
+            return
 
     def answers(self) -> list[Built]:
         """What is built so far (never blocks); if the process died, a refusal for each job it

@@ -143,7 +143,11 @@ def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
         spec: PromptSpec | None = getattr(engine, "prompt_spec", lambda: None)()
         prompts = PromptProcess(spec) if spec is not None else None
         if prompts is not None:
-            prompts.start()
+            try:  # now: it loads its tokenizer before the first request comes
+                prompts.start()
+            except OSError as exc:  # the first request tries again (_build)
+                fields = {"error_type": type(exc).__name__}
+                log.error("the prompt process cannot start", extra={"fields": fields})
         Scheduler(engine, inbox, outbox, log_prompts=settings.log_prompts, prompts=prompts).run()
     except (EOFError, OSError):
         pass  # the web process is gone: so is the reason to run
@@ -241,10 +245,8 @@ class Scheduler:
         if isinstance(message, ipc.Generate):
             if self._prompts is not None and _built_elsewhere(message):
                 self._build(message, self._prompts)
-            elif self._waiting:  # first come, first served
-                self._waiting.append(_Pending(message))
             else:
-                self._start(_Pending(message))
+                self._handle_here(message)
         elif isinstance(message, ipc.Ping):
             self._outbox.send(ipc.Pong())
         elif isinstance(message, ipc.Cancel):
@@ -262,6 +264,13 @@ class Scheduler:
         else:
             self._stopping = True
 
+    def _handle_here(self, request: ipc.Generate) -> None:
+        """Start a request whose prompt the engine builds (in this process)."""
+        if self._waiting:  # first come, first served
+            self._waiting.append(_Pending(request))
+        else:
+            self._start(_Pending(request))
+
     def _build(self, request: ipc.Generate, prompts: PromptProcess) -> None:
         """Refuse a prompt the byte bound rules out; hand the others to the prompt process."""
         try:
@@ -269,8 +278,13 @@ class Scheduler:
         except PromptTooLong as exc:
             self._refuse(request, exc)
             return
+        try:
+            prompts.submit(Job(request, prompts.max_length))
+        except OSError as exc:  # no prompt process could start: the prompt is built here
+            self._log_failure("the prompt process cannot start", request.request_id, exc)
+            self._handle_here(request)
+            return
         self._building[request.key] = request
-        prompts.submit(Job(request, prompts.max_length))
 
     def _built(self, built: Built) -> None:
         request = self._building.pop(built.key, None)

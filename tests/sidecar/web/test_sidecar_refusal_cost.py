@@ -8,7 +8,10 @@ built."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
 import string
 import threading
 from collections.abc import Iterator
@@ -133,3 +136,15 @@ def test_the_reservation_gauge_follows_a_running_reply(sidecar: Service) -> None
                 seen.append(metrics(sidecar.url)["sidecar_kv_reserved_bytes"])
     assert seen[0] > 0  # reported when it started, not only when it ended
     assert metrics(sidecar.url)["sidecar_kv_reserved_bytes"] == 0
+
+
+def test_a_prompt_process_that_dies_is_replaced(sidecar: Service) -> None:
+    """The prompt process killed: the next chat starts a new one and is answered; the worker
+    goes on (its pid, and the stream's own replies, are the same)."""
+    started = [json.loads(x) for x in sidecar.log_lines() if "prompt process started" in x]
+    os.kill(started[-1]["pid"], signal.SIGKILL)
+    response = chat("after-kill", sidecar.url, "Hello again")
+    assert response.status_code == 200, response.text
+    again = [json.loads(x) for x in sidecar.log_lines() if "prompt process started" in x]
+    assert len(again) == len(started) + 1
+    assert metrics(sidecar.url)["sidecar_worker_restarts_total"] == 0
