@@ -255,6 +255,9 @@ class End:
     # NaN, a grammar that left no token): the exception's type name, never its message. The
     # replies beside it went on. None for any other end (a dead worker's too).
     fault: str | None = None
+    # Seconds the reply waited, once started, for room to grow its KV reservation under the
+    # bound (model/kv_bound.py): its stream was silent meanwhile
+    kv_paused_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +281,7 @@ class CacheStats:
     kv_memory_bytes: int = 0
     kv_reserved_bytes: int = 0
     kv_waits: int = 0
+    kv_pauses: int = 0  # times a running reply waited to grow its reservation (kv_bound.py)
 
 
 ToWorker = Generate | Cancel | Stop | Ping

@@ -7,9 +7,9 @@
   each (the log line's refusal_ms).
 - hog: one client asks for the longest reply the context allows (max_tokens 4096 where the
   context holds it) under a small KV bound (KV_MEMORY_MB, default 5: about the 5,128 fp32
-  Phi-3-mini tokens of an 8 GB plan's bound, in the tiny model's 1 KiB tokens); once it streams,
-  three users send a short chat at once: their times to first token, against the same three
-  alone.
+  Phi-3-mini tokens of an 8 GB plan's bound, in the tiny model's 1 KiB tokens; SmolLM2's fp32
+  tokens are 45 KiB: 225); once it streams, three users send a short chat at once, each asking
+  the chat app's 1,024 tokens: their times to first token, against the same three alone.
 
     python -m scripts.bench abuse [--model DIR] [--seconds 30] [--clients 3]
     python -m scripts.bench abuse --model build/real-models/smollm2-135m-instruct-fp32
@@ -126,7 +126,9 @@ def flood(url: str, seconds: float, clients: int, log: Path) -> dict[str, Any]:
 
 def ttfts(url: str, users: int) -> list[float]:
     def one(seed: int) -> float:
-        body = {"input_text": f"Hello number {seed}, how are you?", "max_new_tokens": 32}
+        # The chat app's MAX_NEW_TOKENS: what a user's reply may take beside the hog's; the
+        # user leaves at the first token (its reply is cancelled)
+        body = {"input_text": f"Hello number {seed}, how are you?", "max_new_tokens": 1024}
         sent = time.monotonic()
         with httpx.stream("POST", url + "/predict", json=body, timeout=300) as response:
             for _ in response.iter_raw():

@@ -123,6 +123,7 @@ class _Job:
     # When recent tokens were finished (prefill steps are not tokens), to count those made
     # after a disconnect was noticed.
     finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    reserved: int = 0  # its KV reservation when last reported (the batched path grows it)
 
 
 def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
@@ -204,6 +205,7 @@ class Scheduler:
         self._waiting: deque[_Pending] = deque()
         self._retry = False
         self._stopping = False
+        self._books_changed = False  # a running reply's KV reservation grew (kv_bound.py)
 
     def run(self) -> None:
         """Until Stop; EOFError/OSError when the web process is gone."""
@@ -230,6 +232,9 @@ class Scheduler:
                 if not (batch is not None and getattr(job.generation, "batched", False)):
                     self._step(key, job)
                     self._read(block=False)
+            if self._books_changed:  # a reservation grew: the gauges follow the books
+                self._books_changed = False
+                self._outbox.send(self._engine.cache_stats())
 
     def _read(self, *, block: bool) -> None:
         if block:
@@ -338,7 +343,10 @@ class Scheduler:
         except Exception as exc:
             self._refuse(request, exc, pending.prepare_s + time.perf_counter() - began)
             return True
-        self._jobs[request.key] = _Job(request.request_id, generation, request.deadline)
+        reserved = getattr(generation, "reserved", 0)
+        self._jobs[request.key] = _Job(
+            request.request_id, generation, request.deadline, reserved=reserved
+        )
         prompt = generation.prompt
         built_here = pending.prompt is None
         waited = pending.waiting_since
@@ -407,6 +415,9 @@ class Scheduler:
 
     def _after(self, key: int, job: _Job, text: str | None) -> None:
         """Send what a step made, and end the job if its reply is over."""
+        reserved = getattr(job.generation, "reserved", 0)
+        if reserved != job.reserved:
+            job.reserved, self._books_changed = reserved, True
         if text is not None:  # None: a chunk of the prompt was appended, no token yet
             now = time.monotonic()
             job.finished_at.append(now)
@@ -446,6 +457,7 @@ class Scheduler:
                 tokens_after_cancel,
                 generation.drafts(),
                 type(fault).__name__ if fault is not None else None,
+                kv_paused_s=getattr(generation, "kv_paused_s", 0.0),
             )
         )
         self._outbox.send(self._engine.cache_stats())

@@ -199,6 +199,11 @@ class Metrics:
             "Characters tokenized to build prompts of requests that started (a conversation's "
             "kept tokens are not read again).",
         )
+        self.kv_paused = counter(
+            "sidecar_kv_paused_seconds",
+            "Seconds running replies waited for room to grow their KV reservation under the "
+            "bound (KV_MEMORY_MB; model/kv_bound.py): their streams were silent meanwhile.",
+        )
         self.kv_wait = histogram(
             "sidecar_kv_wait_seconds",
             "From a request reaching the model worker to its start: the time it waited for room "
@@ -266,6 +271,7 @@ class Metrics:
             check = "byte_bound" if record.byte_bound else "built"
             self.refusal_work.labels(check).observe(record.refusal_ms / 1000)
         self.tokenized_chars.inc(record.tokenized_chars or 0)
+        self.kv_paused.inc((record.kv_paused_ms or 0) / 1000)
         if record.decode_steps is not None:
             self.draft_tokens.inc(record.draft_tokens or 0)
             self.accepted_draft_tokens.inc(record.accepted_draft_tokens or 0)
@@ -310,6 +316,12 @@ class _GaugesCollector(Collector):
             "sidecar_prompt_cache_evictions",
             "Cached generators dropped to make room (since the model worker started).",
             value=g.cache.evictions,
+        )
+        yield CounterMetricFamily(
+            "sidecar_kv_growth_pauses",
+            "Times a running reply had to wait for room to grow its KV reservation under the "
+            "bound (since the model worker started; model/kv_bound.py).",
+            value=g.cache.kv_pauses,
         )
         yield CounterMetricFamily(
             "sidecar_kv_memory_waits",
