@@ -198,6 +198,11 @@ class Rejected:
     reason: Refusal
     message: str
     limit_tokens: int | None = None
+    # What the refusal cost (issue 46): seconds the worker's side spent on the request before
+    # refusing it (building its prompt, in the prompt process or in the worker), and whether
+    # the byte bound refused it before any tokenization (model/token_bound.py)
+    spent_s: float = 0.0
+    byte_bound: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +216,12 @@ class Started:
     cache_tier: CacheTier | None = None  # where those came from
     restore_s: float = 0.0  # the time it took to put them back into a KV slot
     image_tokens: int = 0  # prompt tokens that stand for images (counted in prompt_tokens)
+    # Characters of text tokenized to build the prompt (0: its tokens were kept from an
+    # earlier turn, or given as ids) and the seconds that took (model/prompt_process.py)
+    tokenized_chars: int = 0
+    prepare_s: float = 0.0
+    # Seconds it waited for room under the KV bound (KV_MEMORY_MB) before it started
+    kv_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +277,9 @@ class End:
     # NaN, a grammar that left no token): the exception's type name, never its message. The
     # replies beside it went on. None for any other end (a dead worker's too).
     fault: str | None = None
+    # Seconds the reply waited, once started, for room to grow its KV reservation under the
+    # bound (model/kv_bound.py): its stream was silent meanwhile
+    kv_paused_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +303,7 @@ class CacheStats:
     kv_memory_bytes: int = 0
     kv_reserved_bytes: int = 0
     kv_waits: int = 0
+    kv_pauses: int = 0  # times a running reply waited to grow its reservation (kv_bound.py)
 
 
 ToWorker = Generate | Cancel | Stop | Ping

@@ -70,6 +70,8 @@ COMMANDS = (
             "run` to ready, model baked in or mounted"),
     Command("store", "store", "the chat app's database: opening a 200-message chat, the chat "
             "list and search with 100 users x 50 chats, what keeping a chat adds to TTFT"),
+    Command("abuse", "abuse", "what abusive requests cost the others: a flood of over-long "
+            "prompts (a bystander's longest gap), one huge max_tokens (others' TTFT)"),
     Command("kv-memory", "kv_memory", "the sidecar's peak memory under a container's memory "
             "limit with more KV wanted than fits (root)"),
 )  # fmt: skip

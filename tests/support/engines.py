@@ -33,6 +33,7 @@ from sidecar.model.engine import load_engine as load_real_engine
 from sidecar.model.generation import Generation
 from sidecar.model.kv_tiers import Restored
 from sidecar.model.prompt import Prompt
+from sidecar.model.prompt_process import PromptSpec
 from sidecar.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,13 +145,16 @@ class FaultyEngine:
         self.max_length = real.max_length
         self.image_input = real.image_input
 
-    def start(self, request: ipc.Generate) -> FaultyGeneration:
+    def start(self, request: ipc.Generate, *, prompt: Prompt | None = None) -> FaultyGeneration:
         # the newest user message, or a plain prompt's text (/v1/completions)
         newest = request.messages[-1][1] if request.messages else str(request.prompt or "")
         if START in newest:
             raise TypeError(f"encode(): incompatible function arguments. Invoked with: {newest!r}")
         fault = next((f for f in (RAISE, EXIT) if f in newest), None)
-        return FaultyGeneration(self._real.start(request), fault)
+        return FaultyGeneration(self._real.start(request, prompt=prompt), fault)
+
+    def prompt_spec(self) -> PromptSpec:
+        return self._real.prompt_spec()
 
     def warm_up(self) -> None:
         self._real.warm_up()
@@ -199,10 +203,13 @@ class PacedEngine:
         self.max_length = real.max_length
         self.image_input = real.image_input
 
-    def start(self, request: ipc.Generate) -> PacedGeneration:
+    def start(self, request: ipc.Generate, *, prompt: Prompt | None = None) -> PacedGeneration:
         first_step = self._image_step if request.images else 0.0
-        real = self._real.start(request)
+        real = self._real.start(request, prompt=prompt)
         return PacedGeneration(real, self._pace, self._prefill_pace, first_step)
+
+    def prompt_spec(self) -> PromptSpec:
+        return self._real.prompt_spec()
 
     def warm_up(self) -> None:
         self._real.warm_up()

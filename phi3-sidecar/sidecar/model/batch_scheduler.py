@@ -18,6 +18,7 @@ model's configuration); an evicted entry's slot gives its memory back.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Collection
@@ -29,8 +30,9 @@ import numpy as np
 from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.batch_guidance import RowGuide
+from sidecar.model.kv_bound import GROWTH_TOKENS, Memory, NoRoom
 from sidecar.model.kv_disk import Stored
-from sidecar.model.kv_tiers import Holding, KvTiers, Memory, NoRoom, Restored
+from sidecar.model.kv_tiers import Holding, KvTiers, Restored
 from sidecar.model.logprobs import ReplyLogprobs
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, Lease, PromptCache
@@ -100,6 +102,7 @@ class BatchScheduler:
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
         self.prefilling: deque[BatchGeneration] = deque()
         self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
+        self._bookings = itertools.count()  # each reply's key in the bound's books
 
     @property
     def busy(self) -> bool:
@@ -112,17 +115,21 @@ class BatchScheduler:
         reply to end), then continue the cached conversation the lease lends (restored into a
         slot from compact RAM or disk where it is not in one) or take a new slot."""
         needed = len(prompt.ids) + prompt.max_new_tokens
-        reserve = needed * self.pool.bytes_per_token
+        # Its prompt and the first GROWTH_TOKENS of its reply now, the rest as it grows
+        # (kv_bound.py): a large max_new_tokens holds nobody up front
+        first = len(prompt.ids) + min(prompt.max_new_tokens, GROWTH_TOKENS)
+        reserve, need = first * self.pool.bytes_per_token, needed * self.pool.bytes_per_token
         # The cache decides (PromptCache.lease): a slot's bytes are what it writes, so a new
         # one is sized to the request, with no room to grow.
         lease = self.cache.lease(request, prompt.ids, needed, wanted=cached, grow=False)
         if lease.entry is not None:
             self.tiers.account(lease.entry)  # lent: its slot is now the reply's reservation
         memory = self.memory
-        if not memory.fits(reserve):
+        if not memory.fits(reserve, need):
             self._unlease(lease)
             raise NoRoom(f"{reserve} bytes of KV do not fit beside the running replies")
-        memory.reserved_bytes += reserve
+        booking = next(self._bookings)
+        memory.reserve(booking, reserve, need)
         # Kept conversations move down to make room, also for the compact copy a conversation
         # coming back from disk is read into
         self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
@@ -136,7 +143,7 @@ class BatchScheduler:
                     restored = self._restore(lease.entry, lease.reused)
                 except LookupError:  # its file is gone or bad: read the prompt again
                     self.cache.drop(lease.entry)
-                    memory.reserved_bytes -= reserve
+                    memory.release(booking, reserve)
                     return self.start(prompt, request, cached=cached)
             else:
                 restored = Restored("ram")
@@ -151,7 +158,7 @@ class BatchScheduler:
             holder.entry = lease.attach(holder, None, capacity=self.pool.length)
             self.tiers.account(holder.entry)
         generation = BatchGeneration(self, prompt, request, holder, lease)
-        generation.reserved = reserve
+        generation.booking, generation.reserved, generation.need = booking, reserve, need
         generation.restored = restored
         self.prefilling.append(generation)
         return generation
@@ -239,10 +246,13 @@ class BatchScheduler:
         finish "error" and the exception as its `fault` (the worker logs and counts it); the
         others go on."""
         results: list[tuple[BatchGeneration, str | None]] = []
-        decoding = list(self.decoding)
-        for first in range(0, len(decoding), self.rows):
-            group = decoding[first : first + self.rows]
-            results.extend(zip(group, self._decode_isolated(first, group), strict=True))
+        # A reply without KV reserved for its next position, and no room to grow, waits: the
+        # calls bind the runs of slots around it (kv_bound.py)
+        writing = [i for i, generation in enumerate(self.decoding) if self._may_write(generation)]
+        for start, end in _runs(writing):
+            for first in range(start, end, self.rows):
+                group = self.decoding[first : min(first + self.rows, end)]
+                results.extend(zip(group, self._decode_isolated(first, group), strict=True))
         for generation in list(self.ready):
             try:
                 first_text: str | None = self._first_token(generation)
@@ -259,6 +269,23 @@ class BatchScheduler:
                 self.prefilling.remove(generation)
             results.append((generation, None))
         return results
+
+    def _may_write(self, generation: BatchGeneration) -> bool:
+        """Whether the reply's next decode call has KV reserved for the position it writes,
+        growing its reservation by GROWTH_TOKENS if it must; False: no room, it waits."""
+        per_token = self.pool.bytes_per_token
+        if (generation.holder.kv_len + 1) * per_token <= generation.reserved:
+            return True
+        more = min(GROWTH_TOKENS * per_token, generation.need - generation.reserved)
+        if more <= 0:
+            return True  # its whole length is reserved (the slot is MAX_LENGTH long anyway)
+        if not self.memory.grow(generation.booking, more):
+            generation.wait_for_room(self.memory)
+            return False
+        generation.reserved += more
+        generation.room_found()
+        self.cache.shrink(self.cache.limit())  # kept conversations move down to make room
+        return True
 
     def next_prompt(self) -> BatchGeneration:
         """The prompt whose chunk this step reads: the one with the fewest tokens left to
@@ -282,6 +309,8 @@ class BatchScheduler:
             return None
         if generation in self.ready:
             return self._first_token(generation)
+        if not self._may_write(generation):
+            return None  # it waits for room to grow (kv_bound.py)
         index = self.decoding.index(generation)
         return self._decode(index, [generation])[0]
 
@@ -377,8 +406,9 @@ class BatchScheduler:
             self.decoding.pop()
         holder = generation.holder
         holder.busy = False
-        self.memory.reserved_bytes -= generation.reserved
+        self.memory.release(generation.booking, generation.reserved)
         generation.reserved = 0
+        generation.room_found()  # a reply that ends while it waits to grow waits no more
         generation.lease.give_back(reusable)  # kv_tiers accounts its slot as kept again
         self._free_unheld()
 
@@ -410,7 +440,13 @@ class BatchGeneration:
         self._appended = lease.reused
         self.passed_over = 0  # steps that read another prompt's chunk while this one waited
         self._first_logits: np.ndarray | None = None
-        self.reserved = 0  # KV bytes reserved against the bound (kv_tiers.Memory)
+        # KV bytes reserved against the bound (kv_bound.Memory) under its booking, and its
+        # whole length's; the seconds it waited to grow (while the bound was full)
+        self.booking = -1
+        self.reserved = 0
+        self.need = 0
+        self.kv_paused_s = 0.0
+        self._paused_at: float | None = None
         self.restored = Restored(None)  # where the reused tokens came from, and its cost
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
         top_k = request.top_k
@@ -508,6 +544,17 @@ class BatchGeneration:
             text += self._stops.flush()
         return text
 
+    def wait_for_room(self, memory: Memory) -> None:
+        """Its reservation cannot grow this step (the bound is full): it waits."""
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+            memory.pauses += 1
+
+    def room_found(self) -> None:
+        if self._paused_at is not None:
+            self.kv_paused_s += time.monotonic() - self._paused_at
+            self._paused_at = None
+
     def take_logprobs(self) -> tuple[TokenLogprob, ...]:
         """The log probabilities of the tokens whose text is now shown (logprobs.py)."""
         return () if self.logprobs is None else self.logprobs.take(self._stops, self.finish)
@@ -553,6 +600,17 @@ SERVED_FIELDS = frozenset(
         "prompt",  # the engine reads it; a plain prompt is ids like any other
     }
 )
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Runs of consecutive indices, as (first, past the last)."""
+    runs: list[tuple[int, int]] = []
+    for index in indices:
+        if runs and runs[-1][1] == index:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    return runs
 
 
 def serves(request: Generate) -> bool:

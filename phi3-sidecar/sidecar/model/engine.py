@@ -41,8 +41,10 @@ from sidecar.model.generator_path import (
     rewind_slack,
 )
 from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
-from sidecar.model.prompt import PromptBuilder, UnsafePrompt
+from sidecar.model.prompt import Prompt, PromptBuilder
 from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
+from sidecar.model.prompt_process import PromptSpec
+from sidecar.model.token_bound import max_token_bytes
 from sidecar.model.vision import ImageRefused, check_slots, fit_with_images, image_tags
 from sidecar.settings import Settings
 
@@ -133,6 +135,8 @@ class Engine:
             self.facts.added_tokens,
             self.facts.bos_id,
             system_role=self.facts.system_role,
+            max_token_bytes=max_token_bytes(path / "tokenizer.json"),
+            vocab_size=self.vocab_size,
         )
         # DECODE_BATCH_ROWS > 1: replies the direct path serves are batched (batch_scheduler.py)
         # and own the conversation cache's budget; the Generator path keeps no cache then.
@@ -166,22 +170,20 @@ class Engine:
         self._token_texts = TokenTexts(path / "tokenizer.json", decode_one)
 
     @property
-    def model(self) -> og.Model:
-        """onnxruntime-genai's model (generator_path.py; loaded on first use when batched)."""
+    def model(self) -> og.Model:  # onnxruntime-genai's (loaded on first use when batched)
         return self.generators.model
 
-    def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
-        """Render and fit the prompt (may raise PromptTooLong), then continue a cached
-        generator (or KV slot) that holds the prompt's beginning, or make a new one."""
+    def prompt_spec(self) -> PromptSpec:  # what prompt_process.py builds prompts with
+        return PromptSpec.of(self.prompts, self._path, self.max_length)
+
+    def start(
+        self, request: Generate, *, cached: bool = True, prompt: Prompt | None = None
+    ) -> Generation | BatchGeneration:
+        """Fit the prompt unless given (PromptTooLong); continue a cached generator or slot, or
+        make a new one. `prompt`: built by the prompt process (prompt_process.py)."""
         if request.images:
             return self._start_with_images(request, cached=cached)
-        if request.prompt is not None:  # /v1/completions: no template
-            ids = request.prompt
-            if not isinstance(ids, str) and self.vocab_size and max(ids) >= self.vocab_size:
-                raise UnsafePrompt(f"token ids must be below {self.vocab_size}")
-            prompt = self.prompts.plain(ids, request.max_new_tokens, self.max_length)
-        else:
-            prompt = self.prompts.fit(request.messages, request.max_new_tokens, self.max_length)
+        prompt = prompt or self.prompts.build(request, self.max_length)
         # The cache decides the rest (PromptCache.lease). With batched decode the Generator
         # path's cache stays off (its budget is never set): the batched path owns the budget.
         if self.batch is not None and serves(request) and self._batch_guides(request):

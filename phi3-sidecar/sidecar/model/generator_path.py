@@ -245,6 +245,12 @@ class TemplateTokenizer:
         return str(rendered)
 
 
+def template_tokenizer(path: Path) -> TemplateTokenizer:
+    """The tokenizer and chat template of the model folder `path` alone, without its model
+    (prompt_process.py builds prompts with it)."""
+    return TemplateTokenizer(og.Tokenizer(og.Config(str(path))))
+
+
 def rewind_slack(genai_config: Mapping[str, Any]) -> int:
     """Tokens a continued generator cannot reuse per generated token: a KV cache that is not
     one buffer shared by past and present (a quantized KV cache on the CPU) cannot be rewound

@@ -12,8 +12,8 @@ asks this module to move its least recently used idle entries down a tier (`comp
 before anything is dropped, and every entry's `nbytes` is the RAM it really holds: its idle
 slot's written positions, plus its compact copy. PROMPT_CACHE_MB bounds that RAM.
 
-The bound (KV_MEMORY_MB, `Memory`): every running reply reserves the KV of its whole length
-(prompt and max_new_tokens, in the pool's type) when it starts; reservations plus the kept
+The bound (KV_MEMORY_MB, `Memory`, kv_bound.py): every running reply reserves the KV it may
+write (its prompt and its reply as it grows, in the pool's type); reservations plus the kept
 conversations' RAM never exceed the bound. A request that does not fit makes the cache move
 idle conversations down (compact, then disk, then drop) and, if the running replies alone
 leave no room, waits in the worker (`NoRoom`) until one ends.
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from sidecar.model import kv_compact
+from sidecar.model.kv_bound import Memory, NoRoom
 from sidecar.model.kv_compact import CompactKv, Encoding
 from sidecar.model.kv_disk import DiskTier, Stored
 
@@ -37,40 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sidecar.model.kv_tiers")
 
 Tier = Literal["ram", "compact", "disk"]
-
-
-class NoRoom(Exception):
-    """The running replies' reservations leave no room for this one: it waits (worker.py)."""
-
-
-@dataclass
-class Memory:
-    """The bound on all KV memory (KV_MEMORY_MB) and what the running replies reserved."""
-
-    bound_bytes: int
-    reserved_bytes: int = 0
-    waits: int = 0  # requests that had to wait for room, since start
-    # Held for what else the bound covers: on the Generator path, the conversation cache's
-    # budget (generator_memory.py); the batched path's kept conversations move down instead.
-    set_aside: int = 0
-
-    def fits(self, nbytes: int) -> bool:
-        """Whether a reply that reserves `nbytes` may start beside the running ones: a reply
-        alone always may (the engine caps the context to the bound)."""
-        room = self.bound_bytes - self.set_aside
-        return not self.reserved_bytes or self.reserved_bytes + nbytes <= room
-
-    def room(self) -> int:
-        """What the kept conversations may hold now."""
-        return max(0, self.bound_bytes - self.reserved_bytes)
-
-    def stats(self) -> dict[str, int]:
-        """What ipc.CacheStats (and so /metrics) says of the bound."""
-        return {
-            "kv_memory_bytes": self.bound_bytes,
-            "kv_reserved_bytes": self.reserved_bytes,
-            "kv_waits": self.waits,
-        }
+__all__ = ["Holding", "KvTiers", "Memory", "NoRoom", "Restored", "Tier"]
 
 
 @dataclass

@@ -6,9 +6,16 @@ formatting. The tokenizer, though, turns any added-token string in its input (`<
 real role markers. To prevent that, the template is rendered once with a unique placeholder in
 place of each message, which tells exactly which characters are template and which are content.
 
-- Usual case (no message contains an added-token string): the whole rendered text is encoded in
-  one call, exactly as the model's tokenizer would, and the special ids in the result are checked
-  to be exactly the template's own.
+- Usual case (no message contains an added-token string): the text between the template's
+  special tokens is encoded piece by piece, the specials inserted by id, which is what the
+  model's tokenizer gives for the whole text where it splits at added tokens first (HF's and
+  onnxruntime-extensions' do: tests/families checks five families against HF's encode). A
+  template that writes no special token has its whole text encoded in one call. (The one call
+  was meant for every template, but it read the text without the specials and so never
+  returned for a template that writes them; found while profiling issue 46, where each prompt
+  was encoded twice: that encode is no longer made. Encoding the whole text with its specials
+  would change the ids of tokenizers that do not split so: left for a change of its own.)
+  Each piece's ids are kept for the next turn of the conversation (prompt_memo.py).
 - Otherwise the text is cut inside every added-token string that lies in (or runs into) content,
   the pieces are encoded separately and their ids concatenated; the template's special tokens
   are inserted by id. Those strings then arrive as plain text tokens ("<", "|end|>", ...).
@@ -37,14 +44,16 @@ a TemplateRefused with the template's own sentence.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import secrets
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from sidecar.ipc import Role
+from sidecar.ipc import Generate, Role
+from sidecar.model.prompt_memo import PieceMemo
 
 
 class Tokenizer(Protocol):
@@ -54,11 +63,20 @@ class Tokenizer(Protocol):
 
 
 class PromptTooLong(Exception):
-    def __init__(self, prompt_tokens: int, limit: int, image_tokens: int = 0) -> None:
+    def __init__(
+        self, prompt_tokens: int, limit: int, image_tokens: int = 0, *, at_least: bool = False
+    ) -> None:
         super().__init__(f"prompt of {prompt_tokens} tokens exceeds the limit of {limit}")
         self.prompt_tokens = prompt_tokens
         self.limit = limit
         self.image_tokens = image_tokens  # of prompt_tokens, those that stand for images
+        # True: refused by the byte bound (token_bound.py) before any tokenization, and
+        # prompt_tokens is the least the prompt takes
+        self.at_least = at_least
+
+    def __reduce__(self) -> tuple[Any, ...]:  # it crosses from the prompt process
+        args = (self.prompt_tokens, self.limit, self.image_tokens)
+        return (PromptTooLong, args, {"at_least": self.at_least})
 
 
 class UnsafePrompt(Exception):
@@ -76,6 +94,9 @@ class Prompt:
     dropped_messages: int
     max_new_tokens: int
     image_tokens: int = 0  # of ids, those that stand for images
+    # Characters handed to the tokenizer to build it (each turn counted as often as it was
+    # encoded): what fitting it cost; 0 for token ids
+    encoded_chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,10 +133,17 @@ class PromptBuilder:
         bos_id: int | None,
         *,
         system_role: bool = True,
+        max_token_bytes: int | None = None,
+        vocab_size: int = 0,
     ) -> None:
         self._tokenizer = tokenizer
-        self._system_role = system_role
-        self._added = dict(added_tokens)
+        self.bos_id = bos_id
+        self.system_role = system_role
+        # The most bytes one token stands for (token_bound.py): the cheap check; None: none
+        self.max_token_bytes = max_token_bytes
+        self.encoded_chars = 0  # characters handed to the tokenizer, since start
+        self.vocab_size = vocab_size  # a plain prompt's ids must be below it (0: unknown)
+        self.added = dict(added_tokens)
         self._added_ids = frozenset(added_tokens.values())
         # Longest first, so the alternation prefers "<|endoftext|>" over a shorter prefix.
         names = sorted(added_tokens, key=len, reverse=True)
@@ -123,6 +151,8 @@ class PromptBuilder:
         probe = list(tokenizer.encode("a"))
         # Tokenizers that put BOS in front of every encode(): keep it once, at the start.
         self._auto_bos = bos_id if probe and bos_id is not None and probe[0] == bos_id else None
+        # A conversation's next turn encodes only the pieces it adds (prompt_memo.py)
+        self.memo = PieceMemo(lambda piece: self._strip_bos(self._encode_text(piece)))
 
     def encode(self, messages: Sequence[Message], images: _ImageMarks | None = None) -> list[int]:
         segments = self._segments(self._fold_system(messages))
@@ -130,12 +160,13 @@ class PromptBuilder:
             marked = images.split(segments)
             if any(isinstance(s, _Image) for s in marked):
                 return self._encode_cut(marked, images.tokens)
+        # Without the template's special tokens in the text, one encode can return only for
+        # a template that writes none (see the module's docstring)
         legit = [s for s in segments if isinstance(s, int)]
-        if all(isinstance(s, int) or not self._has_added(s) for s in segments):
+        if not legit and all(not self._has_added(s) for s in segments if isinstance(s, str)):
             text = "".join(self._text_of(s) for s in segments)
-            ids = self._strip_bos(list(self._tokenizer.encode(text)))
-            specials = [i for i in ids if i in self._added_ids]
-            if specials == legit:
+            ids = self._strip_bos(self._encode_text(text))
+            if not any(i in self._added_ids for i in ids):
                 return self._with_bos(ids)
         return self._encode_cut(segments)
 
@@ -159,6 +190,10 @@ class PromptBuilder:
                 # written into the prompt may hold one): the tokenizer would fail, quoting
                 # the whole text in its error.
                 raise UnsafePrompt("a message holds a lone surrogate")
+        newest = newest_user_text(messages)
+        if images is None and newest is not None:
+            self._check_size(newest, max_length)  # the newest user message is never dropped
+        before = self.encoded_chars
         marks = _ImageMarks(images) if images is not None and images.slots else None
         if marks is not None:
             messages = marks.insert(messages)
@@ -166,26 +201,65 @@ class PromptBuilder:
         rest = list(messages[len(system) :])
         cuts = [0] + [i for i in range(1, len(rest)) if rest[i][0] == "user"]
         cuts = sorted(set(cuts) | {len(rest) - 1})
+        encoded: dict[int, list[int]] = {}
 
-        def ids_for(cut: int) -> list[int]:
-            return self.encode(system + rest[cut:], marks)
+        def ids_for(at: int) -> list[int]:
+            """The prompt from cuts[at] on, each encoded once."""
+            if at not in encoded:
+                encoded[at] = self.encode(system + rest[cuts[at] :], marks)
+            return encoded[at]
 
-        # Fewer messages never means more tokens, so binary-search the first cut that fits.
+        def fits(at: int) -> bool:
+            return len(ids_for(at)) + max_new_tokens <= max_length
+
+        def prompt(at: int, budget: int) -> Prompt:
+            ids = ids_for(at)
+            spent = self.encoded_chars - before
+            return Prompt(ids, cuts[at], budget, _image_count(ids), spent)
+
+        # Fewer messages never means more tokens, so the first cut that fits is found by
+        # bisection; the cuts whose user text alone cannot fit are passed over unread, and the
+        # whole conversation (most requests) and the shortest (a refusal) are tried first, so
+        # a request that fits whole or not at all is encoded once or twice, never log(n) times.
         lo, hi = 0, len(cuts) - 1
-        best: tuple[int, list[int]] | None = None
-        while lo <= hi:
+        if marks is None:  # an image's marker is not its tokens
+            lo = self._first_possible(rest, cuts, max_new_tokens, max_length)
+        if fits(lo):
+            return prompt(lo, max_new_tokens)
+        if not fits(hi):
+            ids = ids_for(hi)
+            if len(ids) + 1 > max_length:
+                raise PromptTooLong(len(ids), max_length, _image_count(ids))
+            return prompt(hi, max_length - len(ids))
+        lo += 1  # lo does not fit, hi does
+        while lo < hi:
             mid = (lo + hi) // 2
-            ids = ids_for(cuts[mid])
-            if len(ids) + max_new_tokens <= max_length:
-                best, hi = (cuts[mid], ids), mid - 1
+            if fits(mid):
+                hi = mid
             else:
                 lo = mid + 1
-        if best is not None:
-            return Prompt(best[1], best[0], max_new_tokens, _image_count(best[1]))
-        ids = ids_for(cuts[-1])
-        if len(ids) + 1 > max_length:
-            raise PromptTooLong(len(ids), max_length, _image_count(ids))
-        return Prompt(ids, cuts[-1], max_length - len(ids), _image_count(ids))
+        return prompt(hi, max_new_tokens)
+
+    def _first_possible(
+        self, rest: Sequence[Message], cuts: Sequence[int], max_new_tokens: int, max_length: int
+    ) -> int:
+        """The first cut whose user messages' bytes alone do not rule it out (cheap; 0 without
+        a byte bound); the last cut at most."""
+        if self.max_token_bytes is None:
+            return 0
+        bound = self.max_token_bytes
+        least = [least_tokens(text, bound) if role == "user" else 0 for role, text in rest]
+        after = list(itertools.accumulate(reversed(least)))[::-1]  # after[i]: rest[i:]'s
+        for at, cut in enumerate(cuts):
+            if after[cut] + max_new_tokens <= max_length:
+                return at
+        return len(cuts) - 1
+
+    def build(self, request: Generate, max_length: int) -> Prompt:
+        """A text request's prompt: its chat's (fit), or its plain prompt's (plain)."""
+        if request.prompt is not None:  # /v1/completions: no template
+            return self.plain(request.prompt, request.max_new_tokens, max_length)
+        return self.fit(request.messages, request.max_new_tokens, max_length)
 
     def plain(self, prompt: str | Sequence[int], max_new_tokens: int, max_length: int) -> Prompt:
         """A plain prompt (/v1/completions): the text encoded as the tokenizer encodes it (its
@@ -196,9 +270,12 @@ class PromptBuilder:
         if isinstance(prompt, str):
             if not _is_utf8(prompt):
                 raise UnsafePrompt("the prompt holds a lone surrogate")
-            ids = [int(i) for i in self._tokenizer.encode(prompt)]
+            self._check_size(prompt, max_length)
+            ids = [int(i) for i in self._encode_text(prompt)]
         else:
             ids = list(prompt)
+            if ids and self.vocab_size and max(ids) >= self.vocab_size:
+                raise UnsafePrompt(f"token ids must be below {self.vocab_size}")
         if not ids:
             raise UnsafePrompt("the prompt encodes to no tokens")
         if len(ids) + 1 > max_length:
@@ -206,6 +283,13 @@ class PromptBuilder:
         return Prompt(ids, 0, min(max_new_tokens, max_length - len(ids)))
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _encode_text(self, text: str) -> list[int]:
+        self.encoded_chars += len(text)
+        return list(self._tokenizer.encode(text))
+
+    def _check_size(self, text: str, max_length: int) -> None:
+        rule_out(text, max_length, self.max_token_bytes)
 
     def _segments(self, messages: Sequence[Message]) -> list[str | int]:
         """Template specials as ids, everything else as text runs (content is marked)."""
@@ -243,7 +327,7 @@ class PromptBuilder:
     def _fold_system(self, messages: Sequence[Message]) -> Sequence[Message]:
         """For a template without a system role: the system message opens the first user
         message instead."""
-        if self._system_role or not messages or messages[0][0] != "system":
+        if self.system_role or not messages or messages[0][0] != "system":
             return messages
         rest = list(messages[1:])
         for i, (role, content) in enumerate(rest):
@@ -263,7 +347,7 @@ class PromptBuilder:
         pos = 0
         for match in self._pattern.finditer(text) if self._pattern else ():
             self._add_text(segments, text[pos : match.start()])
-            segments.append(self._added[match.group()])
+            segments.append(self.added[match.group()])
             pos = match.end()
         self._add_text(segments, text[pos:])
 
@@ -304,7 +388,7 @@ class PromptBuilder:
                 ids.extend([-(segment.index + 1)] * image_tokens[segment.index])
                 continue
             for piece in self._cut(segment):
-                piece_ids = self._strip_bos(list(self._tokenizer.encode(piece)))
+                piece_ids = self.memo.ids(piece)
                 if self._added_ids.intersection(piece_ids):
                     raise UnsafePrompt("message text encodes to a special token")
                 ids.extend(piece_ids)
@@ -361,6 +445,27 @@ class _ImageMarks:
                 elif piece:
                     out.append(piece)
         return out
+
+
+def least_tokens(text: str, max_token_bytes: int | None) -> int:
+    """The fewest tokens `text` can take, whatever the template does around it (0 without a
+    bound: token_bound.py)."""
+    if max_token_bytes is None:
+        return 0
+    return -(-len(text.strip().encode("utf-8")) // max_token_bytes)
+
+
+def rule_out(text: str, max_length: int, max_token_bytes: int | None) -> None:
+    """The cheap check: PromptTooLong for text that cannot fit, before any tokenizer reads it
+    (onnxruntime-genai's holds the GIL for the whole text: seconds for an adversary's 60 KB).
+    Run on the newest user message (never left out) or a plain prompt."""
+    least = least_tokens(text, max_token_bytes)
+    if least + 1 > max_length:
+        raise PromptTooLong(least, max_length, at_least=True)
+
+
+def newest_user_text(messages: Sequence[Message]) -> str | None:
+    return next((content for role, content in reversed(messages) if role == "user"), None)
 
 
 def _image_count(ids: Sequence[int]) -> int:

@@ -20,12 +20,14 @@ as made after a disconnect.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from multiprocessing import connection
 from multiprocessing.connection import Connection
 from typing import Protocol
 
@@ -33,11 +35,11 @@ from sidecar import ipc
 from sidecar.jsonlog import configure_logging
 from sidecar.model.download import download_if_needed
 from sidecar.model.folder import ModelFolderError, first_line
-from sidecar.model.guidance import GuidanceRefused
 from sidecar.model.kv_tiers import NoRoom, Restored
 from sidecar.model.memory import return_freed_memory
-from sidecar.model.prompt import Prompt, PromptTooLong, TemplateRefused, UnsafePrompt
-from sidecar.model.vision import ImageRefused
+from sidecar.model.prompt import Prompt, PromptTooLong
+from sidecar.model.prompt_process import Built, Job, PromptProcess, PromptSpec
+from sidecar.model.refusals import rejection
 from sidecar.settings import Settings
 
 log = logging.getLogger("sidecar.model.worker")
@@ -93,11 +95,24 @@ class Backend(Protocol):
     max_length: int
     image_input: bool  # whether requests may carry images (a vision model)
 
-    def start(self, request: ipc.Generate) -> Stepper: ...
+    def start(self, request: ipc.Generate, *, prompt: Prompt | None = None) -> Stepper:
+        """`prompt`: built by the prompt process; None: the engine builds it."""
+        ...
 
     def warm_up(self) -> None: ...
 
     def cache_stats(self) -> ipc.CacheStats: ...
+
+
+@dataclass
+class _Pending:
+    """A request not started yet: its prompt (once built elsewhere), what building it cost,
+    and since when it waits for KV memory."""
+
+    request: ipc.Generate
+    prompt: Prompt | None = None
+    prepare_s: float = 0.0
+    waiting_since: float | None = None
 
 
 @dataclass
@@ -108,6 +123,7 @@ class _Job:
     # When recent tokens were finished (prefill steps are not tokens), to count those made
     # after a disconnect was noticed.
     finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    reserved: int = 0  # its KV reservation when last reported (the batched path grows it)
 
 
 def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
@@ -120,12 +136,25 @@ def main(settings: Settings, inbox: Connection, outbox: Connection) -> None:
     # Freed KV blocks go back to the system: the KV bound is about resident memory (memory.py)
     return_freed_memory()
     configure_logging(settings.log_level, exception_messages=settings.log_prompts)
+    prompts: PromptProcess | None = None
     try:
         engine = _load(settings, outbox)
-        if engine is not None:
-            Scheduler(engine, inbox, outbox, log_prompts=settings.log_prompts).run()
+        if engine is None:
+            return
+        spec: PromptSpec | None = getattr(engine, "prompt_spec", lambda: None)()
+        prompts = PromptProcess(spec) if spec is not None else None
+        if prompts is not None:
+            try:  # now: it loads its tokenizer before the first request comes
+                prompts.start()
+            except OSError as exc:  # the first request tries again (_build)
+                fields = {"error_type": type(exc).__name__}
+                log.error("the prompt process cannot start", extra={"fields": fields})
+        Scheduler(engine, inbox, outbox, log_prompts=settings.log_prompts, prompts=prompts).run()
     except (EOFError, OSError):
         pass  # the web process is gone: so is the reason to run
+    finally:
+        if prompts is not None:
+            prompts.close()
 
 
 def _load(settings: Settings, outbox: Connection) -> Backend | None:
@@ -153,9 +182,18 @@ def _load(settings: Settings, outbox: Connection) -> Backend | None:
 
 class Scheduler:
     def __init__(
-        self, engine: Backend, inbox: Connection, outbox: Connection, *, log_prompts: bool = False
+        self,
+        engine: Backend,
+        inbox: Connection,
+        outbox: Connection,
+        *,
+        log_prompts: bool = False,
+        prompts: PromptProcess | None = None,
     ) -> None:
         self._engine = engine
+        # Where text prompts are built, off the step loop (prompt_process.py); None: here
+        self._prompts = prompts
+        self._building: dict[int, ipc.Generate] = {}  # handed to it, not answered yet
         self._inbox = inbox
         self._outbox = outbox
         # An exception's message may quote the prompt, the schema or the reply (a tokenizer's
@@ -164,9 +202,10 @@ class Scheduler:
         self._jobs: dict[int, _Job] = {}
         # Requests whose KV does not fit beside the running replies (kv_tiers.NoRoom), in
         # arrival order: retried when a reply ends (its reservation is free again).
-        self._waiting: deque[ipc.Generate] = deque()
+        self._waiting: deque[_Pending] = deque()
         self._retry = False
         self._stopping = False
+        self._books_changed = False  # a running reply's KV reservation grew (kv_bound.py)
 
     def run(self) -> None:
         """Until Stop; EOFError/OSError when the web process is gone."""
@@ -193,19 +232,26 @@ class Scheduler:
                 if not (batch is not None and getattr(job.generation, "batched", False)):
                     self._step(key, job)
                     self._read(block=False)
+            if self._books_changed:  # a reservation grew: the gauges follow the books
+                self._books_changed = False
+                self._outbox.send(self._engine.cache_stats())
 
     def _read(self, *, block: bool) -> None:
         if block:
-            self._handle(self._inbox.recv())
+            answers = self._prompts.conn if self._prompts and self._building else None
+            connection.wait([self._inbox] if answers is None else [self._inbox, answers])
         while not self._stopping and self._inbox.poll():
             self._handle(self._inbox.recv())
+        if self._prompts is not None and self._building:
+            for built in self._prompts.answers():
+                self._built(built)
 
     def _handle(self, message: ipc.ToWorker) -> None:
         if isinstance(message, ipc.Generate):
-            if self._waiting:  # first come, first served
-                self._waiting.append(message)
+            if self._prompts is not None and _built_elsewhere(message):
+                self._build(message, self._prompts)
             else:
-                self._start(message)
+                self._handle_here(message)
         elif isinstance(message, ipc.Ping):
             self._outbox.send(ipc.Pong())
         elif isinstance(message, ipc.Cancel):
@@ -213,11 +259,50 @@ class Scheduler:
             if job is not None:
                 after = sum(1 for t in job.finished_at if t > message.noticed_at)
                 self._end(message.key, job, "cancelled", tokens_after_cancel=after)
-            for waiting in [r for r in self._waiting if r.key == message.key]:
+            for waiting in [p for p in self._waiting if p.request.key == message.key]:
                 self._waiting.remove(waiting)
+                self._outbox.send(ipc.End(message.key, "cancelled", 0, None))
+            if self._building.pop(message.key, None) is not None:
+                assert self._prompts is not None
+                self._prompts.forget(message.key)
                 self._outbox.send(ipc.End(message.key, "cancelled", 0, None))
         else:
             self._stopping = True
+
+    def _handle_here(self, request: ipc.Generate) -> None:
+        """Start a request whose prompt the engine builds (in this process)."""
+        if self._waiting:  # first come, first served
+            self._waiting.append(_Pending(request))
+        else:
+            self._start(_Pending(request))
+
+    def _build(self, request: ipc.Generate, prompts: PromptProcess) -> None:
+        """Refuse a prompt the byte bound rules out; hand the others to the prompt process."""
+        try:
+            prompts.rule_out(request)
+        except PromptTooLong as exc:
+            self._refuse(request, exc)
+            return
+        try:
+            prompts.submit(Job(request, prompts.max_length))
+        except OSError as exc:  # no prompt process could start: the prompt is built here
+            self._log_failure("the prompt process cannot start", request.request_id, exc)
+            self._handle_here(request)
+            return
+        self._building[request.key] = request
+
+    def _built(self, built: Built) -> None:
+        request = self._building.pop(built.key, None)
+        if request is None:
+            return  # cancelled meanwhile
+        if built.refusal is not None:
+            self._refuse(request, built.refusal, built.seconds)
+            return
+        pending = _Pending(request, built.prompt, built.seconds)
+        if self._waiting:  # first come, first served
+            self._waiting.append(pending)
+        else:
+            self._start(pending)
 
     def _start_waiting(self) -> None:
         """Start the waiting requests that fit now, in order; refuse those past their
@@ -225,75 +310,46 @@ class Scheduler:
         self._retry = False
         now = time.monotonic()
         while self._waiting:
-            request = self._waiting[0]
+            pending = self._waiting[0]
+            request = pending.request
             if request.deadline is not None and now >= request.deadline:
                 self._waiting.popleft()
                 message = "the model's KV memory stayed full while this request waited"
                 self._outbox.send(ipc.Rejected(request.key, "overloaded", message))
                 continue
-            if not self._start(request, waiting=True):
+            if not self._start(pending, waiting=True):
                 return
             self._waiting.popleft()
 
-    def _start(self, request: ipc.Generate, *, waiting: bool = False) -> bool:
+    def _start(self, pending: _Pending, *, waiting: bool = False) -> bool:
         """Start a request, or refuse it; False if it must wait for KV memory (queued)."""
+        request = pending.request
+        began = time.perf_counter()
         try:
-            generation = self._engine.start(request)
+            if pending.prompt is None:
+                generation = self._engine.start(request)
+            else:
+                generation = self._engine.start(request, prompt=pending.prompt)
         except NoRoom:
             if not waiting:
-                self._waiting.append(request)
+                pending.waiting_since = time.monotonic()
+                self._waiting.append(pending)
                 log.info(
                     "request waits for KV memory",
                     extra={"fields": {"request_id": request.request_id}},
                 )
+                self._outbox.send(self._engine.cache_stats())  # kv_waits
             return False
-        except PromptTooLong as exc:
-            # a plain prompt (/v1/completions) has no turns to leave out
-            turns = " even with all older turns left out" if request.prompt is None else ""
-            images = f" ({exc.image_tokens} of them for images)" if exc.image_tokens else ""
-            self._outbox.send(
-                ipc.Rejected(
-                    request.key,
-                    "context_length_exceeded",
-                    f"the prompt takes {exc.prompt_tokens} tokens{images}{turns}; the limit "
-                    f"is {exc.limit} tokens for prompt and reply together",
-                    limit_tokens=exc.limit,
-                )
-            )
-            return True
-        except ImageRefused as exc:
-            self._outbox.send(ipc.Rejected(request.key, "invalid_image", str(exc)))
-            return True
-        except UnsafePrompt as exc:
-            # A plain prompt's reason names no text (token ids, an empty encoding)
-            said = f"the prompt cannot be read: {exc}" if request.prompt is not None else None
-            message = said or "the messages cannot be encoded"
-            self._outbox.send(ipc.Rejected(request.key, "unencodable_prompt", message))
-            return True
-        except TemplateRefused as exc:
-            self._outbox.send(
-                ipc.Rejected(
-                    request.key,
-                    "unencodable_prompt",
-                    f"the model's chat template refuses these messages: {exc}",
-                )
-            )
-            return True
-        except GuidanceRefused as exc:
-            self._outbox.send(
-                ipc.Rejected(
-                    request.key, "invalid_guidance", f"the model cannot follow this schema: {exc}"
-                )
-            )
-            return True
         except Exception as exc:
-            self._log_failure("starting a generation failed", request.request_id, exc)
-            self._outbox.send(
-                ipc.Rejected(request.key, "start_failed", "the model failed to start")
-            )
+            self._refuse(request, exc, pending.prepare_s + time.perf_counter() - began)
             return True
-        self._jobs[request.key] = _Job(request.request_id, generation, request.deadline)
+        reserved = getattr(generation, "reserved", 0)
+        self._jobs[request.key] = _Job(
+            request.request_id, generation, request.deadline, reserved=reserved
+        )
         prompt = generation.prompt
+        built_here = pending.prompt is None
+        waited = pending.waiting_since
         self._outbox.send(
             ipc.Started(
                 request.key,
@@ -305,9 +361,25 @@ class Scheduler:
                 generation.restored.tier,
                 generation.restored.seconds,
                 image_tokens=prompt.image_tokens,
+                tokenized_chars=prompt.encoded_chars,
+                prepare_s=time.perf_counter() - began if built_here else pending.prepare_s,
+                kv_wait_s=time.monotonic() - waited if waited is not None else 0.0,
             )
         )
+        # The gauges follow the books: the reservation it made is in them from now on, not
+        # only after the next reply ends (sidecar_kv_reserved_bytes read 0 while a reply held
+        # 3 GB of the bound)
+        self._outbox.send(self._engine.cache_stats())
         return True
+
+    def _refuse(self, request: ipc.Generate, exc: Exception, spent_s: float = 0.0) -> None:
+        """Answer Rejected for what building or starting a request raised; `spent_s`: the
+        time spent on it until then."""
+        rejected = rejection(request, exc)
+        if rejected is None:
+            self._log_failure("starting a generation failed", request.request_id, exc)
+            rejected = ipc.Rejected(request.key, "start_failed", "the model failed to start")
+        self._outbox.send(dataclasses.replace(rejected, spent_s=spent_s))
 
     def _end_expired(self) -> None:
         """End the batched replies past their deadline (_step checks the others)."""
@@ -343,6 +415,9 @@ class Scheduler:
 
     def _after(self, key: int, job: _Job, text: str | None) -> None:
         """Send what a step made, and end the job if its reply is over."""
+        reserved = getattr(job.generation, "reserved", 0)
+        if reserved != job.reserved:
+            job.reserved, self._books_changed = reserved, True
         if text is not None:  # None: a chunk of the prompt was appended, no token yet
             now = time.monotonic()
             job.finished_at.append(now)
@@ -382,6 +457,13 @@ class Scheduler:
                 tokens_after_cancel,
                 generation.drafts(),
                 type(fault).__name__ if fault is not None else None,
+                kv_paused_s=getattr(generation, "kv_paused_s", 0.0),
             )
         )
         self._outbox.send(self._engine.cache_stats())
+
+
+def _built_elsewhere(request: ipc.Generate) -> bool:
+    """Whether the prompt process builds this request's prompt: text to tokenize (not images,
+    which need the model's image processor, and not token ids, which need no tokenizer)."""
+    return not request.images and (request.prompt is None or isinstance(request.prompt, str))

@@ -13,6 +13,11 @@ names them:
 - `sidecar_queue_wait_seconds`: from asking for a slot to getting one;
 - `sidecar_request_prompt_tokens`, `sidecar_request_generated_tokens`: sizes per request.
 
+What an attack costs others (issue 46): the model side's time on each refused request
+(`sidecar_refusal_work_seconds`, by whether the byte bound refused it before any tokenization),
+the characters tokenized to build prompts, and the time requests waited for room under the KV
+bound before they started (`sidecar_kv_wait_seconds`).
+
 Images (images.py): those of requests that reached the model, the prompt tokens that stood for
 them, and the requests refused for their images, by reason (errors.REFUSALS' image reasons);
 the memory the images of requests in flight hold, and its bound (image_memory.py).
@@ -74,6 +79,10 @@ _TOKEN_BUCKETS = tuple(2**n for n in range(4, 18))  # 16 ... 131072
 _GENERATED_BUCKETS = (1, 2, 4, 8, *_TOKEN_BUCKETS[:-4])  # 1 ... 8192
 _EMBEDDING_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
+_WORK_BUCKETS = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# How a refused request was ruled out: by the byte bound before any tokenization, or once its
+# prompt was built (model/prompt_process.py)
+REFUSAL_CHECKS = ("byte_bound", "built")
 # Where a request's prompt tokens came from (ipc.CacheTier, and the rest read by the model)
 TOKEN_SOURCES = ("ram", "compact", "disk", "recomputed")
 # Why a request's images were refused: the refusals' reasons (errors.REFUSALS), whose /predict
@@ -198,6 +207,32 @@ class Metrics:
         )
         for reason in IMAGE_REFUSALS:
             self.image_refusals.labels(reason)
+        self.refusal_work = Histogram(
+            "sidecar_refusal_work_seconds",
+            "The model side's time on a request it refused (building its prompt), by check: "
+            "byte_bound (ruled out by its size before any tokenization) or built.",
+            ("check",),
+            buckets=_WORK_BUCKETS,
+            registry=self.registry,
+        )
+        for check in REFUSAL_CHECKS:
+            self.refusal_work.labels(check)
+        self.tokenized_chars = counter(
+            "sidecar_tokenized_chars",
+            "Characters tokenized to build prompts of requests that started (a conversation's "
+            "kept tokens are not read again).",
+        )
+        self.kv_paused = counter(
+            "sidecar_kv_paused_seconds",
+            "Seconds running replies waited for room to grow their KV reservation under the "
+            "bound (KV_MEMORY_MB; model/kv_bound.py): their streams were silent meanwhile.",
+        )
+        self.kv_wait = histogram(
+            "sidecar_kv_wait_seconds",
+            "From a request reaching the model worker to its start: the time it waited for room "
+            "under the KV bound (KV_MEMORY_MB); 0 for most.",
+            _QUEUE_BUCKETS,
+        )
         self.ttft = histogram(
             "sidecar_time_to_first_token_seconds",
             "From a request's arrival to its first piece of text.",
@@ -278,6 +313,11 @@ class Metrics:
             self.tokens_by_source.labels("recomputed").inc(max(0, recomputed))
             if record.restore_ms is not None and record.cache_tier in ("compact", "disk"):
                 self.restore_time.labels(record.cache_tier).observe(record.restore_ms / 1000)
+        if record.refusal_ms is not None:
+            check = "byte_bound" if record.byte_bound else "built"
+            self.refusal_work.labels(check).observe(record.refusal_ms / 1000)
+        self.tokenized_chars.inc(record.tokenized_chars or 0)
+        self.kv_paused.inc((record.kv_paused_ms or 0) / 1000)
         if record.decode_steps is not None:
             self.draft_tokens.inc(record.draft_tokens or 0)
             self.accepted_draft_tokens.inc(record.accepted_draft_tokens or 0)
@@ -288,6 +328,8 @@ class Metrics:
             self.duration.labels(*labels).observe(record.duration_ms / 1000)
         if record.queue_wait_ms is not None:
             self.queue_wait.labels(*labels).observe(record.queue_wait_ms / 1000)
+        if record.kv_wait_ms is not None:
+            self.kv_wait.labels(*labels).observe(record.kv_wait_ms / 1000)
         if record.ttft_ms is not None:
             self.ttft.labels(*labels).observe(record.ttft_ms / 1000)
         if record.prompt_tokens is not None:
@@ -329,6 +371,12 @@ class _GaugesCollector(Collector):
             "sidecar_prompt_cache_evictions",
             "Cached generators dropped to make room (since the model worker started).",
             value=g.cache.evictions,
+        )
+        yield CounterMetricFamily(
+            "sidecar_kv_growth_pauses",
+            "Times a running reply had to wait for room to grow its KV reservation under the "
+            "bound (since the model worker started; model/kv_bound.py).",
+            value=g.cache.kv_pauses,
         )
         yield CounterMetricFamily(
             "sidecar_kv_memory_waits",

@@ -180,6 +180,9 @@ class Pipeline:
             model.cancel(reply.key)
             raise
         if isinstance(start, ipc.Rejected):
+            # What the refusal cost the model's side (issue 46: an attack of refusals shows)
+            record.refusal_ms = round(start.spent_s * 1000, 1)
+            record.byte_bound = start.byte_bound or None
             if start.reason == "overloaded":  # it waited for KV memory until its deadline
                 raise ApiError(start.reason, start.message, headers=overloaded().headers)
             extra = {"limit_tokens": start.limit_tokens} if start.limit_tokens is not None else None
@@ -195,6 +198,9 @@ class Pipeline:
         if start.cache_tier in ("compact", "disk"):
             record.restore_ms = round(start.restore_s * 1000, 1)
         record.dropped_messages = start.dropped_messages
+        record.tokenized_chars = start.tokenized_chars
+        record.prepare_ms = round(start.prepare_s * 1000, 1)
+        record.kv_wait_ms = round(start.kv_wait_s * 1000, 1)
         return ReplyResponse(
             reply,
             model,

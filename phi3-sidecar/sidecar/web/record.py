@@ -49,6 +49,17 @@ class RequestRecord:
     restore_ms: float | None = None
     embedding_inputs: int | None = None  # /v1/embeddings: inputs (prompt_tokens: their tokens)
     dropped_messages: int | None = None
+    # Building the prompt (model/prompt_process.py): characters tokenized (0: none, the
+    # tokens were kept) and the time it took; the time the request waited for room under the
+    # KV bound (KV_MEMORY_MB) before it started
+    tokenized_chars: int | None = None
+    prepare_ms: float | None = None
+    kv_wait_ms: float | None = None
+    kv_paused_ms: float | None = None  # once started, waiting for room to grow (kv_bound.py)
+    # A refusal by the model worker: the time its side spent on the request before refusing
+    # it, and true when the byte bound refused it before any tokenization (issue 46)
+    refusal_ms: float | None = None
+    byte_bound: bool | None = None
     generated_tokens: int | None = None
     queue_wait_ms: float | None = None  # from asking for a generation slot to getting one
     ttft_ms: float | None = None

@@ -274,6 +274,8 @@ class ReplyResponse(Response):
             record.tokens_per_s = round(end.tokens_per_s, 1)
         record.tokens_after_disconnect = end.tokens_after_cancel
         record.fault = end.fault
+        if end.kv_paused_s:
+            record.kv_paused_ms = round(end.kv_paused_s * 1000, 1)
         if end.drafts is not None:
             record.draft_tokens = end.drafts.checked
             record.accepted_draft_tokens = end.drafts.accepted

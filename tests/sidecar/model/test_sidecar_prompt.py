@@ -10,7 +10,8 @@ import pytest
 
 from sidecar.ipc import Role
 from sidecar.model.engine import Engine
-from sidecar.model.prompt import PromptTooLong
+from sidecar.model.prompt import PromptBuilder, PromptTooLong
+from sidecar.model.prompt_memo import PieceMemo
 
 Messages = list[tuple[Role, str]]
 
@@ -125,3 +126,53 @@ def test_fit_refuses_a_newest_turn_that_leaves_no_room(engine: Engine) -> None:
     with pytest.raises(PromptTooLong) as caught:
         engine.prompts.fit(messages, 10, size)
     assert (caught.value.prompt_tokens, caught.value.limit) == (size, size)
+
+
+def test_fit_encodes_a_fitting_or_refused_conversation_once(engine: Engine) -> None:
+    """Issue 46: a conversation that fits whole, or whose newest turn alone does not fit, is
+    encoded once (the bisection encoded it once per step, and a refusal twice)."""
+    messages = conversation(2, 40)
+    fresh = PromptBuilder(engine.prompts._tokenizer, engine.facts.added_tokens, None)
+    before = fresh.encoded_chars
+    fresh.fit(messages, 10, 10**6)
+    assert fresh.encoded_chars - before <= sum(len(text) for _, text in messages) + 2000
+    over: Messages = [("user", "word " * 2000)]
+    before = fresh.encoded_chars
+    with pytest.raises(PromptTooLong):
+        fresh.fit(over, 10, 100)
+    assert fresh.encoded_chars - before < 2 * len(over[0][1])
+
+
+def test_the_byte_bound_refuses_before_any_encode(engine: Engine) -> None:
+    bound = engine.prompts.max_token_bytes
+    assert bound is not None
+    before = engine.prompts.encoded_chars
+    with pytest.raises(PromptTooLong) as caught:
+        engine.prompts.fit([("user", "x" * (bound * 200))], 10, 100)
+    assert caught.value.at_least and caught.value.prompt_tokens >= 200
+    assert engine.prompts.encoded_chars == before  # no tokenizer read it
+
+
+def test_a_conversations_next_turn_encodes_only_what_it_adds(engine: Engine) -> None:
+    """The pieces of earlier turns are kept (prompt_memo.py): the next turn's ids are a fresh
+    builder's, and only its new text is read."""
+    builder = PromptBuilder(engine.prompts._tokenizer, engine.facts.added_tokens, None)
+    messages = conversation(3, 30)
+    builder.fit(messages, 10, 10**6)
+    later = [*messages, ("assistant", "A reply of some length, as replies go. " * 3)]
+    later.append(("user", "And what comes after all of that, then?"))
+    before = builder.encoded_chars
+    prompt = builder.fit(later, 10, 10**6)
+    assert builder.encoded_chars - before < 400
+    again = PromptBuilder(engine.prompts._tokenizer, engine.facts.added_tokens, None)
+    assert again.fit(later, 10, 10**6).ids == prompt.ids
+
+
+def test_the_kept_pieces_are_bounded() -> None:
+    memo = PieceMemo(lambda piece: [len(piece)] * 10, budget_tokens=100)
+    pieces = [f"{i:03d}" * 30 for i in range(10)]  # 90 characters, 10 ids: 32 each
+    for piece in pieces:
+        memo.ids(piece)
+    assert memo.ids(pieces[-1]) == [90] * 10 and memo.reused_chars == 90
+    memo.ids(pieces[0])  # dropped long ago: encoded again
+    assert memo.reused_chars == 90

@@ -36,9 +36,9 @@ def bounded(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         yield service
 
 
-def body(seed: int, request_new: int = 300) -> dict[str, object]:
+def body(seed: int, request_new: int = 300, count: int = 60) -> dict[str, object]:
     return {
-        "messages": [{"role": "user", "content": long_message(seed)}],
+        "messages": [{"role": "user", "content": words(count, seed)}],
         "max_new_tokens": request_new,
         "min_new_tokens": request_new,
         "cache_scope": f"memory-{seed}",
@@ -143,3 +143,54 @@ def test_the_default_bound_comes_from_the_containers_memory_limit(
         expected = limit - line["loaded_bytes"] - 2**30  # the margin: 1 GiB at 3 GiB
         assert line["kv_memory_bytes"] == expected
         assert predict(service.url, body(7, 16)).status_code == 200
+
+
+SHORT = 20  # words: a prompt of about a hundred tokens
+
+
+def prompt_tokens(service: Service, seed: int) -> int:
+    """The prompt tokens of body(seed, count=SHORT) (from a one-token request's log line)."""
+    probe = {**body(seed, 1, SHORT), "min_new_tokens": 0, "cache_scope": f"probe-{seed}"}
+    response = httpx.post(
+        service.url + "/predict", json=probe, headers={"X-Request-Id": f"probe-{seed}"}, timeout=60
+    )
+    assert response.status_code == 200
+    return int(request_line(service, f"probe-{seed}")["prompt_tokens"])
+
+
+def test_a_huge_max_tokens_does_not_hold_the_bound_up_front(bounded: Service) -> None:
+    """The first asks for all the context leaves (its whole length is the bound, about): it
+    reserves its prompt and 256 tokens, so a short request started after it runs beside it at
+    once instead of waiting for it to end; both replies are whole."""
+    length = prompt_tokens(bounded, 11)
+    assert length < 300  # the numbers below assume a prompt of a few hundred tokens at most
+    waits = metrics(bounded.url)["sidecar_kv_memory_waits_total"]
+    bodies = {"kv-huge": body(11, 1024 - length - 1, SHORT), "kv-short": body(12, 16, SHORT)}
+    results = one_after_another(bounded.url, bodies, delay=0.5)
+    assert results["kv-huge"].status_code == results["kv-short"].status_code == 200
+    huge, short = request_line(bounded, "kv-huge"), request_line(bounded, "kv-short")
+    assert huge["generated_tokens"] == 1024 - length - 1 and short["generated_tokens"] == 16
+    assert short["kv_wait_ms"] == 0  # it started at once
+    assert metrics(bounded.url)["sidecar_kv_memory_waits_total"] == waits
+    assert metrics(bounded.url)["sidecar_kv_reserved_bytes"] == 0
+
+
+def test_a_reply_that_cannot_grow_waits_and_then_finishes_whole(bounded: Service) -> None:
+    """Both start (each reserves its prompt and 256 tokens); the first grows to its whole
+    length, which leaves the bound full, so the second waits to grow until the first ends, and
+    then writes the rest: no reply stops halfway. Its log line says how long it waited."""
+    lengths = prompt_tokens(bounded, 13) + prompt_tokens(bounded, 14)
+    assert lengths <= 300
+    before = metrics(bounded.url)
+    # The first's whole length and the second's first reservation fill the bound exactly
+    first_new = 1024 - 256 - lengths
+    bodies = {"kv-grows": body(13, first_new, SHORT), "kv-pauses": body(14, 400, SHORT)}
+    results = one_after_another(bounded.url, bodies, delay=0.5)
+    assert results["kv-grows"].status_code == results["kv-pauses"].status_code == 200
+    grows, pauses = request_line(bounded, "kv-grows"), request_line(bounded, "kv-pauses")
+    assert grows["generated_tokens"] == first_new and pauses["generated_tokens"] == 400
+    assert pauses["kv_paused_ms"] > 0 and "kv_paused_ms" not in grows
+    after = metrics(bounded.url)
+    assert after["sidecar_kv_growth_pauses_total"] == before["sidecar_kv_growth_pauses_total"] + 1
+    assert after["sidecar_kv_memory_waits_total"] == before["sidecar_kv_memory_waits_total"]
+    assert after["sidecar_kv_paused_seconds_total"] > before["sidecar_kv_paused_seconds_total"]

@@ -27,6 +27,7 @@ LABELS = {
     "le": None,  # bucket bounds
     "source": {"ram", "compact", "disk", "recomputed"},  # where prompt tokens came from
     "tier": {"compact", "disk"},  # where a restored conversation came from
+    "check": {"byte_bound", "built"},  # how a refused request was ruled out (issue 46)
     # why a request's images were refused (web/images.py, the pipeline)
     "reason": {
         "invalid_image",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from scripts.run import services
 from scripts.run.services import Service
+from tests.sidecar.support import request_line
 from tests.support.engines import RAISE, SECRET
 
 QUESTION = "Tell me about the weather in Paris today."
@@ -207,6 +208,47 @@ def test_previous_response_id_continues_the_cached_conversation(client: OpenAI) 
         store=False,
     )
     assert explicit.output_text == follow.output_text
+
+
+def test_a_continuation_tokenizes_only_what_it_adds(
+    client: OpenAI, sidecar_service: Service
+) -> None:
+    """Issue 46: each turn re-tokenized the whole stored conversation. The follow-up's log line
+    counts the characters the tokenizer read: its new turn and the reply, not the long first
+    input (model/prompt_memo.py), and its prompt is the one a fresh encode gives."""
+    long_input = " ".join(f"Point {i}: the river runs north past the mill." for i in range(60))
+    first = client.responses.create(
+        model="any",
+        input=long_input,
+        max_output_tokens=8,
+        prompt_cache_key="responses-tokens",
+        extra_headers={"X-Request-Id": "tokens-first"},
+    )
+    follow = client.responses.create(
+        model="any",
+        previous_response_id=first.id,
+        input="And then?",
+        max_output_tokens=8,
+        prompt_cache_key="responses-tokens",
+        extra_headers={"X-Request-Id": "tokens-follow"},
+    )
+    one = request_line(sidecar_service, "tokens-first")
+    two = request_line(sidecar_service, "tokens-follow")
+    assert one["tokenized_chars"] >= len(long_input)
+    assert two["tokenized_chars"] < len(first.output_text) + 200 < len(long_input)
+    explicit = client.responses.create(
+        model="any",
+        input=[
+            {"role": "user", "content": long_input},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And then?"},
+        ],
+        max_output_tokens=8,
+        store=False,
+    )
+    assert follow.usage is not None and explicit.usage is not None
+    assert follow.usage.input_tokens == explicit.usage.input_tokens
+    assert follow.output_text == explicit.output_text
 
 
 def test_logprobs_are_included_when_asked(client: OpenAI) -> None:
