@@ -4,7 +4,8 @@ Each reply holds one slot of the KV pool (batch_decoder.py). One step of the wor
 - one chunk (PREFILL_CHUNK tokens) of the oldest prompt still being read, at batch 1 in its
   own slot, so a joining request never stalls the others for more than one chunk; its last
   chunk gives its first token;
-- one decode call for every reply past its prompt, up to DECODE_BATCH_ROWS rows per call.
+- one decode call for every reply past its prompt, up to DECODE_BATCH_ROWS rows per call (a
+  guided reply with a run of tokens its grammar forced reads the run in a call of its own).
 Requests join and leave between steps. Decoding replies sit in slots 0..n-1 (a call binds a
 contiguous run of slots): a reply that finishes its prompt moves into slot n, one that leaves
 swaps with the last decoding one (the copies cover the tokens held, not the whole slot).
@@ -29,6 +30,7 @@ import numpy as np
 from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.batch_guidance import RowGuide
+from sidecar.model.guidance import FF_MARGIN
 from sidecar.model.kv_disk import Stored
 from sidecar.model.kv_tiers import Holding, KvTiers, Memory, NoRoom, Restored
 from sidecar.model.logprobs import ReplyLogprobs
@@ -239,9 +241,7 @@ class BatchScheduler:
         finish "error" and the exception as its `fault` (the worker logs and counts it); the
         others go on."""
         results: list[tuple[BatchGeneration, str | None]] = []
-        decoding = list(self.decoding)
-        for first in range(0, len(decoding), self.rows):
-            group = decoding[first : first + self.rows]
+        for first, group in self._calls(list(self.decoding)):
             results.extend(zip(group, self._decode_isolated(first, group), strict=True))
         for generation in list(self.ready):
             try:
@@ -259,6 +259,27 @@ class BatchScheduler:
                 self.prefilling.remove(generation)
             results.append((generation, None))
         return results
+
+    def _calls(self, decoding: list[BatchGeneration]) -> list[tuple[int, list[BatchGeneration]]]:
+        """The decode calls of a step: runs of adjacent slots whose rows each feed one token,
+        DECODE_BATCH_ROWS rows at most; a row with a run of forced tokens to read (a guided
+        reply, batch_guidance.py) has a call of its own, the run read as a prompt is."""
+        calls: list[tuple[int, list[BatchGeneration]]] = []
+        run: list[BatchGeneration] = []
+        for slot, generation in enumerate(decoding):
+            if generation.pending > 1:
+                if run:
+                    calls.append((slot - len(run), run))
+                    run = []
+                calls.append((slot, [generation]))
+                continue
+            run.append(generation)
+            if len(run) == self.rows:
+                calls.append((slot + 1 - len(run), run))
+                run = []
+        if run:
+            calls.append((len(decoding) - len(run), run))
+        return calls
 
     def next_prompt(self) -> BatchGeneration:
         """The prompt whose chunk this step reads: the one with the fewest tokens left to
@@ -301,14 +322,14 @@ class BatchScheduler:
             self.decoding.append(generation)
         return text
 
-    def _decode(self, first: int, group: list[BatchGeneration]) -> list[str]:
+    def _decode(self, first: int, group: list[BatchGeneration]) -> list[str | None]:
         """One decode call for the generations in slots first..first+len(group)-1; raises
         what the model or a row raises (step_one)."""
-        logits = self._run(first, group)
-        texts = []
+        fed, logits = self._run(first, group)
+        texts: list[str | None] = []
         for generation, row in zip(group, logits, strict=True):
-            generation.wrote(1)
-            texts.append(generation.take(row))
+            generation.wrote(fed)
+            texts.append(generation.take(row) if not generation.pending else None)
         return texts
 
     def _decode_isolated(self, first: int, group: list[BatchGeneration]) -> list[str | None]:
@@ -317,7 +338,7 @@ class BatchScheduler:
         that fails alone ends; a row whose token cannot be taken ends, the others keep
         theirs."""
         try:
-            logits = self._run(first, group)
+            fed, logits = self._run(first, group)
         except Exception as exc:
             if len(group) == 1:
                 self._failed(group[0], exc)
@@ -328,7 +349,10 @@ class BatchScheduler:
             ]
         texts: list[str | None] = []
         for generation, row in zip(group, logits, strict=True):
-            generation.wrote(1)
+            generation.wrote(fed)
+            if generation.pending:  # more of a forced run to read: no token this step
+                texts.append(None)
+                continue
             try:
                 texts.append(generation.take(row))
             except Exception as exc:
@@ -336,10 +360,18 @@ class BatchScheduler:
                 texts.append(None)
         return texts
 
-    def _run(self, first: int, group: list[BatchGeneration]) -> np.ndarray:
-        """The model call: each generation's last token, at its own length."""
-        ids = np.array([[g.holder.tokens[-1]] for g in group], dtype=np.int64)
-        return self.decoder.run(first, ids, [g.holder.kv_len for g in group])
+    def _run(self, first: int, group: list[BatchGeneration]) -> tuple[int, np.ndarray]:
+        """The model call: the tokens each generation holds past its KV (its last token; a
+        row alone: its forced run too), at its own length; how many each fed, and the logits
+        of each row's last one."""
+        # A forced run is read in one call, as onnxruntime-genai reads it, up to the longest
+        # run it allows for (guidance.FF_MARGIN), or a prompt chunk where that is longer
+        fed = min(group[0].pending, max(self.chunk, FF_MARGIN)) if len(group) == 1 else 1
+        ids = np.array(
+            [g.holder.tokens[g.holder.kv_len : g.holder.kv_len + fed] for g in group],
+            dtype=np.int64,
+        )
+        return fed, self.decoder.run(first, ids, [g.holder.kv_len for g in group])
 
     @staticmethod
     def _failed(generation: BatchGeneration, exc: Exception) -> None:
@@ -410,6 +442,7 @@ class BatchGeneration:
         self._appended = lease.reused
         self.passed_over = 0  # steps that read another prompt's chunk while this one waited
         self._first_logits: np.ndarray | None = None
+        self._row_size = scheduler._vocab_size  # logits per row (a forced token's logprobs)
         self.reserved = 0  # KV bytes reserved against the bound (kv_tiers.Memory)
         self.restored = Restored(None)  # where the reused tokens came from, and its cost
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
@@ -430,6 +463,12 @@ class BatchGeneration:
     @property
     def prefilling(self) -> bool:
         return self._appended < len(self.prompt.ids)
+
+    @property
+    def pending(self) -> int:
+        """Tokens of the sequence not yet in the KV cache: the last one chosen, and the
+        tokens its grammar forced after it (batch_guidance.py); the next call reads them."""
+        return len(self.holder.tokens) - self.holder.kv_len
 
     @property
     def prompt_left(self) -> int:
@@ -456,6 +495,14 @@ class BatchGeneration:
     def first_token(self) -> str:
         logits, self._first_logits = self._first_logits, None
         assert logits is not None, "the prompt is not read yet"
+        self._row_size = len(logits)
+        guide = self.guide
+        if guide is not None and guide.fast_forward:
+            # What the grammar forces before any choice (a JSON reply's opening): taken as
+            # onnxruntime-genai takes it, read by the next call, the token chosen after it
+            forced = self._forced(guide)
+            if forced or self.finish is not None:
+                return forced
         return self.take(logits)
 
     def wrote(self, count: int) -> None:
@@ -468,6 +515,7 @@ class BatchGeneration:
     def take(self, logits: np.ndarray) -> str:
         """Choose the next token; its text ('' while a character is incomplete)."""
         eos = self._scheduler.eos_ids
+        self._row_size = len(logits)
         if self._penalty != 1.0:
             logits = penalize_repeats(logits, self.holder.tokens, self._penalty)
         banned = eos if self.generated < self._min_new else ()
@@ -493,11 +541,35 @@ class BatchGeneration:
         # In the sequence, not yet in the KV cache: the next step feeds it.
         self.holder.tokens.append(token)
         text = str(self._stream.decode(token))
+        if guide is not None and self.generated < self.prompt.max_new_tokens:
+            return self._forced(guide, text)
+        return self._ended(text)
+
+    def _forced(self, guide: RowGuide, text: str = "") -> str:
+        """Take the tokens the grammar forces now (none with forced tokens off), as many as
+        the reply's max_new_tokens leaves (as the Generator path shows them); they join the
+        sequence after `text`'s token and the next call reads them with it."""
+        forced = guide.forced()[: self.prompt.max_new_tokens - self.generated]
+        for token in forced:
+            if self.logprobs is not None:  # the only token the grammar allowed
+                self.logprobs.forced(token, self._row_size)
+            self.holder.tokens.append(token)
+            text += str(self._stream.decode(token))
+        if forced:
+            self.generated += len(forced)
+            self.last_token_at = time.monotonic()
+            if self.first_token_at is None:
+                self.first_token_at = self.last_token_at
+        return self._ended(text) if forced or text else text
+
+    def _ended(self, text: str) -> str:
+        """The text of the tokens just taken, and whether the reply ends with them."""
         if self._stops:
             text, stopped = self._stops.feed(text)
             if stopped:
                 self.finish = "stop"
                 return text
+        guide = self.guide
         if self.generated >= self.prompt.max_new_tokens:
             self.finish = "length"
             text += self._stops.flush()
