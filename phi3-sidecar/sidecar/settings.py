@@ -215,6 +215,17 @@ class Settings(BaseSettings):
         "never sends an unscoped request; false where other clients call the sidecar: unscoped "
         "requests then use no cache.",
     )
+    shared_prefixes: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="System messages the operator's apps send with every chat (the app's "
+        "instructions, a grounded answer's rules), as a JSON list of strings. Each is read once "
+        "at start and kept (its KV, counted against KV_MEMORY_MB); a new chat whose messages "
+        "open with one starts from it and reads only the rest (batched path). It is not counted "
+        "in `cached_tokens`; the timing can still tell a caller that the system message it sent "
+        "is one of these, whole: list none that callers must not be able to confirm "
+        "(docs/conversation-cache.md).",
+    )
     reply_time_limit_s: float = Field(
         default=210.0,
         ge=0.0,

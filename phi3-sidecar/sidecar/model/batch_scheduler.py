@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
+from sidecar.model import kv_compact, shared_prefix
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.batch_guidance import RowGuide
 from sidecar.model.guidance import FF_MARGIN
@@ -37,6 +38,7 @@ from sidecar.model.logprobs import ReplyLogprobs
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 from sidecar.model.sampling import Sampler, penalize_repeats
+from sidecar.model.shared_prefix import SharedPrefix
 from sidecar.model.stops import StopFilter
 
 
@@ -98,7 +100,8 @@ class BatchScheduler:
         # engine sets both before the first request (until then: no bound, no tiers).
         self.memory = Memory(bound_bytes=2**62)
         self.tiers = KvTiers(self.pool, cache, self.memory, None, None, self._release_slot)
-        cache.tiers, cache.room = self.tiers, self.memory.room
+        cache.tiers, cache.room = self.tiers, self._room
+        self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (shared_prefix.py)
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
         self.prefilling: deque[BatchGeneration] = deque()
         self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
@@ -106,6 +109,40 @@ class BatchScheduler:
     @property
     def busy(self) -> bool:
         return bool(self.decoding or self.prefilling or self.ready)
+
+    def _room(self) -> int:
+        """What the kept conversations may hold: the bound less the running replies'
+        reservations and the shared prefixes."""
+        return max(0, self.memory.room() - self.memory.set_aside)
+
+    def read_shared(self, prefixes: list[list[int]]) -> None:
+        """Read each shared prefix once and keep it (shared_prefix.py), against the bound."""
+        for ids in prefixes:
+            if not ids:
+                continue
+            prefix = shared_prefix.read(self.decoder, self._free_slot(), ids, self.chunk)
+            self.shared.append(prefix)
+            self.memory.set_aside += prefix.nbytes
+
+    def _start_shared(self, holder: SlotHolder, lease: Lease, ids: list[int]) -> int:
+        """Write the longest shared prefix the prompt starts with into a new slot; the
+        tokens it holds (0: none)."""
+        prefix = shared_prefix.longest(self.shared, ids)
+        if prefix is None:
+            return 0
+        tokens = len(prefix.ids)
+        if self.cache.exact:  # whole chunks only: the rest is read as a fresh read reads it
+            tokens = tokens // self.chunk * self.chunk
+        if not tokens:
+            return 0
+        kv_compact.restore(prefix.kv, self.pool, holder.index, tokens)
+        holder.tokens[:] = prefix.ids[:tokens]
+        holder.kv_len = holder.touched = tokens
+        lease.reused = tokens
+        lease.holds(tokens)
+        if lease.entry is not None:  # read as a fresh read reads it, bit for bit
+            lease.entry.exact_end = tokens
+        return tokens
 
     # -- joining ---------------------------------------------------------------------------
 
@@ -129,6 +166,7 @@ class BatchScheduler:
         # coming back from disk is read into
         self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
         restored = Restored(None)
+        shared = 0
         if not lease.fresh:
             assert lease.entry is not None
             holder: SlotHolder = lease.entry.generator
@@ -143,6 +181,8 @@ class BatchScheduler:
             else:
                 restored = Restored("ram")
             del holder.tokens[lease.reused :]
+            if holder.holding.compact is not None:  # past `reused` the slot will differ
+                holder.holding.compact.truncate(lease.reused)
             holder.kv_len = lease.reused
             lease.holds(lease.reused)
         else:
@@ -152,9 +192,13 @@ class BatchScheduler:
             self._slots[slot] = holder
             holder.entry = lease.attach(holder, None, capacity=self.pool.length)
             self.tiers.account(holder.entry)
+            shared = self._start_shared(holder, lease, prompt.ids)
         generation = BatchGeneration(self, prompt, request, holder, lease)
         generation.reserved = reserve
         generation.restored = restored
+        if lease.fresh and shared:
+            # Not the scope's own tokens: cached_tokens stays what the scope held (none)
+            generation.cached_tokens, generation.cache_reason = 0, "shared"
         self.prefilling.append(generation)
         return generation
 

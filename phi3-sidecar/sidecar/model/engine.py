@@ -16,13 +16,13 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home o
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 import onnxruntime_genai as og
 
-from sidecar.ipc import CacheStats, Generate, Guidance
+from sidecar.ipc import CacheStats, Generate, Guidance, Role
 from sidecar.model.batch_guidance import Grammars, RowGuide
 from sidecar.model.batch_scheduler import BatchGeneration, BatchScheduler, serves
 from sidecar.model.batch_setup import BatchOptions, KvOptions, batch_path, size_kv_memory
@@ -43,6 +43,7 @@ from sidecar.model.generator_path import (
 from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
 from sidecar.model.prompt import PromptBuilder, UnsafePrompt
 from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
+from sidecar.model.shared_prefix import prefix_tokens
 from sidecar.model.vision import ImageRefused, check_slots, fit_with_images, image_tags
 from sidecar.settings import Settings
 
@@ -73,6 +74,7 @@ class Engine:
         kv_compact: str = "int8",
         prompt_cache_dir: Path | None = None,
         prompt_cache_disk_mb: int = 4096,
+        shared_prefixes: Sequence[str] = (),
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -87,6 +89,7 @@ class Engine:
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self.cache.unscoped = prompt_cache_unscoped
         self._cache_budget = prompt_cache_mb * 2**20
+        self._shared_prefixes = tuple(shared_prefixes)  # read after the warm-up
         self._kv = KvOptions.chosen(
             kv_memory_mb=kv_memory_mb,
             kv_compact=kv_compact,
@@ -260,6 +263,20 @@ class Engine:
         batched.release(reusable=False)
         self.batch.cache.budget_bytes = self._cache_budget
         self.max_length = size_kv_memory(self.batch, self._kv, self.max_length)
+        self._read_shared_prefixes(self.batch)
+
+    def _read_shared_prefixes(self, batch: BatchScheduler) -> None:
+        """SHARED_PREFIXES: each system message's prefix read once (shared_prefix.py)."""
+        if not self._shared_prefixes:
+            return
+
+        def render(messages: Sequence[tuple[Role, str]]) -> list[int]:
+            return list(self.prompts.fit(messages, 1, self.max_length).ids)
+
+        batch.read_shared([prefix_tokens(text, render) for text in self._shared_prefixes])
+        fields = {"prefixes": len(batch.shared), "tokens": [len(p.ids) for p in batch.shared]}
+        fields["bytes"] = sum(p.nbytes for p in batch.shared)
+        log.info("shared prefixes", extra={"fields": fields})
 
     def cache_stats(self) -> CacheStats:
         batch = self.batch
@@ -294,4 +311,5 @@ def load_engine(settings: Settings) -> Engine:
         kv_compact=settings.kv_compact,
         prompt_cache_dir=settings.prompt_cache_dir,
         prompt_cache_disk_mb=settings.prompt_cache_disk_mb,
+        shared_prefixes=settings.shared_prefixes,
     )
