@@ -33,6 +33,7 @@ from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.batch_guidance import RowGuide
 from sidecar.model.guidance import FF_MARGIN
 from sidecar.model.kv_disk import Stored
+from sidecar.model.kv_idle import IdleRoom
 from sidecar.model.kv_tiers import Holding, KvTiers, Memory, NoRoom, Restored
 from sidecar.model.logprobs import ReplyLogprobs
 from sidecar.model.prompt import Prompt
@@ -100,7 +101,10 @@ class BatchScheduler:
         # engine sets both before the first request (until then: no bound, no tiers).
         self.memory = Memory(bound_bytes=2**62)
         self.tiers = KvTiers(self.pool, cache, self.memory, None, None, self._release_slot)
-        cache.tiers, cache.room = self.tiers, self._room
+        cache.tiers, cache.room = self.tiers, self.room
+        # Room for a new chat made while the worker is idle (kv_idle.py); the engine sets
+        # how much once the model is loaded
+        self.idle = IdleRoom(self)
         self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (shared_prefix.py)
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
         self.prefilling: deque[BatchGeneration] = deque()
@@ -110,10 +114,18 @@ class BatchScheduler:
     def busy(self) -> bool:
         return bool(self.decoding or self.prefilling or self.ready)
 
-    def _room(self) -> int:
+    def room(self) -> int:
         """What the kept conversations may hold: the bound less the running replies'
         reservations and the shared prefixes."""
         return max(0, self.memory.room() - self.memory.set_aside)
+
+    def slots_held(self) -> list[SlotHolder | None]:
+        """Each slot's holder (None: free)."""
+        return list(self._slots)
+
+    def tidy(self) -> bool:
+        """One piece of idle work (kv_idle.py); False when there is none."""
+        return self.idle.step()
 
     def read_shared(self, prefixes: list[list[int]]) -> None:
         """Read each shared prefix once and keep it (shared_prefix.py), against the bound."""

@@ -264,6 +264,13 @@ class Engine:
         self.batch.cache.budget_bytes = self._cache_budget
         self.max_length = size_kv_memory(self.batch, self._kv, self.max_length)
         self._read_shared_prefixes(self.batch)
+        # Room kept for a new chat while idle (kv_idle.py): a short prompt and a default reply
+        self.batch.idle.headroom_tokens = self._spare_needed
+
+    def tidy(self) -> bool:
+        """One small piece of work while no reply runs (the worker asks between reads of its
+        pipe): room for a new chat (kv_idle.py). False when there is nothing to do."""
+        return self.batch is not None and self.batch.tidy()
 
     def _read_shared_prefixes(self, batch: BatchScheduler) -> None:
         """SHARED_PREFIXES: each system message's prefix read once (shared_prefix.py)."""

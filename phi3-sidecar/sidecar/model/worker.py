@@ -172,7 +172,7 @@ class Scheduler:
         """Until Stop; EOFError/OSError when the web process is gone."""
         batch: Batch | None = getattr(self._engine, "batch", None)
         while not self._stopping:
-            self._read(block=not self._jobs)
+            self._read(block=not self._jobs and not self._tidy())
             if batch is not None and batch.busy:
                 self._end_expired()
                 # One model call for every batched reply (batch_scheduler.py).
@@ -193,6 +193,15 @@ class Scheduler:
                 if not (batch is not None and getattr(job.generation, "batched", False)):
                     self._step(key, job)
                     self._read(block=False)
+
+    def _tidy(self) -> bool:
+        """With no reply to run and nothing in the pipe, one small piece of the engine's idle
+        work (engine.tidy: room for a new chat); False when it had none (the worker then
+        blocks on its pipe)."""
+        tidy = getattr(self._engine, "tidy", None)
+        if tidy is None or self._jobs or self._waiting or self._inbox.poll():
+            return False
+        return bool(tidy())
 
     def _read(self, *, block: bool) -> None:
         if block:
