@@ -82,3 +82,16 @@ def test_images_counts_each_image_as_the_formula_does(
     assert all(row["image_tokens"] == row["formula_tokens"] > 1000 for row in rows)
     assert all(row["prompt_tokens"] > row["image_tokens"] for row in rows)
     assert data["clip_encoder_estimate_s"] > 0 and "CLIP ViT-L/14" in printed
+
+
+def test_first_word_of_a_new_chat(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data, printed = ask(
+        "first-word", tmp_path, "--model", str(tiny_model_dir), "--fill-tokens", "300",
+        "--prefix-tokens", "120", "--reply-tokens", "4", "--idle-s", "2",
+    )  # fmt: skip
+    rows = {row["row"]: row for row in data["rows"]}
+    assert len(rows) == 5 and "| new chat | prompt tokens |" in printed
+    assert rows["shared prefix + question"]["cache_reason"] == "shared"
+    assert rows["shared prefix + question"]["cached_tokens"] == 0  # not counted
+    assert rows["question alone"]["cache_reason"] == "miss"
+    assert all(row["ttft_s"] > 0 for row in rows.values())

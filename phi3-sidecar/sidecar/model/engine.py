@@ -17,12 +17,12 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home o
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import onnxruntime_genai as og
 
-from sidecar.ipc import CacheStats, Generate, Guidance, Role
+from sidecar.ipc import CacheStats, Generate, Guidance
+from sidecar.model import batch_setup
 from sidecar.model.batch_guidance import Grammars, RowGuide
 from sidecar.model.batch_scheduler import BatchGeneration, BatchScheduler, serves
 from sidecar.model.batch_setup import BatchOptions, KvOptions, batch_path, size_kv_memory
@@ -43,7 +43,6 @@ from sidecar.model.generator_path import (
 from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
 from sidecar.model.prompt import PromptBuilder, UnsafePrompt
 from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
-from sidecar.model.shared_prefix import prefix_tokens
 from sidecar.model.vision import ImageRefused, check_slots, fit_with_images, image_tags
 from sidecar.settings import Settings
 
@@ -89,7 +88,7 @@ class Engine:
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self.cache.unscoped = prompt_cache_unscoped
         self._cache_budget = prompt_cache_mb * 2**20
-        self._shared_prefixes = tuple(shared_prefixes)  # read after the warm-up
+        self._shared_prefixes = tuple(shared_prefixes)  # batch_setup.prepare_idle
         self._kv = KvOptions.chosen(
             kv_memory_mb=kv_memory_mb,
             kv_compact=kv_compact,
@@ -169,8 +168,7 @@ class Engine:
         self._token_texts = TokenTexts(path / "tokenizer.json", decode_one)
 
     @property
-    def model(self) -> og.Model:
-        """onnxruntime-genai's model (generator_path.py; loaded on first use when batched)."""
+    def model(self) -> og.Model:  # onnxruntime-genai's (loaded on first use when batched)
         return self.generators.model
 
     def start(self, request: Generate, *, cached: bool = True) -> Generation | BatchGeneration:
@@ -263,36 +261,12 @@ class Engine:
         batched.release(reusable=False)
         self.batch.cache.budget_bytes = self._cache_budget
         self.max_length = size_kv_memory(self.batch, self._kv, self.max_length)
-        self._read_shared_prefixes(self.batch)
-        # Room kept for a new chat while idle (kv_idle.py): a short prompt and a default reply
-        self.batch.idle.headroom_tokens = self._spare_needed
-
-    def tidy(self) -> bool:
-        """One small piece of work while no reply runs (the worker asks between reads of its
-        pipe): room for a new chat (kv_idle.py). False when there is nothing to do."""
-        return self.batch is not None and self.batch.tidy()
-
-    def _read_shared_prefixes(self, batch: BatchScheduler) -> None:
-        """SHARED_PREFIXES: each system message's prefix read once (shared_prefix.py)."""
-        if not self._shared_prefixes:
-            return
-
-        def render(messages: Sequence[tuple[Role, str]]) -> list[int]:
-            return list(self.prompts.fit(messages, 1, self.max_length).ids)
-
-        batch.read_shared([prefix_tokens(text, render) for text in self._shared_prefixes])
-        fields = {"prefixes": len(batch.shared), "tokens": [len(p.ids) for p in batch.shared]}
-        fields["bytes"] = sum(p.nbytes for p in batch.shared)
-        log.info("shared prefixes", extra={"fields": fields})
+        batch_setup.prepare_idle(
+            self.batch, self._shared_prefixes, self.prompts.fit, self._spare_needed
+        )
 
     def cache_stats(self) -> CacheStats:
-        batch = self.batch
-        if batch is None:
-            bound = self.generators.memory.memory.stats()
-            return CacheStats(**asdict(self.cache.stats()), **bound)
-        return CacheStats(
-            **asdict(batch.cache.stats()), **batch.tiers.stats(), **batch.memory.stats()
-        )
+        return batch_setup.cache_stats(self.batch, self.cache, self.generators.memory.memory)
 
 
 def load_engine(settings: Settings) -> Engine:

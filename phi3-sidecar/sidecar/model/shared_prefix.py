@@ -30,8 +30,10 @@ not declare a system prompt that callers who send system messages must not be ab
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,6 +41,11 @@ from sidecar.ipc import Role
 from sidecar.model import kv_compact
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.kv_compact import CompactKv
+
+if TYPE_CHECKING:
+    from sidecar.model.batch_scheduler import BatchScheduler
+
+log = logging.getLogger("sidecar.model.shared_prefix")
 
 # The user turns whose prompts' common start is a system message's prefix
 _PROBES = ("a", "b", "1")
@@ -92,3 +99,14 @@ def longest(prefixes: Sequence[SharedPrefix], prompt: Sequence[int]) -> SharedPr
         if longer and len(prompt) > size and tuple(prompt[:size]) == prefix.ids:
             best = prefix
     return best
+
+
+def read_declared(batch: BatchScheduler | None, systems: Sequence[str], render: Render) -> None:
+    """Read each declared system message's prefix once into the batched path (logged); the
+    Generator path has none."""
+    if batch is None or not systems:
+        return
+    batch.read_shared([prefix_tokens(text, render) for text in systems])
+    fields = {"prefixes": len(batch.shared), "tokens": [len(p.ids) for p in batch.shared]}
+    fields["bytes"] = sum(p.nbytes for p in batch.shared)
+    log.info("shared prefixes", extra={"fields": fields})

@@ -195,10 +195,10 @@ class Scheduler:
                     self._read(block=False)
 
     def _tidy(self) -> bool:
-        """With no reply to run and nothing in the pipe, one small piece of the engine's idle
-        work (engine.tidy: room for a new chat); False when it had none (the worker then
-        blocks on its pipe)."""
-        tidy = getattr(self._engine, "tidy", None)
+        """With no reply to run and nothing in the pipe, one small piece of the batched path's
+        idle work (BatchScheduler.tidy: room for a new chat, kv_idle.py); False when it had
+        none (the worker then blocks on its pipe)."""
+        tidy = getattr(getattr(self._engine, "batch", None), "tidy", None)
         if tidy is None or self._jobs or self._waiting or self._inbox.poll():
             return False
         return bool(tidy())

@@ -36,6 +36,11 @@ def idle_chats(model: Path, **options: Any) -> tuple[Engine, BatchScheduler, lis
     return engine, batch, chats
 
 
+def tidy(engine: Engine) -> bool:
+    assert engine.batch is not None
+    return engine.batch.tidy()
+
+
 def new_request() -> Generate:
     return Generate("new", (("user", message(9, 0)),), max_new_tokens=NEW, cache_scope="new")
 
@@ -58,18 +63,18 @@ def test_idle_work_comes_in_pieces_and_leaves_the_new_chat_nothing(tiny_model_di
     engine, batch, _ = idle_chats(tiny_model_dir)
     oldest = min(batch.cache.entries, key=lambda e: e.last_used)
     tokens = oldest.generator.kv_len
-    assert engine.tidy()
+    assert tidy(engine)
     kv = oldest.generator.holding.compact
     assert kv is not None and kv.tokens == PIECE  # one piece, the slot still held
     assert batch.tiers.tier_of(oldest) == "ram"
     steps = 1
-    while engine.tidy():
+    while tidy(engine):
         steps += 1
     assert steps == -(-tokens // PIECE)  # the whole conversation, a piece a step
     assert batch.tiers.tier_of(oldest) == "compact"
     assert all(batch.tiers.tier_of(e) == "ram" for e in batch.cache.entries if e is not oldest)
     assert compactions_on_start(engine, batch) == 0  # the room was made before it came
-    assert not engine.tidy() or batch.idle.pieces > steps  # nothing left, or new work only
+    assert not tidy(engine) or batch.idle.pieces > steps  # nothing left, or new work only
 
 
 def test_a_user_returning_during_an_early_compaction_continues_in_the_slot(
@@ -77,7 +82,7 @@ def test_a_user_returning_during_an_early_compaction_continues_in_the_slot(
 ) -> None:
     engine, _, chats = idle_chats(tiny_model_dir)
     _, _, control_chats = idle_chats(tiny_model_dir)
-    assert engine.tidy() and engine.tidy()  # two pieces of the oldest, chats[0]
+    assert tidy(engine) and tidy(engine)  # two pieces of the oldest, chats[0]
     returning = chats[0].turn(1)
     assert returning.restored.tier == "ram"  # nothing decoded: its slot, as it was
     assert returning.cached_tokens > 2 * PIECE
@@ -94,7 +99,7 @@ def test_a_conversation_compacted_early_replies_the_same(tiny_model_dir: Path) -
     """Losslessly encoded (KV_COMPACT=fp32): early compaction changes no reply."""
     engine, _, chats = idle_chats(tiny_model_dir, kv_compact="fp32")
     _, _, control_chats = idle_chats(tiny_model_dir, kv_compact="fp32")
-    while engine.tidy():
+    while tidy(engine):
         pass
     returning = chats[0].turn(1)
     assert returning.restored.tier == "compact"
