@@ -9,9 +9,10 @@ small piece of that work at a time: it encodes PIECE_TOKENS more positions of th
 used idle conversation still in a slot, and once the whole conversation is encoded frees its
 slot, exactly as the cache would have compacted it; the worker reads its pipe between pieces.
 
-It makes only the room one new chat needs (a free slot, and a reservation of `headroom_tokens`,
-the engine's default reply and a short prompt, beside what the cache keeps), oldest first, the
-same conversations the new chat's start would have compacted, and nothing when there is room.
+It makes only the room one new chat needs (a free slot, and the reservation the largest of the
+last few new chats made, at most `headroom_tokens`: the engine's default reply and a short
+prompt), oldest first, the same conversations the new chat's start would have compacted, and
+nothing when there is room (nor before any new chat was seen).
 
 The trade: a conversation compacted early that comes back before any new chat needed its room
 is restored from compact RAM (a copy, int8 by default: not bit for bit the slot it left) where
@@ -23,6 +24,7 @@ there; the part already encoded is kept as far as the new turn reuses it.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from sidecar.model import kv_compact
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from sidecar.model.prompt_cache import Entry
 
 PIECE_TOKENS = 64  # positions encoded per idle step (Phi-3-mini: 48 MiB of fp32 K/V)
+RECENT_NEW_CHATS = 8  # the new chats whose largest reservation sets the room kept
 
 
 class IdleRoom:
@@ -40,6 +43,16 @@ class IdleRoom:
         self.headroom_tokens = headroom_tokens  # 0: off (until the engine sets it)
         self.piece_tokens = PIECE_TOKENS
         self.pieces = 0  # idle steps that encoded something, since start
+        self._recent: deque[int] = deque(maxlen=RECENT_NEW_CHATS)
+
+    def saw_new_chat(self, tokens: int) -> None:
+        """A new chat (nothing of its scope reused) reserved `tokens` of KV."""
+        self._recent.append(tokens)
+
+    @property
+    def headroom(self) -> int:
+        """The tokens of room kept for the next new chat."""
+        return min(self.headroom_tokens, max(self._recent, default=0))
 
     def step(self) -> bool:
         """Encode one piece of the conversation that must leave its slot first; False when
@@ -70,7 +83,7 @@ class IdleRoom:
         """The least recently used idle conversation in a slot, if a new chat would need its
         room: no free slot, or the kept conversations' RAM over what a new reply leaves."""
         scheduler = self._scheduler
-        if not self.headroom_tokens or scheduler.tiers.encoding is None or scheduler.busy:
+        if not self.headroom or scheduler.tiers.encoding is None or scheduler.busy:
             return None
         cache = scheduler.cache
         idle = [e for e in cache.entries if not e.lent and e.generator.slot is not None]
@@ -78,7 +91,7 @@ class IdleRoom:
         if not idle:
             return None
         free_slot = any(holder is None for holder in scheduler.slots_held())
-        headroom = self.headroom_tokens * scheduler.pool.bytes_per_token
+        headroom = self.headroom * scheduler.pool.bytes_per_token
         limit = min(cache.budget_bytes, scheduler.room() - headroom)
         if free_slot and cache.stats().bytes <= limit:
             return None

@@ -13,12 +13,12 @@ that depends on the user's turn (the common start of the prompts for two differe
 turns), so the prefix is the same whatever the template wraps around it; a request's prompt
 must start with exactly those tokens (compared token by token) to use it.
 
-Exactness: the prefix is read as a fresh prompt is, in PREFILL_CHUNK chunks from its first
-token, so its K/V are a fresh read's bit for bit; the rest of the prompt is then read from the
-prefix's end. Where that end is not a whole number of chunks the rest's chunks fall elsewhere
-than a fresh read's (the same last-bit differences the conversation cache accepts for a next
-turn); PROMPT_CACHE_EXACT=true uses only the prefix's whole chunks, and replies are then an
-uncached run's, bit for bit.
+Exactness: the prefix is read as a fresh prompt read alone is (batch_scheduler.chunk_for), in
+chunks from its first token, so its K/V are such a read's bit for bit; the rest of the prompt
+is then read from the prefix's end. Where that end is not a whole number of chunks the rest's
+chunks fall elsewhere than a fresh read's (the same last-bit differences the conversation
+cache accepts for a next turn); PROMPT_CACHE_EXACT=true uses only the prefix's whole chunks,
+and replies are then an uncached run's, bit for bit.
 
 Not an oracle: a prefix comes only from the settings, never from a request, so no request
 learns anything from another's tokens; it is used only by a request that sent all of it

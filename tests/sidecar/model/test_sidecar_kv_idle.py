@@ -32,6 +32,7 @@ def idle_chats(model: Path, **options: Any) -> tuple[Engine, BatchScheduler, lis
     new_chat = len(engine.prompts.fit(request.messages, NEW, engine.max_length).ids) + NEW
     batch.memory.bound_bytes = kept + new_chat * batch.pool.bytes_per_token - 1
     batch.idle.headroom_tokens = new_chat
+    batch.idle.saw_new_chat(new_chat)  # as large a new chat was seen before
     batch.idle.piece_tokens = PIECE
     return engine, batch, chats
 
@@ -52,6 +53,17 @@ def compactions_on_start(engine: Engine, batch: BatchScheduler) -> int:
         batch.step()
     generation.release(reusable=True)
     return batch.tiers.compactions - before
+
+
+def test_no_room_is_made_before_a_new_chat_was_seen(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    assert engine.batch is not None and engine.batch.idle.headroom_tokens > 0
+    Chat(engine, "one", 0).turn(0)
+    engine.batch.memory.bound_bytes = engine.batch.cache.stats().bytes  # no room at all
+    engine.batch.idle._recent.clear()  # as before any new chat (the warm-up's, this one's)
+    assert not tidy(engine)
+    engine.batch.idle.saw_new_chat(64)
+    assert tidy(engine)
 
 
 def test_without_idle_work_a_new_chat_compacts_on_its_path(tiny_model_dir: Path) -> None:
