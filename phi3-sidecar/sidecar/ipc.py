@@ -79,6 +79,28 @@ class Guidance:
     ff_tokens: bool = True
 
 
+# Whose a scope is. With API_KEY set, the web process (pipeline.py) gives the worker every
+# scope as its owner's (the API key's fingerprint, access.py), so that no client can name
+# another key's scope (read its cached prefix through `cached_tokens`), and a request without a
+# scope joins its owner's own unscoped pool. Without an owner (API_KEY unset), scopes are as the
+# routes name them. An owner is any string without "/" (a later principal, such as a signed-in
+# user of the app within the app's key, makes a longer owner, never a new rule here).
+OWNER = "owner:"
+
+
+def owned_scope(owner: str, scope: str | None) -> str | None:
+    """`scope` as the worker gets it: within `owner`'s own, or unchanged without an owner."""
+    if not owner:
+        return scope
+    return f"{OWNER}{owner}" if scope is None else f"{OWNER}{owner}/{scope}"
+
+
+def in_unscoped_pool(scope: str | None) -> bool:
+    """Whether `scope` is an unscoped pool (model/prompt_cache.py's rules for one): the shared
+    one (None) or an owner's own (a request of that owner that named no scope)."""
+    return scope is None or (scope.startswith(OWNER) and "/" not in scope)
+
+
 @dataclass(frozen=True, slots=True)
 class Generate:
     request_id: str  # for log lines
@@ -95,7 +117,7 @@ class Generate:
     # `conversation_id` (chatapp/wire.py puts it in the payload's `cache_scope`, sent as
     # /predict's `cache_scope` or /v1's `prompt_cache_key`); /predict's `cache_scope`
     # ("scope:" + it, web/predict_api.py); /v1's `prompt_cache_key` ("key:" + it), else
-    # `user` ("user:" + it, web/openai_schemas.py).
+    # `user` ("user:" + it, web/openai_schemas.py). With API_KEY set, its owner's: owned_scope.
     cache_scope: str | None = None
     stop: tuple[str, ...] = ()  # stop sequences (model/stops.py)
     guidance: Guidance | None = None  # structured output (JSON Schema, tool calls)

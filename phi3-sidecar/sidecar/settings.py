@@ -178,7 +178,10 @@ class Settings(BaseSettings):
         description="The conversation cache's disk tier: a directory (made 0700; files 0600 "
         "with random names) where conversations pushed out of RAM are written and read back "
         "when their users return, instead of the chat being read again. Unset: off. Files "
-        "written for the loaded model are kept across restarts; others are deleted at start. "
+        "written for the loaded model are kept across restarts; others of the tier's own names "
+        "are deleted at start, and nothing else there is touched. A symbolic link, a directory "
+        "another user owns, or one that is not private and holds other files is refused (one "
+        "error line; the cache runs in RAM only). "
         "App Service: the container's local /tmp, or a mounted volume. With batched decode.",
     )
     prompt_cache_disk_mb: int = Field(
@@ -310,15 +313,31 @@ class Settings(BaseSettings):
         "before it is decoded (a few KB of PNG can declare 30000 x 30000 pixels); beyond: 400 "
         "image_too_large. Default: an 8K UHD frame (33,177,600).",
     )
+    image_memory_mb: int = Field(
+        default=1024,
+        ge=1,
+        le=1024 * 1024,
+        description="Memory for the images of requests in flight in the web process, in MiB, "
+        "counted before any image is decoded from what its header says (20 bytes a pixel of "
+        "the request's largest image while they are decoded, 4 a pixel and its file for each) "
+        "and, once decoded, as the PNGs they became, until the request ends. A request whose "
+        "images do not fit now: 503 images_busy with Retry-After (not queued); one whose "
+        "images need more than all of it: 400 image_too_large. Four 12-megapixel photos need "
+        "about 430 MiB to be decoded. web/image_memory.py.",
+    )
     response_store_mb: int = Field(
         default=64,
         ge=0,
         le=64 * 1024,
         description="Memory for the Responses API's stored responses (`store`, "
-        "`previous_response_id`, GET/DELETE /v1/responses/{id}), in MiB of their JSON, in the "
-        "web process: the least recently used go first; a restart empties it. Each belongs to "
-        "its API key, and is continued only in its `prompt_cache_key`/`user` scope "
-        "(docs/api.md). 0: nothing is stored (`previous_response_id` is then always a 404).",
+        "`previous_response_id`, GET/DELETE /v1/responses/{id}), in MiB of the memory they "
+        "really take in the web process (each kept as its encoded JSON): a restart empties it. "
+        "Each API key is guaranteed an equal share (this / the number of keys) and may use free "
+        "room beyond it; when full, the least recently used response of the key furthest over "
+        "its share goes first, so one key's flood never evicts another's within its share. "
+        "Each belongs to its API key, and is continued only in its `prompt_cache_key`/`user` "
+        "scope (docs/api.md). 0: nothing is stored (`previous_response_id` is then always a "
+        "404).",
     )
     request_headers_timeout_s: float = Field(
         default=5.0,
@@ -335,6 +354,28 @@ class Settings(BaseSettings):
         description="Seconds a client has to send a request's whole body, from the end of its "
         "headers; then 408 request_timeout and the connection is closed (a body nobody reads "
         "is closed 2 s later). A stalled or endless body cannot hold a socket past it.",
+    )
+    write_timeout_s: float = Field(
+        default=30.0,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds a client may leave the sidecar unable to write to it (it stopped "
+        "reading: the socket's buffers are full) before its connection is closed, its reply "
+        "cancelled in the model worker (the request's log line: outcome cancelled, closed "
+        "write_timeout) and counted (sidecar_write_timeouts_total). A client that reads, "
+        "however slowly, is never cut: each byte it takes restarts the count. Without it, "
+        "each such connection held its buffers (about 10 MB) and its reply for as long as it "
+        "stayed.",
+    )
+    send_buffer_kb: int = Field(
+        default=256,
+        ge=0,
+        le=65536,
+        description="The kernel's send buffer of each client connection (SO_SNDBUF, in KiB; "
+        "Linux doubles it): what a client that stops reading can leave queued in the kernel, "
+        "besides the 64 KiB asyncio holds, until WRITE_TIMEOUT_S closes it. Autotuned, Linux "
+        "let it grow to 4 MiB a connection (1.7 MB seen on a loopback). 256 KiB streams a reply "
+        "far faster than a model writes it at any round-trip time. 0: the kernel's autotuning.",
     )
     log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
     log_prompts: bool = Field(

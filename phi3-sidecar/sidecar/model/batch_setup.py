@@ -135,7 +135,10 @@ def size_kv_memory(batch: BatchScheduler, options: KvOptions, max_length: int) -
         "context_tokens": capped,
         "path": "batched",
         "compact": options.encoding or "off",
-        "disk_tier": str(options.cache_dir) if batch.tiers.disk is not None else None,
+        # None too when its directory was refused or could not be made (kv_folder.py)
+        "disk_tier": str(options.cache_dir)
+        if batch.tiers.disk is not None and batch.tiers.disk.enabled
+        else None,
     }
     log.info("kv memory", extra={"fields": fields})
     return capped

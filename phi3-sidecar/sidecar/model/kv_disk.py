@@ -4,17 +4,22 @@ One file per conversation, holding its compact KV (kv_compact.py) and what the c
 by (its tokens, scope and sampling mode), so that a returning user's turn is restored from disk
 instead of being read again.
 
-- Private: the directory is made 0700, each file 0600, and a file's name is random (it says
+- Private: the directory is the tier's own, 0700 (kv_folder.py: never a link, never another
+  user's, never a folder of other files), each file 0600, and a file's name is random (it says
   nothing of the scope or the conversation). The scope is inside the file: a lookup matches
-  only entries of the request's own scope, exactly as in RAM (prompt_cache.py).
+  only entries of the request's own scope, exactly as in RAM (prompt_cache.py). The tier
+  touches only files of its own names (kv_folder.NAME); anything else there is left alone.
 - Never half served: a file is written under a temporary name, flushed and renamed into place,
   so a crash mid-write leaves a `.tmp` file (removed at the next start), never a short `.kv`.
-  Every read checks the magic, the version, the model's fingerprint, the sizes and a CRC of the
-  whole file; a file that fails is logged, deleted and treated as a miss.
+  Every read checks the magic, the version, the model's fingerprint, every header field (types
+  and ranges: `Stored.of`), the sizes and a CRC of the whole file; a file that fails, whatever
+  it holds, is logged, deleted and treated as a miss: no content of a file can stop the worker
+  from starting or a restore from ending in a miss.
 - At start the directory is scanned: files written for this very model (the fingerprint: the
   decoder's configuration, file sizes and first and last bytes, the KV encoding) are indexed
   and served, so a worker restart (a crash, the watchdog) or a container restart on a mounted
-  volume keeps its users' conversations; every other file is deleted. Chosen over wiping the
+  volume keeps its users' conversations; every other file of the tier's names is deleted.
+  Chosen over wiping the
   directory because a restart is exactly when every user would otherwise re-read their chat.
 - Bounded: PROMPT_CACHE_DISK_MB; the least recently used files go first.
 - A write that fails (a full disk, a read-only or vanished directory) turns the tier off with
@@ -33,11 +38,12 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from sidecar.model.kv_compact import Block, CompactKv, Encoding
+from sidecar.model.kv_folder import Folder, Refused
 
 log = logging.getLogger("sidecar.model.kv_disk")
 
@@ -45,6 +51,8 @@ MAGIC = b"P3KV"
 VERSION = 1
 _HEAD = struct.Struct("<4sII")  # magic, version, header length
 _CRC = struct.Struct("<I")
+MAX_TOKENS = 2**24  # more than any context: a header that says more is not ours
+MAX_SCOPE = 4096  # characters of a scope (ipc.Generate.cache_scope), with room to spare
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,19 @@ class Stored:
     prompt_end: int
     nbytes: int  # the file's size
     last_used: int = 0
+
+    @classmethod
+    def of(cls, path: Path, header: dict[str, Any], tokens: list[int], nbytes: int) -> Stored:
+        """The index entry a checked header describes; ValueError for any field of the wrong
+        type or out of range (a file with the right fingerprint may still hold anything)."""
+        scope, sampling, end = (header.get(k) for k in ("cache_scope", "sampling", "prompt_end"))
+        if not (scope is None or (isinstance(scope, str) and len(scope) <= MAX_SCOPE)):
+            raise ValueError("cache_scope")
+        if not isinstance(sampling, bool):
+            raise ValueError("sampling")
+        if not (_is_int(end) and 0 <= end <= len(tokens)):
+            raise ValueError("prompt_end")
+        return cls(path, tokens, scope, sampling, end, nbytes)
 
 
 def model_fingerprint(folder: Path, decoder_file: str, extra: str) -> str:
@@ -97,30 +118,41 @@ class DiskTier:
         self.files: dict[Path, Stored] = {}
         self.writes = self.reads = self.failures = 0
         self._clock = 0
+        self.folder: Folder | None = None
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(directory, 0o700)
+            self.folder = Folder(directory)
+        except Refused as refused:
+            self._refuse(str(refused))
         except OSError as exc:
             self._off("the directory cannot be made", exc)
 
     def scan(self) -> list[Stored]:
         """Index the files written for this model; delete the rest (logged). Oldest first."""
-        if not self.enabled:
+        folder = self.folder
+        if not self.enabled or folder is None:
             return []
         kept, removed = [], 0
-        for path in sorted(self.directory.iterdir(), key=_mtime):
-            if not path.is_file() or path.suffix != ".kv":
-                removed += _remove(path)
-                continue
-            stored = self._read_header(path)
+        try:
+            names, foreign = folder.names()
+        except OSError as exc:
+            self._off("the directory cannot be listed", exc)
+            return []
+        for name in sorted(names, key=folder.mtime):
+            path = self.directory / name
+            stored = self._read_header(path) if name.endswith(".kv") else None
             if stored is None:
-                removed += _remove(path)
+                removed += folder.remove(name)
                 continue
             self._clock += 1
             stored.last_used = self._clock
             self.files[path] = stored
             kept.append(stored)
-        fields = {"directory": str(self.directory), "kept": len(kept), "removed": removed}
+        fields = {
+            "directory": str(self.directory),
+            "kept": len(kept),
+            "removed": removed,
+            "foreign": foreign,  # not the tier's files: left alone
+        }
         log.info("conversation cache disk tier", extra={"fields": fields})
         self._trim()
         return [s for s in kept if s.path in self.files]
@@ -139,7 +171,8 @@ class DiskTier:
         replaces: Stored | None = None,
     ) -> Stored | None:
         """Write a conversation; None when the tier is off or the write failed (then off)."""
-        if not self.enabled or kv.tokens != len(tokens):
+        folder = self.folder
+        if not self.enabled or folder is None or kv.tokens != len(tokens):
             return None
         header = {
             "model": self.fingerprint,
@@ -150,12 +183,11 @@ class DiskTier:
             "prompt_end": prompt_end,
         }
         head = json.dumps(header).encode()
-        path = self.directory / f"{secrets.token_hex(16)}.kv"
-        temporary = path.with_suffix(".tmp")
+        name = secrets.token_hex(16)
+        path, temporary = self.directory / f"{name}.kv", f"{name}.tmp"
         crc = 0
         try:
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(descriptor, "wb") as file:
+            with folder.create(temporary) as file:
                 for chunk in (
                     _HEAD.pack(MAGIC, VERSION, len(head)),
                     head,
@@ -167,24 +199,30 @@ class DiskTier:
                 file.write(_CRC.pack(crc))
                 file.flush()
                 os.fsync(file.fileno())
-            os.replace(temporary, path)
+            folder.replace(temporary, path.name)
         except OSError as exc:
-            _remove(temporary)
+            folder.remove(temporary)
             self._off("a write failed", exc)
             return None
         self.writes += 1
         if replaces is not None:
             self.forget(replaces)
         self._clock += 1
-        stored = Stored(path, list(tokens), cache_scope, sampling, prompt_end, _size(path))
+        size = folder.size(path.name)
+        stored = Stored(path, list(tokens), cache_scope, sampling, prompt_end, size)
         stored.last_used = self._clock
         self.files[path] = stored
         return stored
 
     def read(self, stored: Stored) -> CompactKv | None:
         """The file's KV, whole and checked; None (logged, file deleted) if it is not."""
+        if self.folder is None:
+            return None
         try:
-            data = stored.path.read_bytes()
+            with self.folder.open_read(stored.path.name) as file:
+                if os.fstat(file.fileno()).st_size != stored.nbytes:
+                    raise OSError("its size changed")
+                data = file.read()
         except OSError as exc:
             self._bad(stored, f"unreadable: {type(exc).__name__}")
             return None
@@ -196,12 +234,11 @@ class DiskTier:
             return None
         try:
             header, offset = _parse_header(data)
-            if header.get("model") != self.fingerprint or int(header["tokens"]) != len(
-                stored.tokens
-            ):
+            count = header.get("tokens")
+            if header.get("model") != self.fingerprint or count != len(stored.tokens):
                 raise ValueError("not the file the index knows")
-            kv = self._arrays(data, offset + 4 * int(header["tokens"]), int(header["tokens"]))
-        except (ValueError, KeyError, TypeError) as exc:
+            kv = self._arrays(data, offset + 4 * count, count)
+        except Exception as exc:  # whatever the bytes hold: a miss, never a crash
             self._bad(stored, f"malformed: {type(exc).__name__}")
             return None
         self.reads += 1
@@ -212,7 +249,8 @@ class DiskTier:
     def forget(self, stored: Stored) -> None:
         """Delete a file (its conversation left the cache, or a newer file replaced it)."""
         self.files.pop(stored.path, None)
-        _remove(stored.path)
+        if self.folder is not None:
+            self.folder.remove(stored.path.name)
 
     def evictions(self) -> list[Stored]:
         """The files to delete to fit the budget, least recently used first (deleted here; the
@@ -231,35 +269,34 @@ class DiskTier:
         return gone
 
     def _read_header(self, path: Path) -> Stored | None:
-        """The index entry of a file written for this model, or None (logged)."""
+        """The index entry of a file written for this model, or None (logged): whatever the
+        file holds (a crafted one with this model's fingerprint too), it is checked field by
+        field, and anything unexpected is a file ignored, never an exception out of here."""
+        assert self.folder is not None
         try:
-            with path.open("rb") as file:
-                start = file.read(_HEAD.size)
-                magic, version, length = _HEAD.unpack(start)
+            with self.folder.open_read(path.name) as file:
+                size = os.fstat(file.fileno()).st_size
+                magic, version, length = _HEAD.unpack(file.read(_HEAD.size))
                 if magic != MAGIC or version != VERSION or length > 2**20:
                     raise ValueError("not a file of this version")
                 header = json.loads(file.read(length))
-                if header.get("model") != self.fingerprint:
+                if not isinstance(header, dict) or header.get("model") != self.fingerprint:
                     raise ValueError("written for another model or encoding")
-                count = int(header["tokens"])
+                count = header.get("tokens")
+                if not (_is_int(count) and 0 < count <= MAX_TOKENS):
+                    raise ValueError("tokens")
+                expected = _HEAD.size + length + 4 * count + self._payload(count) + _CRC.size
+                if size != expected:
+                    raise ValueError("truncated")
                 tokens = np.frombuffer(file.read(4 * count), dtype=np.int32)
-            expected = _HEAD.size + length + 4 * count + self._payload(count) + _CRC.size
-            if len(tokens) != count or _size(path) != expected:
+            if len(tokens) != count:
                 raise ValueError("truncated")
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            return Stored.of(path, header, tokens.tolist(), size)
+        except Exception as exc:  # the content is untrusted: any failure is a file ignored
             fields = {"file": path.name, "why": str(exc) if isinstance(exc, ValueError) else ""}
             fields["error"] = type(exc).__name__
             log.warning("conversation cache file ignored", extra={"fields": fields})
             return None
-        scope = header.get("cache_scope")
-        return Stored(
-            path,
-            [int(t) for t in tokens],
-            scope if isinstance(scope, str) else None,
-            bool(header.get("sampling")),
-            int(header.get("prompt_end", 0)),
-            _size(path),
-        )
 
     def _payload(self, tokens: int) -> int:
         shape = self.shape
@@ -297,6 +334,13 @@ class DiskTier:
         )
         self.forget(stored)
 
+    def _refuse(self, why: str) -> None:
+        fields = {"directory": str(self.directory), "why": why}
+        log.error(
+            "conversation cache disk tier refused its directory: RAM only", extra={"fields": fields}
+        )
+        self.enabled = False
+
     def _off(self, why: str, exc: OSError) -> None:
         if self.enabled:
             fields = {"why": why, "error": f"{type(exc).__name__} errno {exc.errno}"}
@@ -325,25 +369,5 @@ def _parse_header(data: bytes) -> tuple[dict[str, Any], int]:
     return header, _HEAD.size + length
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _remove(path: Path) -> int:
-    try:
-        path.unlink()
-        return 1
-    except FileNotFoundError:
-        return 0
-    except OSError:
-        return 0
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -10,7 +10,8 @@ message reuses everything before the edit, and no session id is needed.
 Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
 - An entry is matched only by requests of the same scope (`cache_scope`, the one internal name:
   the chat app's conversation, an OpenAI client's `prompt_cache_key` or `user`; see
-  ipc.Generate; None is the shared unscoped pool, PROMPT_CACHE_UNSCOPED), so nobody
+  ipc.Generate; None is the shared unscoped pool, PROMPT_CACHE_UNSCOPED, and with API_KEY
+  each key has its own: ipc.owned_scope), so nobody
   can time another scope's cached prefix, and of the same sampling mode and the same guidance
   (greedy or sampling, and the grammar a structured reply follows, are fixed when a generator
   is made: a guided generator is never lent to an unguided request or to another grammar, nor
@@ -64,7 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from sidecar.ipc import Generate, Guidance
+from sidecar.ipc import Generate, Guidance, in_unscoped_pool
 
 GROWTH_TOKENS = 1024  # at least this much room to grow beyond the request, when it fits
 ROUND_TOKENS = 256  # generator lengths are multiples of this (fewer distinct sizes to allocate)
@@ -258,7 +259,7 @@ class PromptCache:
             reason = "no_rewind"
         elif not (wanted and request.use_cache):
             reason = "declined"
-        elif request.cache_scope is None and not self.unscoped:
+        elif in_unscoped_pool(request.cache_scope) and not self.unscoped:
             # The shared pool (an oracle for what others sent) does not exist then.
             reason = "unscoped_off"
         elif not self.enabled:
@@ -327,7 +328,7 @@ class PromptCache:
             if reused <= 0:
                 continue
             if not (
-                cache_scope is not None
+                not in_unscoped_pool(cache_scope)
                 or common >= entry.prompt_end  # its conversation's next turn
                 or common >= len(cached)  # nothing of it is lost
                 or 2 * reused >= len(prompt)

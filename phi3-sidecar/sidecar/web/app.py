@@ -40,8 +40,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     # The cap's connections are counted by the HTTP protocol (__main__ hands it this object).
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    connections = Connections(connection_limit(settings.max_connections, nofile))
-    metrics = Metrics(prompt_cache=settings.prompt_cache_mb > 0, connections=connections)
+    connections = Connections(
+        connection_limit(settings.max_connections, nofile),
+        write_timeout_s=settings.write_timeout_s,
+        send_buffer=settings.send_buffer_kb * 1024,
+    )
+    # Each API key's fair share of the stored responses (response_store.py).
+    response_store = ResponseStore(settings.response_store_mb * 2**20, len(settings.api_keys))
+    images = Images(settings)  # the image checks and their memory bound (images.py)
+    metrics = Metrics(
+        prompt_cache=settings.prompt_cache_mb > 0,
+        connections=connections,
+        response_store=response_store,
+        image_memory=images.memory,
+    )
     admission = Admission(settings.max_concurrency, settings.queue_size)
     # A slot is held until the worker reports the generation over (see admission.py).
     model = ModelClient(settings, on_generation_over=admission.release)
@@ -79,8 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.connections = connections
     app.state.admission = admission
     app.state.model = model
-    app.state.response_store = ResponseStore(settings.response_store_mb * 2**20)
-    app.state.images = Images(settings)  # the image checks (images.py)
+    app.state.response_store = response_store
+    app.state.images = images
     app.state.pipeline = Pipeline(
         model,
         admission,

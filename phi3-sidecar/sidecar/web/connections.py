@@ -20,6 +20,18 @@ about a dozen, and for the answers below). A connection that opens at the cap:
   the route's error shape with `Retry-After` and `Connection: close`. No log line per refusal
   (under a flood that would be the flood): /metrics counts them, and a warning at most every
   LOG_INTERVAL_S says how many since the last.
+
+And a write deadline (WRITE_TIMEOUT_S): a client that stops reading fills the socket's buffers
+(the kernel's: SEND_BUFFER_KB, set on each connection, else autotuned up to 4 MiB; then the
+transport's 64 KiB), asyncio pauses writing, and the response waits for it forever, holding
+the buffers and generating a reply nobody reads.
+The protocol starts a timer when writing is paused and stops it when the client reads enough
+for writing to resume; if it fires and the client has taken no byte since it started (the
+transport's buffer is no smaller: nothing is added to it while writing is paused), the
+connection is aborted (closed without flushing what is
+buffered), which the route sees as the client leaving: its reply is cancelled in the model
+worker. The request's log line says `closed: write_timeout`, `sidecar_write_timeouts_total`
+counts it, and a warning at most every LOG_INTERVAL_S says how many since the last.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 from collections import Counter
 from typing import Any, Protocol, cast
 
@@ -97,15 +110,19 @@ class Sheddable(Protocol):
 class Connections:
     """The connections open, which are admitted and which idle, and the counts /metrics shows."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, write_timeout_s: float = 30.0, send_buffer: int = 0) -> None:
         self.limit = limit
+        self.write_timeout_s = write_timeout_s  # WRITE_TIMEOUT_S
+        self.send_buffer = send_buffer  # SEND_BUFFER_KB, in bytes; 0: the kernel's own
         self._admitted: set[Sheddable] = set()
         self._idle: dict[Sheddable, None] = {}  # in the order they became idle: oldest first
         self._over: set[Sheddable] = set()  # over the cap: one request, then closed
         self.refused = 0  # requests answered 503 too_many_connections
         self.idle_closed = 0  # idle connections closed to admit a new one
         self.accept_errors = 0  # accept() failures (out of descriptors or memory): listener.py
+        self.write_timeouts = 0  # connections closed because their client stopped reading
         self._full_log = ThrottledLog(log, "connection limit reached")
+        self._write_log = ThrottledLog(log, "client stopped reading: connection closed")
         self.accept_log = ThrottledLog(log, "accepting a connection failed")
 
     @property
@@ -143,6 +160,10 @@ class Connections:
     def refusing(self) -> None:
         self.refused += 1
         self._full_log.note("refused", limit=self.limit)
+
+    def write_timed_out(self) -> None:
+        self.write_timeouts += 1
+        self._write_log.note("write_timeouts", write_timeout_s=self.write_timeout_s)
 
     def accept_failed(self, error: str) -> None:
         self.accept_errors += 1
@@ -186,9 +207,14 @@ class _CappedProtocol(H11Protocol):
     closes; the class protocol() makes sets `cap`."""
 
     cap: Connections  # not `connections`: uvicorn's own attribute (the set of all)
+    _write_timer: asyncio.TimerHandle | None = None
+    _write_left = 0  # bytes buffered when the write timer was armed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if self.cap.send_buffer and sock is not None and sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.cap.send_buffer)
         if not self.cap.opened(self):
             self.app = cast(Any, over_the_cap(cast(ASGIApp, self.app), self.cap))
 
@@ -203,7 +229,44 @@ class _CappedProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.cap.closed(self)
+        self._stop_write_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full: the client is not reading what was sent."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._arm_write_timer()
+
+    def _arm_write_timer(self) -> None:
+        # While writing is paused nothing is added to the buffer (the response waits to
+        # drain), so the buffer shrinking means the client took bytes.
+        self._write_left = self.transport.get_write_buffer_size()
+        self._write_timer = self.loop.call_later(self.cap.write_timeout_s, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_timer()
+
+    def _stop_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        if self.transport.get_write_buffer_size() < self._write_left:
+            self._arm_write_timer()  # it reads, more slowly than the reply is written
+            return
+        cycle = self.cycle
+        record = cycle.scope.get("state", {}).get("record") if cycle is not None else None
+        if record is not None:
+            record.closed = "write_timeout"
+        self.cap.write_timed_out()
+        # Not close(): it would wait to flush the buffer the client is not reading.
+        self.transport.abort()
 
     def _idle(self) -> bool:
         """Between requests, with no byte of the next one received."""

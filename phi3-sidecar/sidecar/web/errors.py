@@ -73,6 +73,8 @@ REFUSALS: dict[str, Answer] = {
     "image_too_large": Answer(400, "image_too_large", 400, "image_too_large"),
     "too_many_images": Answer(400, "too_many_images", 400, "too_many_images"),
     "unsupported_image_url": Answer(400, "unsupported_image_url", 400, "unsupported_image_url"),
+    # the images of requests in flight fill IMAGE_MEMORY_MB (image_memory.py): retry later
+    "images_busy": Answer(503, "images_busy", 503, "overloaded", "server_error"),
     # an image for a model that reads text only (pipeline.py, after readiness)
     "image_input_unsupported": Answer(
         400, "image_input_unsupported", 400, "image_input_unsupported"
@@ -136,6 +138,9 @@ WHEN: dict[str, str] = {
     "`MAX_IMAGE_PIXELS` (read from its header, before anything is decoded), or with a side "
     "over 16384 pixels (the image processor's bound)",
     "too_many_images": "the request holds more than `MAX_IMAGES` images, earlier turns' included",
+    "images_busy": "the images of the requests in flight already hold so much of "
+    "`IMAGE_MEMORY_MB` that this request's, counted from their headers before any is decoded, "
+    "do not fit now (`Retry-After: 2`; not queued)",
     "unsupported_image_url": "an image's URL is not a `data:` URL: the sidecar fetches nothing "
     "(`http(s)` URLs included, so that no caller can make it request an address)",
     "image_input_unsupported": "the request holds images and the model served reads text only "

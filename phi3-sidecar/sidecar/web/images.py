@@ -24,6 +24,8 @@ decoded here with Pillow, bounded before it is decoded, and re-encoded as a PNG.
 
 Decoding runs in a thread, at most DECODING_AT_ONCE images at a time, so images never hold
 the event loop (the probes, the streams) and many at once queue instead of taking every CPU.
+And the memory they take in this process is bounded (IMAGE_MEMORY_MB, image_memory.py):
+counted from their headers before any is decoded, refused 503 `images_busy` when full.
 """
 
 from __future__ import annotations
@@ -31,17 +33,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import io
 import math
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
 from sidecar.settings import Settings
-from sidecar.web.errors import ApiError
+from sidecar.web import image_memory
+from sidecar.web.errors import RETRY_OVERLOADED_S, ApiError
+from sidecar.web.image_memory import ImageMemory, Reservation
 from sidecar.web.record import RequestRecord
 
 # The declared type of each accepted format, by Pillow's name (a JPEG with a second picture,
@@ -145,9 +150,29 @@ def payload(url: str, limits: Limits) -> tuple[str, str]:
     return media_type, data
 
 
+@dataclass(frozen=True)
+class Header:
+    """An image's file and what its header says, read before any pixel is decoded."""
+
+    raw: bytes
+    media_type: str
+    width: int
+    height: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
 def decode(media_type: str, data: str, limits: Limits) -> bytes:
     """The image as PNG bytes (RGB, its first frame, upright); ImageRefused otherwise. Costs
     CPU: run it in a thread (`Images.prepare`)."""
+    return render(header(media_type, data, limits), limits)
+
+
+def header(media_type: str, data: str, limits: Limits) -> Header:
+    """The file from its base64, checked by its header (type, pixels, sides); nothing is
+    decoded (image_memory.py counts an image by this before it is). ImageRefused otherwise."""
     try:
         raw = base64.b64decode(data.encode("ascii").translate(None, _WHITESPACE), validate=True)
     except (UnicodeEncodeError, binascii.Error, ValueError):
@@ -156,9 +181,26 @@ def decode(media_type: str, data: str, limits: Limits) -> bytes:
         raise ImageRefused("image_too_large", _too_many_bytes(limits))
     if not raw:
         raise ImageRefused("invalid_image", "the image is empty")
+    with _opened(raw, media_type, limits) as image:
+        _check_header(image, media_type, limits)
+        return Header(raw, media_type, *image.size)
+
+
+def render(head: Header, limits: Limits) -> bytes:
+    """The checked image decoded and written as the PNG the worker gets; ImageRefused if its
+    pixels cannot be read (a truncated file fails here)."""
+    with _opened(head.raw, head.media_type, limits) as image:
+        _check_header(image, head.media_type, limits)
+        return _png(image)
+
+
+@contextlib.contextmanager
+def _opened(raw: bytes, media_type: str, limits: Limits) -> Iterator[Image.Image]:
+    """Pillow's image of `raw` (its header read, nothing decoded); any failure inside, the
+    decoding included, is the image's refusal."""
     try:
         with Image.open(io.BytesIO(raw), formats=_FORMATS) as image:
-            return _checked(image, media_type, limits)
+            yield image
     except ImageRefused:
         raise
     except Image.DecompressionBombError:  # past Pillow's own bound (twice its default)
@@ -171,7 +213,7 @@ def decode(media_type: str, data: str, limits: Limits) -> bytes:
         ) from None
 
 
-def _checked(image: Image.Image, media_type: str, limits: Limits) -> bytes:
+def _check_header(image: Image.Image, media_type: str, limits: Limits) -> None:
     found = MEDIA_TYPES.get(image.format or "")
     if found != media_type:
         raise ImageRefused(
@@ -190,6 +232,9 @@ def _checked(image: Image.Image, media_type: str, limits: Limits) -> bytes:
         )
     if max(width, height) > MAX_SIDE:
         raise ImageRefused("image_too_large", f"{size}: each side may be at most {MAX_SIDE}")
+
+
+def _png(image: Image.Image) -> bytes:
     image.seek(0)  # the first frame of an animation
     image.load()  # the whole file: a truncated one fails here
     upright = ImageOps.exif_transpose(image)
@@ -219,16 +264,20 @@ def _too_many_pixels(limits: Limits, width: int | None = None, height: int | Non
 
 
 class Images:
-    """The web process's image checks: the limits, and the bound on decoding at once."""
+    """The web process's image checks: the limits, the bound on decoding at once, and the
+    bound on the memory images take (image_memory.py)."""
 
     def __init__(self, settings: Settings) -> None:
         self.limits = Limits.of(settings)
         self._decoding = asyncio.Semaphore(DECODING_AT_ONCE)
+        self.memory = ImageMemory(settings.image_memory_mb * 2**20)
 
     async def prepare(self, refs: Sequence[ImageRef], record: RequestRecord) -> tuple[bytes, ...]:
         """Each image as checked PNG bytes, in order; ApiError (a 400 naming the field of
         the first image refused) otherwise. Every image is checked cheaply (count, URL, type,
-        size) before any is decoded. The request's log line counts them."""
+        size, then its header) and the request's images counted against IMAGE_MEMORY_MB
+        before any is decoded (503 images_busy when they do not fit now). The request's log
+        line counts them."""
         if not refs:
             return ()
         record.images = len(refs)
@@ -245,15 +294,46 @@ class Images:
                 payloads.append(payload(ref.url, limits))
             except ImageRefused as refused:
                 raise _refusal(ref, refused) from None
-        decoded = []
+        heads = []
         for ref, (media_type, data) in zip(refs, payloads, strict=True):
             try:
+                heads.append(await asyncio.to_thread(header, media_type, data, limits))
+            except ImageRefused as refused:
+                raise _refusal(ref, refused) from None
+        del payloads
+        reservation = self._reserve(heads)
+        record.on_end(reservation.release)  # whatever follows, until the request is over
+        decoded = []
+        for ref, head in zip(refs, heads, strict=True):
+            try:
                 async with self._decoding:
-                    png = await asyncio.to_thread(decode, media_type, data, limits)
+                    png = await asyncio.to_thread(render, head, limits)
             except ImageRefused as refused:
                 raise _refusal(ref, refused) from None
             decoded.append(png)
+        del heads  # the files: only the PNGs are held from here on
+        reservation.shrink_to(sum(len(png) for png in decoded))
         return tuple(decoded)
+
+    def _reserve(self, heads: Sequence[Header]) -> Reservation:
+        memory = self.memory
+        need = image_memory.cost([h.pixels for h in heads], [len(h.raw) for h in heads])
+        if need > memory.budget_bytes:
+            raise ApiError(
+                "image_too_large",
+                f"the request's images need {need / 2**20:.0f} MiB to be decoded (their pixels, "
+                f"read from their headers); at most {memory.budget_bytes / 2**20:.0f} MiB are "
+                "(IMAGE_MEMORY_MB): send fewer or smaller images",
+            )
+        reservation = memory.reserve(need)
+        if reservation is None:
+            raise ApiError(
+                "images_busy",
+                "the images of other requests fill the memory set aside for images "
+                "(IMAGE_MEMORY_MB); retry later",
+                headers={"Retry-After": str(RETRY_OVERLOADED_S)},
+            )
+        return reservation
 
 
 def _refusal(ref: ImageRef, refused: ImageRefused) -> ApiError:

@@ -14,7 +14,11 @@ names them:
 - `sidecar_request_prompt_tokens`, `sidecar_request_generated_tokens`: sizes per request.
 
 Images (images.py): those of requests that reached the model, the prompt tokens that stood for
-them, and the requests refused for their images, by reason (errors.REFUSALS' image reasons).
+them, and the requests refused for their images, by reason (errors.REFUSALS' image reasons);
+the memory the images of requests in flight hold, and its bound (image_memory.py).
+
+The Responses API's stored responses (response_store.py): entries, the bytes they really take
+(RESPONSE_STORE_MB is counted in these), those evicted to make room and those not kept.
 
 And the connections (connections.py, listener.py): open ones and the cap, idle ones closed for a
 new one, requests refused over the cap, and accept errors (out of descriptors).
@@ -43,7 +47,9 @@ from sidecar import ipc
 
 if TYPE_CHECKING:
     from sidecar.web.connections import Connections
+    from sidecar.web.image_memory import ImageMemory
     from sidecar.web.record import RequestRecord
+    from sidecar.web.response_store import ResponseStore
 
 
 # The routes that generate, and their `api` label; their requests are counted however they end.
@@ -73,6 +79,7 @@ IMAGE_REFUSALS = (
     "too_many_images",
     "unsupported_image_url",
     "image_input_unsupported",
+    "images_busy",
 )
 
 
@@ -88,7 +95,14 @@ class Gauges:
 class Metrics:
     """One registry per app (tests build several apps in one process)."""
 
-    def __init__(self, *, prompt_cache: bool, connections: Connections | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        prompt_cache: bool,
+        connections: Connections | None = None,
+        response_store: ResponseStore | None = None,
+        image_memory: ImageMemory | None = None,
+    ) -> None:
         # No `_created` series beside every counter and histogram: Prometheus does not need
         # them in this format (a process-wide switch of prometheus-client; idempotent).
         disable_created_metrics()
@@ -98,6 +112,10 @@ class Metrics:
         self.registry.register(self._gauges)
         if connections is not None:
             self.registry.register(_ConnectionsCollector(connections))
+        if response_store is not None:
+            self.registry.register(_ResponseStoreCollector(response_store))
+        if image_memory is not None:
+            self.registry.register(_ImageMemoryCollector(image_memory))
 
         def counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(name, help_text, labels, registry=self.registry)
@@ -349,6 +367,12 @@ class _ConnectionsCollector(Collector):
                 c.idle_closed,
             ),
             (
+                "write_timeouts",
+                "Connections closed because their client stopped reading for WRITE_TIMEOUT_S "
+                "(its reply cancelled in the model worker).",
+                c.write_timeouts,
+            ),
+            (
                 "accept_errors",
                 "Connections that could not be accepted: out of file descriptors or memory "
                 "(EMFILE, ENFILE, ENOBUFS, ENOMEM); accepting resumes a second later.",
@@ -364,4 +388,53 @@ class _ConnectionsCollector(Collector):
             "Connections admitted at once: MAX_CONNECTIONS, or less where the open-files limit "
             "leaves less.",
             value=c.limit,
+        )
+
+
+class _ResponseStoreCollector(Collector):
+    """The stored responses, read when /metrics is scraped."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        store = self._store
+        entries, held = store.stats
+        yield GaugeMetricFamily(
+            "sidecar_response_store_entries", "Responses kept (store: true).", value=entries
+        )
+        yield GaugeMetricFamily(
+            "sidecar_response_store_bytes",
+            "Memory the kept responses take, as RESPONSE_STORE_MB counts it.",
+            value=held,
+        )
+        yield CounterMetricFamily(
+            "sidecar_response_store_evictions",
+            "Kept responses dropped to make room (the key furthest over its share first).",
+            value=store.evictions,
+        )
+        yield CounterMetricFamily(
+            "sidecar_response_store_refused",
+            "Responses not kept: larger than the room their key could have.",
+            value=store.refused,
+        )
+
+
+class _ImageMemoryCollector(Collector):
+    """The images' memory (IMAGE_MEMORY_MB), read when /metrics is scraped."""
+
+    def __init__(self, memory: ImageMemory) -> None:
+        self._memory = memory
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "sidecar_image_memory_bytes",
+            "Memory counted for the images of requests in flight (from their headers until "
+            "decoded, then their PNGs).",
+            value=self._memory.in_use,
+        )
+        yield GaugeMetricFamily(
+            "sidecar_image_memory_limit_bytes",
+            "IMAGE_MEMORY_MB, in bytes.",
+            value=self._memory.budget_bytes,
         )

@@ -34,6 +34,8 @@ from sidecar.web.reply import ReplyFormat, ReplyResponse, wait_for_disconnect
 DRAIN_LIMIT = 4 * 1024 * 1024
 
 Body = TypeVar("Body", bound=BaseModel)
+# Of the API key's fingerprint (SHA-256, hex), what names its cache scopes: 128 bits.
+OWNER_CHARS = 32
 
 
 async def read_body(request: Request, limit: int, schema: type[Body], images: int = 0) -> Body:
@@ -122,6 +124,10 @@ class Pipeline:
     ) -> Response:
         """Admit the request (FIFO), start it in the worker and answer with its reply."""
         model = self._model
+        # Every scope is the API key's own (ipc.owned_scope): the one place all routes pass.
+        owner = request.scope.get("state", {}).get("key_owner", "")
+        scope = ipc.owned_scope(owner[:OWNER_CHARS], generate.cache_scope)
+        generate = dataclasses.replace(generate, cache_scope=scope)
         if self._log_prompts:
             record.prompt = generate.messages or generate.prompt  # a plain prompt: /v1/completions
         if not model.phase.ready:

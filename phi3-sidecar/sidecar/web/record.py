@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 # Timings kept for /metrics and the trace (web/metrics.py, web/telemetry.py), not logged.
-_NOT_LOGGED = ("started_at", "queued_at", "admitted_at", "piece_times", "decode_steps")
+_NOT_LOGGED = (
+    "started_at",
+    "queued_at",
+    "admitted_at",
+    "piece_times",
+    "decode_steps",
+    "cleanups",
+)
 
 
 @dataclass
@@ -24,6 +32,7 @@ class RequestRecord:
     structured: str | None = None
     outcome: str | None = None  # eos, stop, length, time_limit, cancelled, error, ...
     error_type: str | None = None
+    closed: str | None = None  # the sidecar closed the connection: "write_timeout"
     # outcome "error" from a fault of this reply's own step (ipc.End.fault): its exception's
     # type, never its message
     fault: str | None = None
@@ -58,6 +67,17 @@ class RequestRecord:
     queued_at: float | None = field(default=None, repr=False)
     admitted_at: float | None = field(default=None, repr=False)
     piece_times: list[float] = field(default_factory=list, repr=False)
+    # What to give back when the request is over, however it ended (image memory: images.py)
+    cleanups: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def on_end(self, cleanup: Callable[[], None]) -> None:
+        self.cleanups.append(cleanup)
+
+    def ended(self) -> None:
+        """The request is over (RequestLogMiddleware): run its cleanups, once."""
+        cleanups, self.cleanups = self.cleanups, []
+        for cleanup in cleanups:
+            cleanup()
 
     def admitted(self, queued_at: float) -> None:
         """The request asked for a slot at `queued_at` and got it now."""

@@ -159,7 +159,9 @@ class ReplyResponse(Response):
         gone = asyncio.create_task(wait_for_disconnect(receive))
         try:
             await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if pump.done():
+            # A connection the sidecar closed (its client stopped reading: connections.py)
+            # ends as cancelled, even if the pump got to the end into a closed connection.
+            if pump.done() and self._record.closed is None:
                 end = pump.result()
                 outcome: str = end.finish
             else:

@@ -61,6 +61,7 @@ class RequestLogMiddleware:
                 record.outcome = record.outcome or "error"
             raise
         finally:
+            record.ended()
             record.duration_ms = round((time.monotonic() - record.started_at) * 1000, 1)
             if record.outcome is None:
                 ok = record.status is not None and record.status < 400

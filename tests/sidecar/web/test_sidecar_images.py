@@ -397,18 +397,18 @@ def test_images_are_decoded_beside_the_event_loop_two_at_a_time(
     inside: list[int] = []
     most = [0]
     lock = threading.Lock()
-    original = images.decode
+    original = images.render
 
-    def held(media_type: str, data: str, limits: Limits) -> bytes:
+    def held(head: images.Header, limits: Limits) -> bytes:
         with lock:
             inside.append(1)
             most[0] = max(most[0], len(inside))
         release.wait(30)
         with lock:
             inside.pop()
-        return original(media_type, data, limits)
+        return original(head, limits)
 
-    monkeypatch.setattr(images, "decode", held)
+    monkeypatch.setattr(images, "render", held)
     checker = Images(Settings())
 
     async def scenario() -> list[tuple[bytes, ...]]:

@@ -277,12 +277,12 @@ def test_stored_responses_belong_to_their_key_and_scope(keyed_service: Service) 
 
 
 def test_the_store_is_bounded_and_owned() -> None:
-    from sidecar.web.response_store import ResponseStore, Stored
+    from sidecar.web.response_store import Kept, ResponseStore, Stored
 
     def stored(name: str, owner: str = "a", scope: str | None = None) -> Stored:
         return Stored(name, owner, scope, {"id": name, "text": "x" * 400}, [])
 
-    store = ResponseStore(budget_bytes=stored("r0").size * 3)
+    store = ResponseStore(budget_bytes=Kept.of(stored("r0")).nbytes * 3)
     for name in ("r0", "r1", "r2"):
         assert store.put(stored(name))
     assert store.get("r0", "a") is not None  # used: r1 is now the least recently used

@@ -1,0 +1,258 @@
+"""The disk tier's directory and files (model/kv_folder.py, model/kv_disk.py): it touches only
+files it wrote (never through a link, only its own names, never a folder it does not own or
+one of other files), and no file's content, a crafted one with this model's fingerprint
+included, stops it from starting or makes a restore fail other than as a miss."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scripts.run import services
+from sidecar.model import kv_disk
+from sidecar.model.kv_compact import Block, CompactKv
+from sidecar.model.kv_disk import DiskTier, Shape
+from tests.sidecar.model.test_sidecar_kv_tiers import chat_on_disk, make_engine
+from tests.sidecar.support import predict
+
+SHAPE = Shape(layers=1, kv_heads=2, head_size=4, encoding="int8")
+FINGERPRINT = "f" * 64
+REFUSED = "conversation cache disk tier refused its directory: RAM only"
+IGNORED = "conversation cache file ignored"
+
+
+def kv(tokens: int) -> CompactKv:
+    def block() -> Block:
+        data = np.ones((SHAPE.kv_heads, tokens, SHAPE.head_size), np.int8)
+        return Block(data, np.ones((SHAPE.kv_heads, tokens), np.float32))
+
+    return CompactKv("int8", tokens, [[block()] for _ in range(2 * SHAPE.layers)])
+
+
+def tier(directory: Path) -> DiskTier:
+    return DiskTier(directory, 2**20, FINGERPRINT, SHAPE)
+
+
+def written(directory: Path, tokens: int = 3, scope: str = "s") -> Path:
+    """A file the tier wrote (a conversation of `tokens` tokens), in a tier now gone."""
+    stored = tier(directory).write(kv(tokens), list(range(tokens)), scope, False, tokens - 1)
+    assert stored is not None
+    return stored.path
+
+
+def rewritten(path: Path, target: Path, **fields: object) -> Path:
+    """`path`'s file with header fields changed (None: removed), its sizes and CRC made right
+    again: what only someone who read a real file could craft."""
+    data = path.read_bytes()
+    _, _, length = kv_disk._HEAD.unpack_from(data)
+    start = kv_disk._HEAD.size
+    header = json.loads(data[start : start + length])
+    raw = fields.pop("raw_header", None)
+    header.update(fields)
+    head = raw if isinstance(raw, bytes) else json.dumps(header).encode()
+    body = kv_disk._HEAD.pack(kv_disk.MAGIC, kv_disk.VERSION, len(head)) + head
+    body += data[start + length : -kv_disk._CRC.size]
+    target.write_bytes(body + kv_disk._CRC.pack(zlib.crc32(body)))
+    target.chmod(0o600)
+    return target
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.message for r in caplog.records]
+
+
+def test_a_link_at_the_setting_is_refused_and_its_target_untouched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "precious"
+    target.mkdir(mode=0o755)
+    (target / "notes.txt").write_text("mine")
+    (target / ("a" * 32 + ".kv")).write_bytes(b"not a cache file")  # even a name it owns
+    link = tmp_path / "kv"
+    link.symlink_to(target)
+    before = contents(target)
+    with caplog.at_level(logging.ERROR):
+        disk = tier(link)
+        assert disk.scan() == []
+    assert not disk.enabled
+    assert contents(target) == before
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    assert REFUSED in messages(caplog)
+    assert disk.write(kv(2), [1, 2], "s", False, 1) is None  # RAM only
+
+
+def test_a_folder_of_other_files_is_not_taken(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PROMPT_CACHE_DIR pointed at the model's folder: nothing there is deleted or chmodded."""
+    model = tmp_path / "model"
+    model.mkdir(mode=0o755)
+    (model / "model.onnx").write_bytes(b"weights")
+    (model / "genai_config.json").write_text("{}")
+    before = contents(model)
+    with caplog.at_level(logging.ERROR):
+        disk = tier(model)
+        disk.scan()
+    assert not disk.enabled and REFUSED in messages(caplog)
+    assert contents(model) == before
+    assert stat.S_IMODE(model.stat().st_mode) == 0o755
+
+
+def test_a_folder_another_user_owns_is_not_taken_even_by_root(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    directory = tmp_path / "kv"
+    directory.mkdir(mode=0o700)
+    planted = directory / ("b" * 32 + ".kv")
+    planted.write_bytes(b"theirs")
+    os.chown(directory, 65534, 65534)
+    os.chown(planted, 65534, 65534)
+    with caplog.at_level(logging.ERROR):
+        disk = tier(directory)
+        disk.scan()
+    assert not disk.enabled
+    record = next(r for r in caplog.records if r.message == REFUSED)
+    assert "owned by uid 65534" in record.fields["why"]  # type: ignore[attr-defined]
+    assert planted.read_bytes() == b"theirs"
+
+
+def test_a_new_or_empty_folder_is_made_private(tmp_path: Path) -> None:
+    made = tier(tmp_path / "a" / "kv")
+    assert made.enabled
+    assert stat.S_IMODE((tmp_path / "a" / "kv").stat().st_mode) == 0o700
+    empty = tmp_path / "volume"
+    empty.mkdir(mode=0o777)
+    assert tier(empty).enabled
+    assert stat.S_IMODE(empty.stat().st_mode) == 0o700
+
+
+def test_only_its_own_files_are_touched_and_links_inside_never_followed(tmp_path: Path) -> None:
+    directory = tmp_path / "kv"
+    kept = written(directory)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    own_name_link = directory / ("c" * 32 + ".kv")
+    own_name_link.symlink_to(outside)
+    (directory / ("d" * 32 + ".tmp")).symlink_to(tmp_path)
+    (directory / "README").write_text("an operator's note")
+    (directory / ("E" * 32 + ".kv")).write_bytes(b"not its name (upper case)")
+    (directory / ("e" * 32 + ".tmp")).write_bytes(b"half written")  # its own: removed
+    disk = tier(directory)
+    assert [s.path for s in disk.scan()] == [kept]
+    left = {p.name for p in directory.iterdir()}
+    assert left == {kept.name, own_name_link.name, "d" * 32 + ".tmp", "README", "E" * 32 + ".kv"}
+    assert outside.read_text() == "keep me"
+    assert own_name_link.is_symlink()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"prompt_end": None},
+        {"prompt_end": -1},
+        {"prompt_end": 4},  # past its 3 tokens
+        {"prompt_end": "1"},
+        {"prompt_end": 1.5},
+        {"sampling": "yes"},
+        {"sampling": None},
+        {"cache_scope": 5},
+        {"cache_scope": ["s"]},
+        {"cache_scope": "s" * 5000},
+        {"tokens": "3"},
+        {"tokens": True},
+        {"tokens": -3},
+        {"tokens": 2**40},
+        {"tokens": None},
+        {"raw_header": b"[1, 2, 3]"},
+        {"raw_header": b"[" * 100000 + b"]" * 100000},  # deeper than json's recursion
+        {"raw_header": b"\xff\xfe not utf-8"},
+        {"raw_header": b'{"model": "' + b"f" * 64 + b'", "tokens": 1e999}'},
+    ],
+    ids=lambda fields: ",".join(fields),
+)
+def test_a_crafted_file_with_this_models_fingerprint_is_ignored_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fields: dict[str, object]
+) -> None:
+    directory = tmp_path / "kv"
+    good = written(directory, scope="good")
+    crafted = rewritten(good, directory / ("9" * 32 + ".kv"), **fields)
+    with caplog.at_level(logging.WARNING):
+        disk = tier(directory)
+        found = disk.scan()
+    assert [s.cache_scope for s in found] == ["good"]
+    assert not crafted.exists()
+    assert IGNORED in messages(caplog)
+
+
+def test_a_file_changed_after_indexing_is_a_miss_at_restore(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Swapped, with a right CRC, for one whose header says other sizes, or for a link: the
+    read is a miss (logged, the file deleted), never an exception."""
+    directory = tmp_path / "kv"
+    path = written(directory, tokens=4)
+    disk = tier(directory)
+    cases: list[dict[str, object]] = [
+        {"tokens": 2},
+        {"tokens": "4"},
+        {"raw_header": b"{}"},
+        {"raw_header": b"null"},
+    ]
+    for fields in cases:
+        (stored,) = disk.scan()
+        spare = rewritten(path, tmp_path / "spare", **fields)
+        os.replace(spare, path)
+        with caplog.at_level(logging.WARNING):
+            assert disk.read(stored) is None
+        assert not path.exists()
+        path = written(directory, tokens=4)
+        disk = tier(directory)
+    (stored,) = disk.scan()
+    path.unlink()
+    path.symlink_to(written(tmp_path / "elsewhere", tokens=4))
+    assert disk.read(stored) is None
+    assert (tmp_path / "elsewhere").exists() and len(list((tmp_path / "elsewhere").iterdir()))
+
+
+def test_the_sidecar_starts_and_serves_beside_a_crafted_file_for_its_model(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The probe's file: this model's fingerprint and `prompt_end: null`. It stopped the worker
+    at every start (the sidecar never got ready); now it is ignored, deleted and logged."""
+    directory = tmp_path / "kv"
+    _, kept = chat_on_disk(tiny_model_dir, directory, "carol", 1)
+    crafted = rewritten(kept, directory / ("7" * 32 + ".kv"), prompt_end=None)
+    with services.sidecar(
+        tiny_model_dir, tmp_path / "sidecar.log", PROMPT_CACHE_DIR=str(directory)
+    ) as sidecar:
+        response = predict(sidecar.url, {"messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 200
+        log = sidecar.log()
+    assert IGNORED in log and crafted.name in log
+    assert sorted(directory.iterdir()) == [kept]
+
+
+def test_the_start_line_says_the_tier_is_off_when_its_directory_is_refused(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "kv").symlink_to(target)
+    with caplog.at_level(logging.INFO):
+        make_engine(tiny_model_dir, prompt_cache_dir=tmp_path / "kv")
+    (line,) = [r for r in caplog.records if r.message == "kv memory"]
+    assert line.fields["disk_tier"] is None  # type: ignore[attr-defined]
+    assert REFUSED in messages(caplog)
