@@ -19,7 +19,6 @@ from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchScheduler
 from sidecar.model.generator_path import folder_error
 from sidecar.model.kv_compact import Encoding
 from sidecar.model.kv_disk import DiskTier, Shape, model_fingerprint
-from sidecar.model.kv_tiers import Memory
 from sidecar.model.memory import chosen_kv_bound
 from sidecar.model.prompt_cache import PromptCache
 from sidecar.model.shared_prefix import read_declared
@@ -144,9 +143,9 @@ def size_kv_memory(batch: BatchScheduler, options: KvOptions, max_length: int) -
     return capped
 
 
-def cache_stats(batch: BatchScheduler | None, cache: PromptCache, memory: Memory) -> CacheStats:
+def cache_stats(batch: BatchScheduler | None, cache: PromptCache, memory: Any) -> CacheStats:
     """What the engine reports of its cache and KV bound (ipc.CacheStats): the batched path's
-    cache, tiers and bound, else the Generator path's cache and `memory`."""
+    cache, tiers and bound, else the Generator path's cache and `memory` (its bound)."""
     if batch is None:
         return CacheStats(**asdict(cache.stats()), **memory.stats())
     return CacheStats(**asdict(batch.cache.stats()), **batch.tiers.stats(), **batch.memory.stats())
