@@ -90,7 +90,7 @@ class Settings(BaseSettings):
         "gives the other generations their turn between steps, so a prefill is cut into chunks: "
         "a cancellation lands within one chunk, and other replies get a token per chunk while a "
         "long prompt is read. Each call has a fixed cost (three calls of 64 for a 130-token "
-        "prompt took 15% more CPU time than one, docs/benchmarks.md), so on the batched path a "
+        "prompt took 7-13% more CPU time than one, docs/benchmarks.md), so on the batched path a "
         "prompt that is all the worker has to do is read 512 tokens a call (this value if "
         "larger; always this value with PROMPT_CACHE_EXACT). 0 is refused; a value over the "
         "prompt's length appends it in one call.",

@@ -343,7 +343,7 @@ class BatchScheduler:
         """The prompt tokens `generation` reads in its next call: PREFILL_CHUNK while any
         other reply runs or waits for its turn (its stall is one chunk), ALONE_CHUNK when it
         is all the batch has to do (each call has a fixed cost: three calls of 64 for a
-        130-token prompt took about 10% more CPU time than one). PROMPT_CACHE_EXACT keeps
+        130-token prompt took 7 to 13% more CPU time than one). PROMPT_CACHE_EXACT keeps
         PREFILL_CHUNK: replies then never depend on what else ran."""
         alone = not self.decoding and not self.ready and len(self.prefilling) == 1
         return self.alone_chunk() if alone and generation in self.prefilling else self.chunk
@@ -571,8 +571,8 @@ class BatchGeneration:
             # What the grammar forces before any choice (a JSON reply's opening): taken as
             # onnxruntime-genai takes it, read by the next call, the token chosen after it
             forced = self._forced(guide)
-            if forced or self.finish is not None:
-                return forced
+            if forced is not None:
+                return self._ended(forced)
         return self.take(logits)
 
     def wrote(self, count: int) -> None:
@@ -612,25 +612,27 @@ class BatchGeneration:
         self.holder.tokens.append(token)
         text = str(self._stream.decode(token))
         if guide is not None and self.generated < self.prompt.max_new_tokens:
-            return self._forced(guide, text)
+            text += self._forced(guide) or ""
         return self._ended(text)
 
-    def _forced(self, guide: RowGuide, text: str = "") -> str:
+    def _forced(self, guide: RowGuide) -> str | None:
         """Take the tokens the grammar forces now (none with forced tokens off), as many as
-        the reply's max_new_tokens leaves (as the Generator path shows them); they join the
-        sequence after `text`'s token and the next call reads them with it."""
+        the reply's max_new_tokens leaves (as the Generator path shows them): their text, None
+        when there are none. They join the sequence, and the next call reads them."""
         forced = guide.forced()[: self.prompt.max_new_tokens - self.generated]
+        if not forced:
+            return None
+        text = ""
         for token in forced:
             if self.logprobs is not None:  # the only token the grammar allowed
                 self.logprobs.forced(token, self._row_size)
             self.holder.tokens.append(token)
             text += str(self._stream.decode(token))
-        if forced:
-            self.generated += len(forced)
-            self.last_token_at = time.monotonic()
-            if self.first_token_at is None:
-                self.first_token_at = self.last_token_at
-        return self._ended(text) if forced or text else text
+        self.generated += len(forced)
+        self.last_token_at = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        return text
 
     def _ended(self, text: str) -> str:
         """The text of the tokens just taken, and whether the reply ends with them."""
