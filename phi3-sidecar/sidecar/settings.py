@@ -90,8 +90,11 @@ class Settings(BaseSettings):
         description="Prompt tokens appended per worker step. The worker reads cancellations and "
         "gives the other generations their turn between steps, so a prefill is cut into chunks: "
         "a cancellation lands within one chunk, and other replies get a token per chunk while a "
-        "long prompt is read. 64 costs no measurable prefill speed (docs/benchmarks.md, 'Prefill "
-        "chunk'). 0 is refused; a value over the prompt's length appends it in one call.",
+        "long prompt is read. Each call has a fixed cost (three calls of 64 for a 130-token "
+        "prompt took 7-13% more CPU time than one, docs/benchmarks.md), so on the batched path a "
+        "prompt that is all the worker has to do is read 512 tokens a call (this value if "
+        "larger; always this value with PROMPT_CACHE_EXACT). 0 is refused; a value over the "
+        "prompt's length appends it in one call.",
     )
     decode_batch_rows: int = Field(
         default=4,
@@ -218,6 +221,17 @@ class Settings(BaseSettings):
         "On by default because only the chat app reaches the sidecar on App Service, and the app "
         "never sends an unscoped request; false where other clients call the sidecar: unscoped "
         "requests then use no cache.",
+    )
+    shared_prefixes: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="System messages the operator's apps send with every chat (the app's "
+        "instructions, a grounded answer's rules), as a JSON list of strings. Each is read once "
+        "at start and kept (its KV, counted against KV_MEMORY_MB); a new chat whose messages "
+        "open with one starts from it and reads only the rest (batched path). It is not counted "
+        "in `cached_tokens`; the timing can still tell a caller that the system message it sent "
+        "is one of these, whole: list none that callers must not be able to confirm "
+        "(docs/conversation-cache.md).",
     )
     reply_time_limit_s: float = Field(
         default=210.0,

@@ -50,6 +50,12 @@ COMMANDS = (
     Command("users-turns", "users_turns", "U users taking turns in their own chats: "
             "returning turns' TTFT and reuse, restores from compact RAM and disk, llama.cpp "
             "with --peers"),
+    Command("first-word", "first_word", "what a new chat waits for its first word: an empty "
+            "cache, a declared shared prefix, a cache full of idle conversations (at once, after "
+            "idle time)"),
+    Command("prefill-calls", "prefill_calls", "what reading a prompt costs in one model call "
+            "against several: the engine's append against the batched decoder's chunks (CPU "
+            "time, page faults)"),
     Command("variants", "variants", "model variants (int4 block size, int4 embedding, pruned "
             "LM head, int8 KV, prompt-lookup drafts): speed, memory, quality"),
     Command("quality", "quality", "how close a model folder stays to a reference (agreement, "

@@ -8,7 +8,10 @@ llguidance):
 1. Forced tokens: a typical JSON Schema reply (the docs' weather report) with
    `enable_ff_tokens` on and off: tokens generated against decode steps taken, and the time to
    the complete object. The replies must be the same text (checked).
-2. The cost guidance adds to a step: the same number of tokens of free text without a grammar
+2. Beside three chats (batched decode only): the JSON reply, and an unguided reply of as many
+   tokens, each while three other chats decode: the others' decode rate meanwhile, and the
+   model calls taken (a forced run is a call of its own).
+3. The cost guidance adds to a step: the same number of tokens of free text without a grammar
    and under a grammar that allows any text (tool_choice "none"'s), time per decode step.
 
     python -m scripts.bench guidance                      # builds phi3-mini shapes once
@@ -106,6 +109,62 @@ def step_cost(engine: Engine, runs: int, tokens: int) -> dict[str, Any]:
     return interleaved(engine, requests, runs)
 
 
+class CountedCalls:
+    """A model call that counts its calls."""
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.count = run, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.count += 1
+        return self.run(*args, **kwargs)
+
+
+def beside_others(engine: Engine, forced: dict[str, Any], max_new: int) -> dict[str, Any]:
+    """The JSON reply (forced tokens on) and an unguided reply of exactly as many tokens, each
+    while three other chats decode: the others' tokens and decode rate meanwhile, and the model
+    calls the batch made (batched decode only)."""
+    batch = engine.batch
+    assert batch is not None
+    tokens = int(median(forced["ff on"], "tokens"))
+    guidance = Guidance("json_schema", json.dumps(prepared(REPORT_SCHEMA)))
+    replies = {
+        "guided JSON": Generate("bench", (("user", QUESTION),), max_new, guidance=guidance),
+        "unguided text": Generate("bench", (("user", QUESTION),), tokens, min_new_tokens=tokens),
+    }
+    out: dict[str, Any] = {}
+    long = engine.max_length - 64  # the others outlive the reply
+    for label, request in replies.items():
+        others = [
+            engine.start(Generate("bench", (("user", f"Story {i}."),), long, min_new_tokens=long),
+                         cached=False)
+            for i in range(3)
+        ]  # fmt: skip
+        while any(o.prefilling or o.generated == 0 for o in others):
+            batch.step()
+        reply = engine.start(request, cached=False)
+        made = [o.generated for o in others]
+        calls = CountedCalls(batch.decoder.run)
+        batch.decoder.run = calls  # type: ignore[method-assign]
+        began = time.perf_counter()
+        while reply.finish is None:
+            batch.step()
+        elapsed = time.perf_counter() - began
+        del batch.decoder.run
+        reply.release(reusable=False)
+        others_tokens = sum(o.generated for o in others) - sum(made)
+        for other in others:
+            other.release(reusable=False)
+        out[label] = {
+            "reply_tokens": reply.generated,
+            "others_tokens": others_tokens,
+            "others_tok_s_each": others_tokens / 3 / elapsed if elapsed else 0.0,
+            "model_calls": calls.count,
+            "seconds": elapsed,
+        }
+    return out
+
+
 def interleaved(engine: Engine, requests: dict[str, Generate], runs: int) -> dict[str, Any]:
     """Each request `runs` times, taking turns (a machine that warms up or slows down as it
     goes weighs on every label alike), after one untimed run of each."""
@@ -146,10 +205,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                  "--out", str(model)],
                 check=True,
             )  # fmt: skip
-    engine = Engine(model, decode_batch_rows=args.rows, max_concurrency=max(args.rows, 1))
+    engine = Engine(model, decode_batch_rows=args.rows, max_concurrency=max(args.rows, 4))
     engine.warm_up()
     path = "the Generator" if engine.batch is None else f"batched decode ({args.rows} rows)"
     forced = forced_tokens(engine, args.runs, args.max_new)
+    beside = beside_others(engine, forced, args.max_new) if engine.batch is not None else {}
     cost = step_cost(engine, args.runs, args.text_tokens)
     print(f"## Structured output on {model.name}, {path}, {cpu_name()}, median of {args.runs}\n")
     print("| reply | tokens | decode steps | time to the complete object (s) |")
@@ -159,6 +219,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             f"| JSON Schema, {label} | {median(samples, 'tokens'):.0f} | "
             f"{median(samples, 'steps'):.0f} | {median(samples, 'total_s'):.2f} |"
         )
+    if beside:
+        print("\n| reply | tokens | model calls | others' decode tok/s each | others' tokens |")
+        print("|---|---|---|---|---|")
+        for label, row in beside.items():
+            print(
+                f"| beside three chats, {label} | {row['reply_tokens']} | {row['model_calls']} "
+                f"| {row['others_tok_s_each']:.2f} | {row['others_tokens']} |"
+            )
     print("\n| free text | tokens | ms per decode step |")
     print("|---|---|---|")
     for label, samples in cost.items():
@@ -170,5 +238,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "path": path,
         "runs": args.runs,
         "forced": forced,
+        "beside": beside,
         "step_cost": cost,
     }

@@ -1,6 +1,6 @@
 """`python -m scripts.bench guidance` runs end to end on the tiny model (its timings are not
 checked: only that it measures what it says, and that forced tokens take fewer steps for the same
-tokens on the Generator path, as many on the batched one)."""
+tokens on both paths)."""
 
 from __future__ import annotations
 
@@ -29,5 +29,10 @@ def test_the_guidance_benchmark_runs(
     assert on["text"] == off["text"] and on["tokens"] == off["tokens"]
     if rows == "1":  # the Generator's llguidance adds forced tokens without a step each
         assert on["steps"] < off["steps"] == off["tokens"]  # one step a token without forcing
-    else:  # a forced token a step (batch_guidance.py); the first ends the prompt's last step
-        assert on["steps"] == off["steps"] == off["tokens"] - 1
+    else:  # forced runs read in one call (batch_guidance.py); the first token ends the prompt
+        assert on["steps"] < off["steps"] == off["tokens"] - 1
+        beside = json.loads(out.read_text())["beside"]
+        assert set(beside) == {"guided JSON", "unguided text"}
+        for row in beside.values():  # the three chats beside it made tokens meanwhile
+            assert row["others_tokens"] > 0 and row["reply_tokens"] == on["tokens"]
+        assert "| beside three chats, guided JSON |" in table

@@ -102,3 +102,28 @@ def test_store_measures_each_figure_on_both_engines(tmp_path: Path) -> None:
         }
         assert all(row["p95"] >= row["p50"] > 0 for row in figures.values())
     assert "postgresql  chat list" in printed
+
+
+def test_first_word_of_a_new_chat(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data, printed = ask(
+        "first-word", tmp_path, "--model", str(tiny_model_dir), "--fill-tokens", "300",
+        "--prefix-tokens", "120", "--reply-tokens", "4", "--idle-s", "2",
+    )  # fmt: skip
+    rows = {row["row"]: row for row in data["rows"]}
+    assert len(rows) == 5 and "| new chat | prompt tokens |" in printed
+    assert rows["shared prefix + question"]["cache_reason"] == "shared"
+    assert rows["shared prefix + question"]["cached_tokens"] == 0  # not counted
+    assert rows["question alone"]["cache_reason"] == "miss"
+    assert all(row["ttft_s"] > 0 for row in rows.values())
+
+
+def test_prefill_calls_one_against_several(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data, printed = ask(
+        "prefill-calls", tmp_path, "--model", str(tiny_model_dir), "--tokens", "100",
+        "--chunks", "16,512", "--reps", "1",
+    )  # fmt: skip
+    calls = {row["reading"]: row["calls"] for row in data["rows"]}
+    assert calls == {
+        "engine (one append)": 1, "decoder, chunks of 16": 7, "decoder, chunks of 512": 1,
+    }  # fmt: skip
+    assert all(row["cpu_s"] > 0 for row in data["rows"]) and "| reading | calls |" in printed

@@ -15,10 +15,13 @@ What differs from the Generator path, on purpose:
 - The grammar state lives in the row's matcher, made fresh when the reply starts, not in the
   KV cache: a guided reply may continue any cached prefix of its scope, and leaves its slot to
   any later request of the scope.
-- Forced tokens (`Guidance.ff_tokens`) are taken one per step: the mask then allows only the
-  forced token, so the reply is the same, in more decode steps (each is a row of a batched
-  call, which costs the others little). The tests find greedy guided replies the Generator
-  path's token for token, forced tokens on or off.
+- Forced tokens (`Guidance.ff_tokens`, on by default): the tokens the grammar forces after a
+  chosen token are taken at once (`RowGuide.forced`, llguidance's fast-forward, as
+  onnxruntime-genai takes them) and read with it in the row's next model call, a run of tokens
+  read as a prompt is (batch_scheduler.py), so a guided reply takes no more model calls than
+  on the Generator path. With `ff_tokens` off they are taken one per step (the mask then
+  allows only the forced token). The tests find greedy guided replies the Generator path's
+  token for token, forced tokens on or off.
 - When the matcher stops (nothing can follow), the reply ends at once with finish "eos", the
   end token counted as the Generator path counts the end token it would generate next.
 - A mask that leaves a row nothing to choose (the grammar allows only the end token while
@@ -81,15 +84,18 @@ class Grammars:
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise refusal(RuntimeError(matcher.get_error()))
-        return RowGuide(matcher, self.vocab_size)
+        return RowGuide(matcher, self.vocab_size, fast_forward=guidance.ff_tokens)
 
 
 class RowGuide:
     """One guided reply's matcher and its token mask."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, vocab_size: int, *, fast_forward: bool = False
+    ) -> None:
         self._matcher = matcher
         self._mask = allocate_token_bitmask(1, vocab_size)
+        self.fast_forward = fast_forward  # Guidance.ff_tokens: forced runs taken at once
 
     @property
     def stopped(self) -> bool:
@@ -109,6 +115,16 @@ class RowGuide:
         if self._matcher.is_error() or not np.isfinite(out.max()):
             return None
         return out
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (none without `fast_forward`), consumed; an
+        empty list if the matcher refused them (`masked` then finds it in error)."""
+        if not self.fast_forward or self._matcher.is_error() or self._matcher.is_stopped():
+            return []
+        tokens = [int(t) for t in self._matcher.compute_ff_tokens()]
+        if tokens and not self._matcher.consume_tokens(tokens):
+            return []
+        return tokens
 
     def consume(self, token: int) -> bool:
         """Advance the grammar by the chosen token; False if the matcher refused it."""

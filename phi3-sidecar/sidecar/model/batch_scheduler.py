@@ -3,8 +3,10 @@
 Each reply holds one slot of the KV pool (batch_decoder.py). One step of the worker is:
 - one chunk (PREFILL_CHUNK tokens) of the oldest prompt still being read, at batch 1 in its
   own slot, so a joining request never stalls the others for more than one chunk; its last
-  chunk gives its first token;
-- one decode call for every reply past its prompt, up to DECODE_BATCH_ROWS rows per call.
+  chunk gives its first token (a prompt that is all the batch has to do reads ALONE_CHUNK
+  tokens a call: nobody to stall, and each call has a fixed cost);
+- one decode call for every reply past its prompt, up to DECODE_BATCH_ROWS rows per call (a
+  guided reply with a run of tokens its grammar forced reads the run in a call of its own).
 Requests join and leave between steps. Decoding replies sit in slots 0..n-1 (a call binds a
 contiguous run of slots): a reply that finishes its prompt moves into slot n, one that leaves
 swaps with the last decoding one (the copies cover the tokens held, not the whole slot).
@@ -28,15 +30,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
+from sidecar.model import kv_compact, shared_prefix
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.batch_guidance import RowGuide
+from sidecar.model.guidance import FF_MARGIN
 from sidecar.model.kv_bound import GROWTH_TOKENS, Memory, NoRoom
 from sidecar.model.kv_disk import Stored
+from sidecar.model.kv_idle import IdleRoom
 from sidecar.model.kv_tiers import Holding, KvTiers, Restored
 from sidecar.model.logprobs import ReplyLogprobs
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 from sidecar.model.sampling import Sampler, penalize_repeats
+from sidecar.model.shared_prefix import SharedPrefix
 from sidecar.model.stops import StopFilter
 
 
@@ -98,7 +104,11 @@ class BatchScheduler:
         # engine sets both before the first request (until then: no bound, no tiers).
         self.memory = Memory(bound_bytes=2**62)
         self.tiers = KvTiers(self.pool, cache, self.memory, None, None, self._release_slot)
-        cache.tiers, cache.room = self.tiers, self.memory.room
+        cache.tiers, cache.room = self.tiers, self.room
+        # Room for a new chat made while the worker is idle (kv_idle.py); the engine sets
+        # how much once the model is loaded
+        self.idle = IdleRoom(self)
+        self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (shared_prefix.py)
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
         self.prefilling: deque[BatchGeneration] = deque()
         self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
@@ -107,6 +117,48 @@ class BatchScheduler:
     @property
     def busy(self) -> bool:
         return bool(self.decoding or self.prefilling or self.ready)
+
+    def room(self) -> int:
+        """What the kept conversations may hold: the bound less the running replies'
+        reservations and the shared prefixes."""
+        return max(0, self.memory.room() - self.memory.set_aside)
+
+    def slots_held(self) -> list[SlotHolder | None]:
+        """Each slot's holder (None: free)."""
+        return list(self._slots)
+
+    def tidy(self) -> bool:
+        """One piece of idle work (kv_idle.py); False when there is none."""
+        return self.idle.step()
+
+    def read_shared(self, prefixes: list[list[int]]) -> None:
+        """Read each shared prefix once and keep it (shared_prefix.py), against the bound."""
+        for ids in prefixes:
+            if not ids:
+                continue
+            prefix = shared_prefix.read(self.decoder, self._free_slot(), ids, self.alone_chunk())
+            self.shared.append(prefix)
+            self.memory.set_aside += prefix.nbytes
+
+    def _start_shared(self, holder: SlotHolder, lease: Lease, ids: list[int]) -> int:
+        """Write the longest shared prefix the prompt starts with into a new slot; the
+        tokens it holds (0: none)."""
+        prefix = shared_prefix.longest(self.shared, ids)
+        if prefix is None:
+            return 0
+        tokens = len(prefix.ids)
+        if self.cache.exact:  # whole chunks only: the rest is read as a fresh read reads it
+            tokens = tokens // self.chunk * self.chunk
+        if not tokens:
+            return 0
+        kv_compact.restore(prefix.kv, self.pool, holder.index, tokens)
+        holder.tokens[:] = prefix.ids[:tokens]
+        holder.kv_len = holder.touched = tokens
+        lease.reused = tokens
+        lease.holds(tokens)
+        if lease.entry is not None:  # read as a fresh read reads it, bit for bit
+            lease.entry.exact_end = tokens
+        return tokens
 
     # -- joining ---------------------------------------------------------------------------
 
@@ -134,6 +186,7 @@ class BatchScheduler:
         # coming back from disk is read into
         self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
         restored = Restored(None)
+        shared = 0
         if not lease.fresh:
             assert lease.entry is not None
             holder: SlotHolder = lease.entry.generator
@@ -148,18 +201,25 @@ class BatchScheduler:
             else:
                 restored = Restored("ram")
             del holder.tokens[lease.reused :]
+            if holder.holding.compact is not None:  # past `reused` the slot will differ
+                holder.holding.compact.truncate(lease.reused)
             holder.kv_len = lease.reused
             lease.holds(lease.reused)
         else:
+            self.idle.saw_new_chat(needed)  # the room the next one may need (kv_idle.py)
             self._free_unheld()
             slot = self._free_slot()
             holder = SlotHolder(slot)
             self._slots[slot] = holder
             holder.entry = lease.attach(holder, None, capacity=self.pool.length)
             self.tiers.account(holder.entry)
+            shared = self._start_shared(holder, lease, prompt.ids)
         generation = BatchGeneration(self, prompt, request, holder, lease)
         generation.booking, generation.reserved, generation.need = booking, reserve, need
         generation.restored = restored
+        if lease.fresh and shared:
+            # Not the scope's own tokens: cached_tokens stays what the scope held (none)
+            generation.cached_tokens, generation.cache_reason = 0, "shared"
         self.prefilling.append(generation)
         return generation
 
@@ -246,12 +306,15 @@ class BatchScheduler:
         finish "error" and the exception as its `fault` (the worker logs and counts it); the
         others go on."""
         results: list[tuple[BatchGeneration, str | None]] = []
-        # A reply without KV reserved for its next position, and no room to grow, waits: the
-        # calls bind the runs of slots around it (kv_bound.py)
-        writing = [i for i, generation in enumerate(self.decoding) if self._may_write(generation)]
+        # A reply without KV reserved for the positions its call writes, and no room to grow,
+        # waits: the calls bind the runs of slots around it (kv_bound.py)
+        writing = [
+            i
+            for i, generation in enumerate(self.decoding)
+            if self._may_write(generation, self._fed(generation))
+        ]
         for start, end in _runs(writing):
-            for first in range(start, end, self.rows):
-                group = self.decoding[first : min(first + self.rows, end)]
+            for first, group in self._calls(self.decoding[start:end], start):
                 results.extend(zip(group, self._decode_isolated(first, group), strict=True))
         for generation in list(self.ready):
             try:
@@ -270,13 +333,22 @@ class BatchScheduler:
             results.append((generation, None))
         return results
 
-    def _may_write(self, generation: BatchGeneration) -> bool:
-        """Whether the reply's next decode call has KV reserved for the position it writes,
-        growing its reservation by GROWTH_TOKENS if it must; False: no room, it waits."""
+    def _fed(self, generation: BatchGeneration) -> int:
+        """The positions the reply's next decode call writes: one token, or as much of a run
+        of forced tokens as one call reads (a call of its own, _calls): a forced run is read in
+        one call, as onnxruntime-genai reads it, up to the longest run it allows for
+        (guidance.FF_MARGIN), or a prompt chunk where that is longer."""
+        return min(generation.pending, max(self.chunk, FF_MARGIN)) if generation.pending > 1 else 1
+
+    def _may_write(self, generation: BatchGeneration, positions: int) -> bool:
+        """Whether the reply's next decode call has KV reserved for the `positions` it
+        writes, growing its reservation by GROWTH_TOKENS (or what the call needs, if more) if
+        it must; False: no room, it waits."""
         per_token = self.pool.bytes_per_token
-        if (generation.holder.kv_len + 1) * per_token <= generation.reserved:
+        short = (generation.holder.kv_len + positions) * per_token - generation.reserved
+        if short <= 0:
             return True
-        more = min(GROWTH_TOKENS * per_token, generation.need - generation.reserved)
+        more = min(max(GROWTH_TOKENS * per_token, short), generation.need - generation.reserved)
         if more <= 0:
             return True  # its whole length is reserved (the slot is MAX_LENGTH long anyway)
         if not self.memory.grow(generation.booking, more):
@@ -286,6 +358,41 @@ class BatchScheduler:
         generation.room_found()
         self.cache.shrink(self.cache.limit())  # kept conversations move down to make room
         return True
+
+    def _calls(
+        self, decoding: list[BatchGeneration], start: int
+    ) -> list[tuple[int, list[BatchGeneration]]]:
+        """The decode calls over adjacent slots from `start`: runs whose rows each feed one
+        token, DECODE_BATCH_ROWS rows at most; a row with a run of forced tokens to read (a
+        guided reply, batch_guidance.py) has a call of its own, the run read as a prompt is."""
+        calls: list[tuple[int, list[BatchGeneration]]] = []
+        run: list[BatchGeneration] = []
+        for slot, generation in enumerate(decoding, start):
+            if generation.pending > 1:
+                if run:
+                    calls.append((slot - len(run), run))
+                    run = []
+                calls.append((slot, [generation]))
+                continue
+            run.append(generation)
+            if len(run) == self.rows:
+                calls.append((slot + 1 - len(run), run))
+                run = []
+        if run:
+            calls.append((start + len(decoding) - len(run), run))
+        return calls
+
+    def chunk_for(self, generation: BatchGeneration) -> int:
+        """The prompt tokens `generation` reads in its next call: PREFILL_CHUNK while any
+        other reply runs or waits for its turn (its stall is one chunk), ALONE_CHUNK when it
+        is all the batch has to do (each call has a fixed cost: three calls of 64 for a
+        130-token prompt took 7 to 13% more CPU time than one). PROMPT_CACHE_EXACT keeps
+        PREFILL_CHUNK: replies then never depend on what else ran."""
+        alone = not self.decoding and not self.ready and len(self.prefilling) == 1
+        return self.alone_chunk() if alone and generation in self.prefilling else self.chunk
+
+    def alone_chunk(self) -> int:
+        return self.chunk if self.cache.exact else max(self.chunk, ALONE_CHUNK)
 
     def next_prompt(self) -> BatchGeneration:
         """The prompt whose chunk this step reads: the one with the fewest tokens left to
@@ -309,7 +416,7 @@ class BatchScheduler:
             return None
         if generation in self.ready:
             return self._first_token(generation)
-        if not self._may_write(generation):
+        if not self._may_write(generation, self._fed(generation)):
             return None  # it waits for room to grow (kv_bound.py)
         index = self.decoding.index(generation)
         return self._decode(index, [generation])[0]
@@ -330,14 +437,14 @@ class BatchScheduler:
             self.decoding.append(generation)
         return text
 
-    def _decode(self, first: int, group: list[BatchGeneration]) -> list[str]:
+    def _decode(self, first: int, group: list[BatchGeneration]) -> list[str | None]:
         """One decode call for the generations in slots first..first+len(group)-1; raises
         what the model or a row raises (step_one)."""
-        logits = self._run(first, group)
-        texts = []
+        fed, logits = self._run(first, group)
+        texts: list[str | None] = []
         for generation, row in zip(group, logits, strict=True):
-            generation.wrote(1)
-            texts.append(generation.take(row))
+            generation.wrote(fed)
+            texts.append(generation.take(row) if not generation.pending else None)
         return texts
 
     def _decode_isolated(self, first: int, group: list[BatchGeneration]) -> list[str | None]:
@@ -346,7 +453,7 @@ class BatchScheduler:
         that fails alone ends; a row whose token cannot be taken ends, the others keep
         theirs."""
         try:
-            logits = self._run(first, group)
+            fed, logits = self._run(first, group)
         except Exception as exc:
             if len(group) == 1:
                 self._failed(group[0], exc)
@@ -357,7 +464,10 @@ class BatchScheduler:
             ]
         texts: list[str | None] = []
         for generation, row in zip(group, logits, strict=True):
-            generation.wrote(1)
+            generation.wrote(fed)
+            if generation.pending:  # more of a forced run to read: no token this step
+                texts.append(None)
+                continue
             try:
                 texts.append(generation.take(row))
             except Exception as exc:
@@ -365,10 +475,16 @@ class BatchScheduler:
                 texts.append(None)
         return texts
 
-    def _run(self, first: int, group: list[BatchGeneration]) -> np.ndarray:
-        """The model call: each generation's last token, at its own length."""
-        ids = np.array([[g.holder.tokens[-1]] for g in group], dtype=np.int64)
-        return self.decoder.run(first, ids, [g.holder.kv_len for g in group])
+    def _run(self, first: int, group: list[BatchGeneration]) -> tuple[int, np.ndarray]:
+        """The model call: the tokens each generation holds past its KV (its last token; a
+        row alone: its forced run too), at its own length; how many each fed, and the logits
+        of each row's last one."""
+        fed = self._fed(group[0]) if len(group) == 1 else 1
+        ids = np.array(
+            [g.holder.tokens[g.holder.kv_len : g.holder.kv_len + fed] for g in group],
+            dtype=np.int64,
+        )
+        return fed, self.decoder.run(first, ids, [g.holder.kv_len for g in group])
 
     @staticmethod
     def _failed(generation: BatchGeneration, exc: Exception) -> None:
@@ -447,6 +563,7 @@ class BatchGeneration:
         self.need = 0
         self.kv_paused_s = 0.0
         self._paused_at: float | None = None
+        self._row_size = scheduler._vocab_size  # logits per row (a forced token's logprobs)
         self.restored = Restored(None)  # where the reused tokens came from, and its cost
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
         top_k = request.top_k
@@ -468,6 +585,12 @@ class BatchGeneration:
         return self._appended < len(self.prompt.ids)
 
     @property
+    def pending(self) -> int:
+        """Tokens of the sequence not yet in the KV cache: the last one chosen, and the
+        tokens its grammar forced after it (batch_guidance.py); the next call reads them."""
+        return len(self.holder.tokens) - self.holder.kv_len
+
+    @property
     def prompt_left(self) -> int:
         """Prompt tokens still to read."""
         return len(self.prompt.ids) - self._appended
@@ -479,7 +602,7 @@ class BatchGeneration:
     def prefill_chunk(self) -> None:
         """Read the next chunk of the prompt; the last one's logits give the first token."""
         start, ids = self._appended, self.prompt.ids
-        end = min(start + self._scheduler.chunk, len(ids))
+        end = min(start + self._scheduler.chunk_for(self), len(ids))
         chunk = np.array([ids[start:end]], dtype=np.int64)
         logits = self._scheduler.decoder.run(self.holder.index, chunk, [start])
         self.holder.tokens[start:] = ids[start:end]
@@ -492,6 +615,14 @@ class BatchGeneration:
     def first_token(self) -> str:
         logits, self._first_logits = self._first_logits, None
         assert logits is not None, "the prompt is not read yet"
+        self._row_size = len(logits)
+        guide = self.guide
+        if guide is not None and guide.fast_forward:
+            # What the grammar forces before any choice (a JSON reply's opening): taken as
+            # onnxruntime-genai takes it, read by the next call, the token chosen after it
+            forced = self._forced(guide)
+            if forced is not None:
+                return self._ended(forced)
         return self.take(logits)
 
     def wrote(self, count: int) -> None:
@@ -504,6 +635,7 @@ class BatchGeneration:
     def take(self, logits: np.ndarray) -> str:
         """Choose the next token; its text ('' while a character is incomplete)."""
         eos = self._scheduler.eos_ids
+        self._row_size = len(logits)
         if self._penalty != 1.0:
             logits = penalize_repeats(logits, self.holder.tokens, self._penalty)
         banned = eos if self.generated < self._min_new else ()
@@ -529,11 +661,37 @@ class BatchGeneration:
         # In the sequence, not yet in the KV cache: the next step feeds it.
         self.holder.tokens.append(token)
         text = str(self._stream.decode(token))
+        if guide is not None and self.generated < self.prompt.max_new_tokens:
+            text += self._forced(guide) or ""
+        return self._ended(text)
+
+    def _forced(self, guide: RowGuide) -> str | None:
+        """Take the tokens the grammar forces now (none with forced tokens off), as many as
+        the reply's max_new_tokens leaves (as the Generator path shows them): their text, None
+        when there are none. They join the sequence, and the next call reads them."""
+        forced = guide.forced()[: self.prompt.max_new_tokens - self.generated]
+        if not forced:
+            return None
+        text = ""
+        for token in forced:
+            if self.logprobs is not None:  # the only token the grammar allowed
+                self.logprobs.forced(token, self._row_size)
+            self.holder.tokens.append(token)
+            text += str(self._stream.decode(token))
+        self.generated += len(forced)
+        self.last_token_at = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = self.last_token_at
+        return text
+
+    def _ended(self, text: str) -> str:
+        """The text of the tokens just taken, and whether the reply ends with them."""
         if self._stops:
             text, stopped = self._stops.feed(text)
             if stopped:
                 self.finish = "stop"
                 return text
+        guide = self.guide
         if self.generated >= self.prompt.max_new_tokens:
             self.finish = "length"
             text += self._stops.flush()
@@ -572,6 +730,10 @@ class BatchGeneration:
         """Batched decode takes no prompt-lookup drafts (PROMPT_LOOKUP_TOKENS, drafts.py)."""
         return None
 
+
+# Prompt tokens read per call by a prompt that is all the batch has to do (chunk_for): a 1,000-
+# token prompt in two calls, where PREFILL_CHUNK would take 16.
+ALONE_CHUNK = 512
 
 # Idle conversations the pool keeps slots for beyond the active replies (address space only:
 # a slot's memory is the positions it holds, and PROMPT_CACHE_MB bounds their sum).

@@ -7,11 +7,12 @@ do)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from sidecar.ipc import CacheStats
 from sidecar.model import kv_compact
 from sidecar.model.batch_decoder import BatchDecoder, DecoderSpec, Unsupported, read_spec
 from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchScheduler
@@ -20,6 +21,7 @@ from sidecar.model.kv_compact import Encoding
 from sidecar.model.kv_disk import DiskTier, Shape, model_fingerprint
 from sidecar.model.memory import chosen_kv_bound
 from sidecar.model.prompt_cache import PromptCache
+from sidecar.model.shared_prefix import read_declared
 
 log = logging.getLogger("sidecar.model.batch_setup")
 
@@ -139,3 +141,23 @@ def size_kv_memory(batch: BatchScheduler, options: KvOptions, max_length: int) -
     }
     log.info("kv memory", extra={"fields": fields})
     return capped
+
+
+def cache_stats(batch: BatchScheduler | None, cache: PromptCache, memory: Any) -> CacheStats:
+    """What the engine reports of its cache and KV bound (ipc.CacheStats): the batched path's
+    cache, tiers and bound, else the Generator path's cache and `memory` (its bound)."""
+    if batch is None:
+        return CacheStats(**asdict(cache.stats()), **memory.stats())
+    return CacheStats(**asdict(batch.cache.stats()), **batch.tiers.stats(), **batch.memory.stats())
+
+
+def prepare_idle(
+    batch: BatchScheduler | None, shared: Sequence[str], fit: Any, headroom_tokens: int
+) -> None:
+    """After the warm-up: the declared shared prefixes read (SHARED_PREFIXES,
+    shared_prefix.py; `fit`: PromptBuilder.fit), and the room kept for a new chat while the
+    worker is idle (kv_idle.py): `headroom_tokens`, a short prompt and a default reply."""
+    if batch is None:
+        return
+    read_declared(batch, shared, lambda turns: list(fit(turns, 1, batch.pool.length).ids))
+    batch.idle.headroom_tokens = headroom_tokens

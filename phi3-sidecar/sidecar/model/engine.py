@@ -16,13 +16,13 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before the import: it phones home o
 
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import asdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Generate, Guidance
+from sidecar.model import batch_setup
 from sidecar.model.batch_guidance import Grammars, RowGuide
 from sidecar.model.batch_scheduler import BatchGeneration, BatchScheduler, serves
 from sidecar.model.batch_setup import BatchOptions, KvOptions, batch_path, size_kv_memory
@@ -75,6 +75,7 @@ class Engine:
         kv_compact: str = "int8",
         prompt_cache_dir: Path | None = None,
         prompt_cache_disk_mb: int = 4096,
+        shared_prefixes: Sequence[str] = (),
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -89,6 +90,7 @@ class Engine:
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self.cache.unscoped = prompt_cache_unscoped
         self._cache_budget = prompt_cache_mb * 2**20
+        self._shared_prefixes = tuple(shared_prefixes)  # batch_setup.prepare_idle
         self._kv = KvOptions.chosen(
             kv_memory_mb=kv_memory_mb,
             kv_compact=kv_compact,
@@ -262,15 +264,12 @@ class Engine:
         batched.release(reusable=False)
         self.batch.cache.budget_bytes = self._cache_budget
         self.max_length = size_kv_memory(self.batch, self._kv, self.max_length)
+        batch_setup.prepare_idle(
+            self.batch, self._shared_prefixes, self.prompts.fit, self._spare_needed
+        )
 
     def cache_stats(self) -> CacheStats:
-        batch = self.batch
-        if batch is None:
-            bound = self.generators.memory.memory.stats()
-            return CacheStats(**asdict(self.cache.stats()), **bound)
-        return CacheStats(
-            **asdict(batch.cache.stats()), **batch.tiers.stats(), **batch.memory.stats()
-        )
+        return batch_setup.cache_stats(self.batch, self.cache, self.generators.memory.memory)
 
 
 def load_engine(settings: Settings) -> Engine:
@@ -296,4 +295,5 @@ def load_engine(settings: Settings) -> Engine:
         kv_compact=settings.kv_compact,
         prompt_cache_dir=settings.prompt_cache_dir,
         prompt_cache_disk_mb=settings.prompt_cache_disk_mb,
+        shared_prefixes=settings.shared_prefixes,
     )

@@ -119,6 +119,7 @@ Reason = Literal[
     "unscoped_off",
     "off",
     "seeded",
+    "shared",
 ]
 
 # Why a lease reuses what it does (Lease.reason): the first is a hit, the rest start from token 0.
@@ -134,6 +135,8 @@ REASONS: dict[Reason, str] = {
     "unscoped_off": "no scope, and PROMPT_CACHE_UNSCOPED=false",
     "off": "the cache is off (PROMPT_CACHE_MB=0, or not sized yet at warm-up)",
     "seeded": "a seeded sampling request starts fresh, so that its seed gives its reply",
+    "shared": "no entry matched; a new slot started from a shared prefix the operator declared "
+    "(SHARED_PREFIXES, shared_prefix.py), not counted in cached_tokens",
 }
 
 

@@ -211,7 +211,7 @@ class Scheduler:
         """Until Stop; EOFError/OSError when the web process is gone."""
         batch: Batch | None = getattr(self._engine, "batch", None)
         while not self._stopping:
-            self._read(block=not self._jobs)
+            self._read(block=not self._jobs and not self._tidy())
             if batch is not None and batch.busy:
                 self._end_expired()
                 # One model call for every batched reply (batch_scheduler.py).
@@ -235,6 +235,15 @@ class Scheduler:
             if self._books_changed:  # a reservation grew: the gauges follow the books
                 self._books_changed = False
                 self._outbox.send(self._engine.cache_stats())
+
+    def _tidy(self) -> bool:
+        """With no reply to run and nothing in the pipe, one small piece of the batched path's
+        idle work (BatchScheduler.tidy: room for a new chat, kv_idle.py); False when it had
+        none (the worker then blocks on its pipe)."""
+        tidy = getattr(getattr(self._engine, "batch", None), "tidy", None)
+        if tidy is None or self._jobs or self._waiting or self._inbox.poll():
+            return False
+        return bool(tidy())
 
     def _read(self, *, block: bool) -> None:
         if block:

@@ -159,6 +159,60 @@ def test_greedy_guided_replies_are_the_generators(
         assert greedy(engine, guidance, question) == greedy(generator_engine, guidance, question)
 
 
+def model_calls(engine: Engine, guidance: Guidance, question: str) -> tuple[Any, int]:
+    """A greedy guided reply alone (greedy()) and the model calls it made after its prompt:
+    the batched decoder's calls, or the Generator's steps (one model call each)."""
+    if engine.batch is None:
+        steps = 0
+        generation = engine.start(request(question, guidance), cached=False)
+        text = ""
+        while generation.finish is None:
+            piece = generation.step()
+            steps += piece is not None
+            text += piece or ""
+        generation.release(reusable=False)
+        # The first token comes from the prompt's last call (no call of its own)
+        return (text, generation.finish, generation.generated), steps - 1
+    decoder = engine.batch.decoder
+    calls: list[int] = []
+    run = decoder.run
+
+    def counted(first: int, ids: np.ndarray, lengths: Any, **kwargs: Any) -> np.ndarray:
+        calls.append(ids.shape[1])
+        return run(first, ids, lengths, **kwargs)
+
+    decoder.run = counted  # type: ignore[method-assign]
+    try:
+        reply = greedy(engine, guidance, question)
+    finally:
+        del decoder.run
+    prompt_calls = -(
+        -len(engine.prompts.fit(request(question, guidance).messages, 120, engine.max_length).ids)
+        // engine.prefill_chunk
+    )
+    return reply, len(calls) - prompt_calls
+
+
+@pytest.mark.parametrize("guidance", GRAMMARS.values(), ids=GRAMMARS.keys())
+def test_forced_runs_are_read_in_one_call_as_on_the_generator_path(
+    engine: Engine, generator_engine: Engine, guidance: Guidance
+) -> None:
+    """A grammar's forced tokens (a JSON reply's keys and punctuation, a tool call's opening)
+    are read in one call: no more model calls than the Generator path makes, the same reply."""
+    batched, calls = model_calls(engine, guidance, QUESTIONS[0])
+    generator, steps = model_calls(generator_engine, guidance, QUESTIONS[0])
+    assert batched == generator
+    assert calls <= steps
+
+
+def test_forced_tokens_off_take_a_call_each(engine: Engine) -> None:
+    forced, calls = model_calls(engine, GUIDED, QUESTIONS[0])
+    one_by_one, calls_off = model_calls(engine, replace(GUIDED, ff_tokens=False), QUESTIONS[0])
+    assert one_by_one == forced
+    assert calls_off == forced[2] - 2  # every token but the first and the end: a call each
+    assert 4 * calls < calls_off  # 6 against 38 on the tiny model
+
+
 def test_sampled_guided_replies_validate(engine: Engine) -> None:
     generations = [
         engine.start(request(q, GUIDED, temperature=1.0, top_p=0.95, seed=seed))

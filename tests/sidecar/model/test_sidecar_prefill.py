@@ -13,6 +13,7 @@ import pytest
 
 from scripts.run.services import Service
 from sidecar import ipc
+from sidecar.model.batch_scheduler import ALONE_CHUNK, BatchGeneration
 from sidecar.model.engine import load_engine
 from sidecar.settings import Settings
 from tests.sidecar import reference
@@ -37,7 +38,9 @@ def as_request(messages: list[dict[str, str]], max_new_tokens: int) -> ipc.Gener
 
 @pytest.mark.parametrize("chunk", [16, 37, 100_000])  # 100_000: the whole prompt in one call
 def test_a_chunked_prefill_gives_the_reference_reply(tiny_model_dir: Path, chunk: int) -> None:
-    engine = load_engine(Settings(model_path=tiny_model_dir, prefill_chunk=chunk))
+    # Exact: PREFILL_CHUNK even for a prompt read alone (batch_scheduler.chunk_for)
+    settings = Settings(model_path=tiny_model_dir, prefill_chunk=chunk, prompt_cache_exact=True)
+    engine = load_engine(settings)
     for messages in CONVERSATIONS:
         generation = engine.start(as_request(messages, NEW_TOKENS))
         ids = generation.prompt.ids
@@ -58,6 +61,33 @@ def test_a_chunked_prefill_gives_the_reference_reply(tiny_model_dir: Path, chunk
         assert "".join(pieces) == expected.text
         assert generation.generated == len(expected.tokens)
         assert generation.finish == ("eos" if expected.eos else "length")
+
+
+def test_a_prompt_read_alone_takes_fewer_calls_and_replies_the_same(tiny_model_dir: Path) -> None:
+    """With nothing else to do the batch reads ALONE_CHUNK tokens a call (each call has a
+    fixed cost), PREFILL_CHUNK as soon as another reply is there; the replies are the same."""
+    engine = load_engine(Settings(model_path=tiny_model_dir, prefill_chunk=16))
+    assert engine.batch is not None
+    messages = CONVERSATIONS[0]
+    alone = engine.start(as_request(messages, NEW_TOKENS), cached=False)
+    steps = 0
+    while (text := alone.step()) is None:
+        steps += 1
+    ids = alone.prompt.ids
+    assert steps == math.ceil(len(ids) / max(16, ALONE_CHUNK)) == 1 < math.ceil(len(ids) / 16)
+    pieces = [text]
+    while alone.finish is None:
+        pieces.append(alone.step() or "")
+    alone.release(reusable=False)
+    assert "".join(pieces) == reference.generate(tiny_model_dir, messages, NEW_TOKENS).text
+    # Beside a reply that decodes, the prompt is read in PREFILL_CHUNK chunks again
+    other = engine.start(as_request(CONVERSATIONS[1], NEW_TOKENS), cached=False)
+    while other.prefilling or other.generated == 0:
+        engine.batch.step()
+    joining = engine.start(as_request(messages, NEW_TOKENS), cached=False)
+    assert isinstance(joining, BatchGeneration) and engine.batch.chunk_for(joining) == 16
+    other.release(reusable=False)
+    joining.release(reusable=False)
 
 
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 300  # ~3,300 tokens: ~100 chunks

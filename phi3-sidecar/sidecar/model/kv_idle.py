@@ -1,0 +1,98 @@
+"""Room for a new chat, made while the worker is idle (batched path).
+
+A new chat needs a KV slot and its reservation of the one bound (kv_tiers.Memory). When the
+cache holds idle conversations in every slot, or their RAM leaves the bound no room for one more
+reply, the new chat's start made that room on its own path: it compacted (kv_compact.py) the
+least recently used idle conversation, seconds for a long one on a CPU, before its first token.
+So when the worker has no reply to run (worker.Scheduler), it asks `IdleRoom.step` for one
+small piece of that work at a time: it encodes PIECE_TOKENS more positions of the least recently
+used idle conversation still in a slot, and once the whole conversation is encoded frees its
+slot, exactly as the cache would have compacted it; the worker reads its pipe between pieces.
+
+It makes only the room one new chat needs (a free slot, and the reservation the largest of the
+last few new chats made, at most `headroom_tokens`: the engine's default reply and a short
+prompt), oldest first, the same conversations the new chat's start would have compacted, and
+nothing when there is room (nor before any new chat was seen).
+
+The trade: a conversation compacted early that comes back before any new chat needed its room
+is restored from compact RAM (a copy, int8 by default: not bit for bit the slot it left) where
+it would have continued in its slot; with KV_COMPACT=fp32 or PROMPT_CACHE_EXACT=true the copy is
+lossless and replies are the same. A user who comes back while their conversation is being
+encoded waits for no encoding at all: the conversation is still in its slot and continues
+there; the part already encoded is kept as far as the new turn reuses it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from sidecar.model import kv_compact
+
+if TYPE_CHECKING:
+    from sidecar.model.batch_scheduler import BatchScheduler
+    from sidecar.model.prompt_cache import Entry
+
+PIECE_TOKENS = 64  # positions encoded per idle step (Phi-3-mini: 48 MiB of fp32 K/V)
+RECENT_NEW_CHATS = 8  # the new chats whose largest reservation sets the room kept
+
+
+class IdleRoom:
+    def __init__(self, scheduler: BatchScheduler, headroom_tokens: int = 0) -> None:
+        self._scheduler = scheduler
+        self.headroom_tokens = headroom_tokens  # 0: off (until the engine sets it)
+        self.piece_tokens = PIECE_TOKENS
+        self.pieces = 0  # idle steps that encoded something, since start
+        self._recent: deque[int] = deque(maxlen=RECENT_NEW_CHATS)
+
+    def saw_new_chat(self, tokens: int) -> None:
+        """A new chat (nothing of its scope reused) reserved `tokens` of KV."""
+        self._recent.append(tokens)
+
+    @property
+    def headroom(self) -> int:
+        """The tokens of room kept for the next new chat."""
+        return min(self.headroom_tokens, max(self._recent, default=0))
+
+    def step(self) -> bool:
+        """Encode one piece of the conversation that must leave its slot first; False when
+        there is nothing to do."""
+        entry = self._next()
+        if entry is None:
+            return False
+        tiers = self._scheduler.tiers
+        holder = entry.generator
+        kv = holder.holding.compact
+        valid = kv is not None and kv.encoding == tiers.encoding and kv.tokens <= holder.kv_len
+        done = kv.tokens if kv is not None and valid else 0
+        if holder.kv_len - done <= self.piece_tokens:
+            tiers.compact(entry)  # the rest, and the slot is freed
+        else:
+            assert tiers.encoding is not None
+            end = done + self.piece_tokens
+            more = kv_compact.encode(self._scheduler.pool, holder.index, done, end, tiers.encoding)
+            if kv is not None and valid:
+                kv.extend(more)
+            else:
+                holder.holding.compact = more
+            tiers.account(entry)
+        self.pieces += 1
+        return True
+
+    def _next(self) -> Entry | None:
+        """The least recently used idle conversation in a slot, if a new chat would need its
+        room: no free slot, or the kept conversations' RAM over what a new reply leaves."""
+        scheduler = self._scheduler
+        if not self.headroom or scheduler.tiers.encoding is None or scheduler.busy:
+            return None
+        cache = scheduler.cache
+        idle = [e for e in cache.entries if not e.lent and e.generator.slot is not None]
+        idle = [e for e in idle if e.generator.kv_len > 0]
+        if not idle:
+            return None
+        free_slot = any(holder is None for holder in scheduler.slots_held())
+        headroom = self.headroom * scheduler.pool.bytes_per_token
+        limit = min(cache.budget_bytes, scheduler.room() - headroom)
+        if free_slot and cache.stats().bytes <= limit:
+            return None
+        return min(idle, key=lambda e: e.last_used)

@@ -1,0 +1,112 @@
+"""Shared prefixes (SHARED_PREFIXES): the operator's system prompts, read once, from which every
+new chat that sends one starts (batched path).
+
+Every new chat reads the operator's system prompt (the app's instructions, a grounded answer's
+rules) before its own words, the same tokens for every user. The operator declares those
+system messages in the settings; the worker reads each once at start (after the warm-up) and
+keeps its K/V as a lossless copy (kv_compact.py, `fp32`), counted against the one KV bound
+(kv_tiers.Memory). A new chat (nothing of its own scope reused) whose prompt starts with a
+prefix's tokens gets the copy written into its slot and reads only the rest of its prompt.
+
+Which tokens: the rendered prompt of the system message and a user turn, up to the first token
+that depends on the user's turn (the common start of the prompts for two different user
+turns), so the prefix is the same whatever the template wraps around it; a request's prompt
+must start with exactly those tokens (compared token by token) to use it.
+
+Exactness: the prefix is read as a fresh prompt read alone is (batch_scheduler.chunk_for), in
+chunks from its first token, so its K/V are such a read's bit for bit; the rest of the prompt
+is then read from the prefix's end. Where that end is not a whole number of chunks the rest's
+chunks fall elsewhere than a fresh read's (the same last-bit differences the conversation
+cache accepts for a next turn); PROMPT_CACHE_EXACT=true uses only the prefix's whole chunks,
+and replies are then an uncached run's, bit for bit.
+
+Not an oracle: a prefix comes only from the settings, never from a request, so no request
+learns anything from another's tokens; it is used only by a request that sent all of it
+itself; and `cached_tokens` (the response's usage, X-Cached-Tokens) counts only what the
+request's own scope held, not the shared prefix. What the timing of a first token can still
+tell a caller is whether the system message it sent is, whole, one the operator declared: do
+not declare a system prompt that callers who send system messages must not be able to confirm.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sidecar.ipc import Role
+from sidecar.model import kv_compact
+from sidecar.model.batch_decoder import BatchDecoder
+from sidecar.model.kv_compact import CompactKv
+
+if TYPE_CHECKING:
+    from sidecar.model.batch_scheduler import BatchScheduler
+
+log = logging.getLogger("sidecar.model.shared_prefix")
+
+# The user turns whose prompts' common start is a system message's prefix
+_PROBES = ("a", "b", "1")
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    ids: tuple[int, ...]
+    kv: CompactKv
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes
+
+
+Render = Callable[[Sequence[tuple[Role, str]]], list[int]]  # messages -> prompt ids
+
+
+def prefix_tokens(system: str, render: Render) -> list[int]:
+    """The tokens every prompt that opens with this system message starts with: the common
+    start of the prompts `render` makes for it with different user turns."""
+    prompts = [render((("system", system), ("user", probe))) for probe in _PROBES]
+    common = 0
+    for tokens in zip(*prompts, strict=False):
+        if len(set(tokens)) > 1:
+            break
+        common += 1
+    return prompts[0][:common]
+
+
+def read(decoder: BatchDecoder, slot: int, ids: Sequence[int], chunk: int) -> SharedPrefix:
+    """Read a prefix into a free slot as a fresh prompt is read (chunks from its first token)
+    and keep its K/V losslessly; the slot is left as it was found (freed)."""
+    pool = decoder.pool
+    try:
+        for start in range(0, len(ids), chunk):
+            piece = np.array([ids[start : start + chunk]], dtype=np.int64)
+            decoder.run(slot, piece, [start])
+        kv = kv_compact.encode(pool, slot, 0, len(ids), "fp32")
+    finally:
+        pool.free(slot)
+    return SharedPrefix(tuple(int(t) for t in ids), kv)
+
+
+def longest(prefixes: Sequence[SharedPrefix], prompt: Sequence[int]) -> SharedPrefix | None:
+    """The longest prefix the prompt starts with and goes on past (a token is always read)."""
+    best: SharedPrefix | None = None
+    for prefix in prefixes:
+        size = len(prefix.ids)
+        longer = best is None or size > len(best.ids)
+        if longer and len(prompt) > size and tuple(prompt[:size]) == prefix.ids:
+            best = prefix
+    return best
+
+
+def read_declared(batch: BatchScheduler | None, systems: Sequence[str], render: Render) -> None:
+    """Read each declared system message's prefix once into the batched path (logged); the
+    Generator path has none."""
+    if batch is None or not systems:
+        return
+    batch.read_shared([prefix_tokens(text, render) for text in systems])
+    fields = {"prefixes": len(batch.shared), "tokens": [len(p.ids) for p in batch.shared]}
+    fields["bytes"] = sum(p.nbytes for p in batch.shared)
+    log.info("shared prefixes", extra={"fields": fields})
