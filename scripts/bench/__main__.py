@@ -66,6 +66,8 @@ COMMANDS = (
             "and off again"),
     Command("container-start", "container_start", "the sidecar image's start, from `podman "
             "run` to ready, model baked in or mounted"),
+    Command("rag", "rag", "retrieval quality on the Python FAQ (recall@1/3/5, MRR@10): keyword, "
+            "dense, fusion, beside Open WebUI's"),
     Command("kv-memory", "kv_memory", "the sidecar's peak memory under a container's memory "
             "limit with more KV wanted than fits (root)"),
 )  # fmt: skip
@@ -76,6 +78,7 @@ LIBRARIES = {
     "drivers": "how one generation is driven and timed (engine, sidecar, app); the prompts",
     "quality_kv": "quality --kv-restore: a conversation restored through the batched path",
     "peers": "llama.cpp's server, the GGUF of our model, the peer tables (peers/)",
+    "rag_faq": "rag: the Python FAQ's question and answer pairs, recall@k and MRR",
 }
 
 

@@ -1,0 +1,66 @@
+"""The retrieval evaluation: the FAQ's pairs, the measures, and the keyword run's shape."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from scripts.bench import rag
+from scripts.bench.rag_faq import FAQ, _page_pairs, faq_pairs, rank_of, score
+
+PAGE = """\
+=====
+Title
+=====
+
+Section
+=======
+
+How do I boil water?
+--------------------
+
+Use a kettle.
+
+Why not?
+--------
+
+Then a pan.
+"""
+
+
+def test_a_page_becomes_question_answer_pairs() -> None:
+    pairs = _page_pairs("p", PAGE)
+    assert [(p.question, p.answer) for p in pairs] == [
+        ("How do I boil water?", "Use a kettle."),
+        ("Why not?", "Then a pan."),
+    ]
+
+
+@pytest.mark.skipif(not FAQ.is_dir(), reason="python3.11-doc is not installed")
+def test_the_faq_gives_about_170_pairs() -> None:
+    pairs = faq_pairs()
+    assert 165 <= len(pairs) <= 185
+    assert all(p.question.endswith("?") and p.answer for p in pairs)
+    assert not any(p.answer.startswith(("---", "===")) for p in pairs)
+
+
+def test_measures() -> None:
+    assert rank_of(7, [3, 3, 7, 1]) == 2  # repeats of one document count once
+    assert rank_of(9, [3, 7]) is None
+    scores = score([1, 2, None, 11])
+    assert (scores.recall_at_1, scores.recall_at_3, scores.recall_at_5) == (0.25, 0.5, 0.5)
+    assert scores.mrr_at_10 == round((1 + 1 / 2) / 4, 3)
+
+
+@pytest.mark.skipif(not FAQ.is_dir(), reason="python3.11-doc is not installed")
+def test_keyword_run_finds_most_answers(capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(
+        embeddings_url=None, embeddings_model="", tokenizer=None, chunk_tokens=256, limit=40
+    )
+    result = rag.main(args)
+    keyword = result["results"]["keyword"]
+    assert result["pairs"] == 40 and keyword["queries"] == 40
+    # BM25 on its own finds far more than chance (1/40) puts first.
+    assert keyword["recall_at_5"] > 0.5
+    assert "| keyword |" in capsys.readouterr().out
