@@ -50,6 +50,15 @@ def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny generated encoder (scripts/models/make_encoder.py) for /v1/embeddings, no torch."""
+    out = tmp_path_factory.mktemp("encoders") / "tiny-encoder"
+    command = [sys.executable, "-m", "scripts.models.make_encoder", "--out", str(out)]
+    subprocess.run(command, check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
 def sidecar_service(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[services.Service]:

@@ -58,6 +58,18 @@ def test_the_model_process_code_never_imports_web_code() -> None:
     assert imports_of(SIDECAR / "model", "sidecar.web") == {}
 
 
+def test_the_encoder_package_imports_no_web_code_and_of_the_model_s_only_the_cpu_count() -> None:
+    """sidecar/embeddings/ runs in the web process (ARCHITECTURE.md, "Embeddings"): it reads the
+    CPU budget from model/cpus.py (plain Python, the one copy of that rule) and nothing else
+    of the model worker's."""
+    assert imports_of(SIDECAR / "embeddings", "sidecar.web") == {}
+    model_imports = imports_of(SIDECAR / "embeddings", "sidecar.model")
+    assert list(model_imports) == ["phi3-sidecar/sidecar/embeddings/service.py"]
+    assert {
+        m.removesuffix(".cpu_budget") for m in model_imports[str(next(iter(model_imports)))]
+    } == {"sidecar.model.cpus"}
+
+
 @pytest.mark.parametrize(("root", "other"), [(SIDECAR, "chatapp"), (APP, "sidecar")])
 def test_the_services_never_import_each_other(root: Path, other: str) -> None:
     assert imports_of(root, other) == {}
@@ -120,6 +132,37 @@ def test_building_the_web_app_loads_no_model_code(tmp_path: Path) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert json.loads(result.stdout) == []
+
+
+def test_the_encoder_loads_in_the_web_process_without_the_chat_model_s_runtime(
+    tmp_path: Path,
+) -> None:
+    """With an encoder, the web process loads onnxruntime and tokenizers for it, never
+    onnxruntime-genai or the model worker's code (but the CPU count, model/cpus.py)."""
+    encoder = tmp_path / "encoder"
+    subprocess.run(
+        [sys.executable, "-m", "scripts.models.make_encoder", "--out", str(encoder)],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
+    probe = (
+        "import json, sys, time\n"
+        "from sidecar.settings import Settings\n"
+        "from sidecar.web.app import create_app\n"
+        f"app = create_app(Settings(model_path={str(tmp_path)!r}, "
+        f"embed_model_path={str(encoder)!r}))\n"
+        "embeddings = app.state.embeddings\n"
+        "embeddings.start()\n"
+        "while embeddings.phase.name not in ('ready', 'failed'): time.sleep(0.05)\n"
+        "loaded = [m for m in sys.modules if m.split('.')[0] == 'onnxruntime_genai' "
+        "or (m.startswith('sidecar.model') and m != 'sidecar.model.cpus')]\n"
+        "print(json.dumps([embeddings.phase.name, loaded]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(result.stdout.splitlines()[-1]) == ["ready", ["sidecar.model"]]
 
 
 def test_the_engine_stays_one_module_that_reads_at_one_sitting() -> None:

@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sidecar import catalog
+from sidecar.embeddings import catalog as encoder_catalog
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -322,6 +323,82 @@ class Settings(BaseSettings):
         "headers; then 408 request_timeout and the connection is closed (a body nobody reads "
         "is closed 2 s later). A stalled or endless body cannot hold a socket past it.",
     )
+    # Embeddings (sidecar/embeddings/, web/embeddings_api.py): off unless an encoder is set.
+    embed_model_path: Path | None = Field(
+        default=None,
+        description="Folder of an encoder for POST /v1/embeddings: a sentence-transformers "
+        "folder with its ONNX export (onnx/model.onnx, tokenizer.json, modules.json, "
+        "1_Pooling/config.json; docs/models.md, 'Encoders'). Unset (and no EMBED_MODEL_ID): "
+        "no embeddings are served. With MODEL_DOWNLOAD and EMBED_MODEL_ID, the download goes "
+        "here.",
+    )
+    embed_model_id: str | None = Field(
+        default=None,
+        description="A catalog encoder (sidecar/embeddings/catalog.py: all-minilm-l6-v2, "
+        "bge-small-en-v1.5, e5-small-v2, nomic-embed-text-v1.5): sets the default of "
+        "EMBED_MODEL_PATH (/home/models/<name>) and, with MODEL_DOWNLOAD, fetches it there "
+        "from the Hugging Face Hub when the folder is not complete.",
+    )
+    embed_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The encoder's name in /v1/models, /readyz and replies; default: "
+        "EMBED_MODEL_ID, else the folder's name.",
+    )
+    embed_threads: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Threads that run the encoder, each a whole model call at a time; 0 = the "
+        "CPUs this process may use (as NUM_THREADS). They run at a lower CPU priority "
+        "(EMBED_NICE), so they take the CPUs a chat leaves idle.",
+    )
+    embed_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="How much lower the encoder threads' CPU priority is than the chat's (Linux "
+        "nice, per thread): at 10 a chat keeps about 90 % of a core the encoder also wants, "
+        "and an idle machine gives the encoder everything (ARCHITECTURE.md, 'Embeddings'). "
+        "0: the same priority as the chat.",
+    )
+    embed_batch_tokens: int = Field(
+        default=2048,
+        ge=16,
+        le=1_048_576,
+        description="Most tokens in one encoder call, padding included (inputs are sorted by "
+        "length first): bigger batches compute a little faster, smaller ones let a query in "
+        "sooner beside an index run.",
+    )
+    embed_max_inputs: int = Field(
+        default=2048,
+        ge=1,
+        le=65536,
+        description="Most inputs (strings or token lists) in one /v1/embeddings request, "
+        "OpenAI's own bound; beyond: 400 too_many_inputs.",
+    )
+    embed_max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Largest /v1/embeddings request body; beyond: 413. An index run of 2,048 "
+        "chunks of about 1,000 characters is about 2 MB.",
+    )
+    embed_queue_size: int = Field(
+        default=32,
+        ge=0,
+        le=4096,
+        description="/v1/embeddings requests that may wait for the encoder beside the one "
+        "running; beyond: 503 overloaded.",
+    )
+    embed_matryoshka: bool | None = Field(
+        default=None,
+        description="The encoder was trained so that a vector's first N numbers are an "
+        "embedding too (Matryoshka): `dimensions` is then served by cutting and renormalising. "
+        "Default: what EMBED_MODEL_ID's catalog entry says (nomic-embed-text-v1.5), else off: "
+        "`dimensions` other than the model's own is then a 400.",
+    )
     log_level: LogLevel = Field(default="info", description="debug, info, warning or error.")
     log_prompts: bool = Field(
         default=False,
@@ -445,6 +522,23 @@ class Settings(BaseSettings):
             self.traces_file,
         )
         return not self.otel_sdk_disabled and any(d is not None for d in destinations)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encoder_catalog_defaults(cls, data: object) -> object:
+        """EMBED_MODEL_ID fills in EMBED_MODEL_PATH unless it is set."""
+        if not isinstance(data, dict):
+            return data
+        name = next((v for k, v in data.items() if k.lower() == "embed_model_id"), None)
+        if not name:
+            return data
+        if name not in encoder_catalog.ENTRIES:
+            known = ", ".join(encoder_catalog.ENTRIES)
+            raise ValueError(f"EMBED_MODEL_ID {name!r} is not in the catalog; known: {known}")
+        if any(k.lower() == "embed_model_path" for k in data):
+            return data
+        folder = Path("/home/models") / encoder_catalog.ENTRIES[name].folder
+        return {**data, "embed_model_path": folder}
 
     @model_validator(mode="before")
     @classmethod

@@ -2,8 +2,8 @@
 
 Each object the routes use lives on app.state and reaches them through one dependency
 (deps.py). The routes: /predict (predict_api.py), /v1/chat/completions (openai_api.py),
-/v1/completions (completions_api.py), /v1/responses (responses_api.py), the probes and
-/metrics (probes.py).
+/v1/completions (completions_api.py), /v1/responses (responses_api.py), /v1/embeddings
+(embeddings_api.py, on the encoder of sidecar/embeddings/), the probes and /metrics (probes.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from sidecar.embeddings.service import Embeddings
 from sidecar.settings import Settings
 from sidecar.web import errors, openapi
 from sidecar.web.access import AccessMiddleware, log_state
@@ -22,6 +23,7 @@ from sidecar.web.admission import Admission
 from sidecar.web.completions_api import router as completions_router
 from sidecar.web.connections import Connections, connection_limit
 from sidecar.web.deadlines import BodyDeadline
+from sidecar.web.embeddings_api import router as embeddings_router
 from sidecar.web.images import Images
 from sidecar.web.listener import accept_errors
 from sidecar.web.metrics import Metrics
@@ -46,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # A slot is held until the worker reports the generation over (see admission.py).
     model = ModelClient(settings, on_generation_over=admission.release)
     tracing = Tracing.from_settings(settings)  # None unless a destination is set (telemetry.py)
+    embeddings = Embeddings(settings)  # phase "off" unless an encoder is set
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,9 +56,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Accept errors (out of descriptors) counted and throttled instead of a traceback each.
         asyncio.get_running_loop().set_exception_handler(accept_errors(connections))
         await model.start()  # returns at once: the port opens while the model loads
+        embeddings.start()  # the same: loads in a thread of its own
         try:
             yield
         finally:
+            embeddings.stop()
             await model.stop()
             if tracing is not None:
                 tracing.shutdown()  # the last spans go out
@@ -79,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.connections = connections
     app.state.admission = admission
     app.state.model = model
+    app.state.embeddings = embeddings
     app.state.response_store = ResponseStore(settings.response_store_mb * 2**20)
     app.state.images = Images(settings)  # the image checks (images.py)
     app.state.pipeline = Pipeline(
@@ -104,4 +110,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(completions_router)
     app.include_router(responses_router)
+    app.include_router(embeddings_router)
     return app

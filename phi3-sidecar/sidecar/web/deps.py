@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from sidecar.embeddings.service import Embeddings
 from sidecar.settings import Settings
 from sidecar.web.admission import Admission
 from sidecar.web.images import Images
@@ -51,6 +52,11 @@ def get_images(request: Request) -> Images:
     return images
 
 
+def get_embeddings(request: Request) -> Embeddings:
+    embeddings: Embeddings = request.app.state.embeddings
+    return embeddings
+
+
 def get_record(request: Request) -> RequestRecord:
     """The request's log record (made by RequestLogMiddleware)."""
     record: RequestRecord = request.scope["state"]["record"]
@@ -65,3 +71,4 @@ PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 RecordDep = Annotated[RequestRecord, Depends(get_record)]
 ResponseStoreDep = Annotated[ResponseStore, Depends(get_response_store)]
 ImagesDep = Annotated[Images, Depends(get_images)]
+EmbeddingsDep = Annotated[Embeddings, Depends(get_embeddings)]

@@ -77,6 +77,12 @@ REFUSALS: dict[str, Answer] = {
     "image_input_unsupported": Answer(
         400, "image_input_unsupported", 400, "image_input_unsupported"
     ),
+    # /v1/embeddings (embeddings_api.py): the encoder, and its inputs
+    "embeddings_not_served": Answer(400, "embeddings_not_served", 400, "embeddings_not_served"),
+    "invalid_input": Answer(400, "invalid_input", 400, "invalid_input"),
+    "too_many_inputs": Answer(400, "too_many_inputs", 400, "too_many_inputs"),
+    "input_too_long": Answer(400, "input_too_long", 400, "context_length_exceeded"),
+    "dimensions_unsupported": Answer(400, "dimensions_unsupported", 400, "invalid_value"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
     # a finished structured reply that fails its final check (reply_check.py)
@@ -91,7 +97,8 @@ WHEN: dict[str, str] = {
     "unsupported_media_type": "the body is not `application/json`",
     "body_too_large": "the body is over `MAX_BODY_BYTES` (`/predict`, `/v1/chat/completions`, "
     "`/v1/completions`, `/v1/responses`), not counting its images' data URLs, of which "
-    "`MAX_IMAGES` of `MAX_IMAGE_BYTES` fit beyond it",
+    "`MAX_IMAGES` of `MAX_IMAGE_BYTES` fit beyond it; for `/v1/embeddings`, over "
+    "`EMBED_MAX_BODY_BYTES`",
     "body_cut_off": "the body ended before its `Content-Length`",
     "request_timeout": "the body did not arrive within `REQUEST_BODY_TIMEOUT_S` of the headers "
     "(a stalled or endless body; the connection is closed)",
@@ -109,10 +116,12 @@ WHEN: dict[str, str] = {
     "deleted, or another caller's (the same answer: whether it exists is not told)",
     "method_not_allowed": "the path exists, not with this method (`Allow` says which)",
     "not_ready": "the model is not ready; `phase` says why: loading (`starting`, `downloading`, "
-    "`loading`, `warming_up`; `Retry-After: 5`), `restarting` (the worker died, stopped "
+    "`loading`, `warming_up`; `Retry-After: 5`; for `/v1/embeddings`, the encoder's phase: "
+    "`starting`, `downloading`, `loading`), `restarting` (the worker died, stopped "
     "answering or hung while loading, and is being replaced; `Retry-After`: the back-off of "
     "1, 2, 5, 10 or 30 s left plus the last load time), or `failed` (waiting will not help)",
-    "overloaded": "the queue is full (`QUEUE_SIZE`; `Retry-After: 2`)",
+    "overloaded": "the queue is full (`QUEUE_SIZE`; for `/v1/embeddings`, `EMBED_QUEUE_SIZE`; "
+    "`Retry-After: 2`)",
     "too_many_connections": "the connection opened while `MAX_CONNECTIONS` connections were "
     "open and none was idle (`Retry-After: 2`, `Connection: close`; /healthz, /readyz and "
     "/metrics are answered instead, then closed)",
@@ -141,6 +150,17 @@ WHEN: dict[str, str] = {
     "image_input_unsupported": "the request holds images and the model served reads text only "
     "(`/readyz` `image_input`, `/v1/models` `input_modalities`); the message names the model. "
     "Checked after the images themselves and readiness",
+    "embeddings_not_served": "`POST /v1/embeddings` on a sidecar with no encoder configured "
+    "(`EMBED_MODEL_PATH`, `EMBED_MODEL_ID`); the route exists, so this is not a 404",
+    "invalid_input": "an embeddings `input` that is empty (the string, the array, or one of "
+    "its items), mixes types, holds a token id outside the encoder's vocabulary or a lone "
+    "surrogate; or a `truncate_prompt_tokens` outside 2 to the encoder's limit (or -1)",
+    "too_many_inputs": "an embeddings request with more than `EMBED_MAX_INPUTS` inputs",
+    "input_too_long": "an embeddings input with more tokens than the encoder reads (256 for "
+    "all-MiniLM-L6-v2, 512 for bge-small), and no `truncate_prompt_tokens`; the message names "
+    "the input, `limit_tokens` the limit. Never cut silently",
+    "dimensions_unsupported": "`dimensions` other than the encoder's width, on an encoder not "
+    "trained for shorter vectors (Matryoshka), or wider than its width",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
     "cut off instead); a fault of one reply's own (logits that hold NaN, a grammar that leaves no "

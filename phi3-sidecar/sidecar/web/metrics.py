@@ -19,6 +19,8 @@ them, and the requests refused for their images, by reason (errors.REFUSALS' ima
 And the connections (connections.py, listener.py): open ones and the cap, idle ones closed for a
 new one, requests refused over the cap, and accept errors (out of descriptors).
 
+Embeddings (/v1/embeddings): requests by outcome, inputs, tokens, and each request's time.
+
 Label values come from fixed sets only: never a request id, never text.
 """
 
@@ -53,6 +55,7 @@ GENERATION_PATHS = {
     "/v1/completions": "v1",
     "/v1/responses": "v1",
 }
+EMBEDDINGS_PATH = "/v1/embeddings"  # counted apart: sidecar_embedding_*
 OUTCOMES = ("eos", "stop", "length", "time_limit", "cancelled", "error", "rejected")
 _LABELS = ("api", "outcome")
 
@@ -62,6 +65,7 @@ _TOKEN_GAP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.
 _QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TOKEN_BUCKETS = tuple(2**n for n in range(4, 18))  # 16 ... 131072
 _GENERATED_BUCKETS = (1, 2, 4, 8, *_TOKEN_BUCKETS[:-4])  # 1 ... 8192
+_EMBEDDING_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
 # Where a request's prompt tokens came from (ipc.CacheTier, and the rest read by the model)
 TOKEN_SOURCES = ("ram", "compact", "disk", "recomputed")
@@ -206,7 +210,29 @@ class Metrics:
             _GENERATED_BUCKETS,
         )
 
+        # /v1/embeddings (embeddings_api.py): requests, inputs, tokens and time
+        self.embedding_requests = counter(
+            "sidecar_embedding_requests",
+            "Finished /v1/embeddings requests by outcome (ok, rejected, error).",
+            ("outcome",),
+        )
+        for outcome in ("ok", "rejected", "error"):
+            self.embedding_requests.labels(outcome)
+        self.embedding_inputs = counter(
+            "sidecar_embedding_inputs", "Inputs embedded (strings or token lists)."
+        )
+        self.embedding_tokens = counter("sidecar_embedding_tokens", "Tokens the encoder read.")
+        self.embedding_duration = Histogram(
+            "sidecar_embedding_duration_seconds",
+            "A /v1/embeddings request from arrival to its last byte, refusals included.",
+            buckets=_EMBEDDING_BUCKETS,
+            registry=self.registry,
+        )
+
     def observe(self, record: RequestRecord) -> None:
+        if record.path == EMBEDDINGS_PATH:
+            self._observe_embeddings(record)
+            return
         api = GENERATION_PATHS.get(record.path)
         if api is None:
             return
@@ -253,6 +279,15 @@ class Metrics:
             gaps = self.token_gap.labels(*labels)
             for earlier, later in itertools.pairwise(times):
                 gaps.observe(later - earlier)
+
+    def _observe_embeddings(self, record: RequestRecord) -> None:
+        outcome = record.outcome if record.outcome in ("ok", "rejected") else "error"
+        self.embedding_requests.labels(outcome).inc()
+        if outcome == "ok":
+            self.embedding_inputs.inc(record.embedding_inputs or 0)
+            self.embedding_tokens.inc(record.prompt_tokens or 0)
+        if record.duration_ms is not None:
+            self.embedding_duration.observe(record.duration_ms / 1000)
 
     def render(self, gauges: Gauges) -> str:
         self._gauges.latest = gauges

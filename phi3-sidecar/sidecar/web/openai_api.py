@@ -110,7 +110,7 @@ from fastapi import APIRouter, Request, Response
 from sidecar import ipc
 from sidecar.settings import Settings
 from sidecar.web import logprobs, structured
-from sidecar.web.deps import ImagesDep, ModelDep, PipelineDep, RecordDep, SettingsDep
+from sidecar.web.deps import EmbeddingsDep, ImagesDep, ModelDep, PipelineDep, RecordDep, SettingsDep
 from sidecar.web.errors import ApiError
 from sidecar.web.images import body_allowance
 from sidecar.web.model_client import ModelClient
@@ -125,14 +125,23 @@ router = APIRouter()
 
 @router.get("/v1/models")
 @router.head("/v1/models", include_in_schema=False)
-async def list_models(settings: SettingsDep, model: ModelDep) -> dict[str, Any]:
-    """OpenAI's model list: the one model this sidecar serves."""
-    return {"object": "list", "data": [_model_object(settings, model)]}
+async def list_models(
+    settings: SettingsDep, model: ModelDep, embeddings: EmbeddingsDep
+) -> dict[str, Any]:
+    """OpenAI's model list: the chat model this sidecar serves, and its encoder if it has one."""
+    encoder = embeddings.model_object()
+    data = [_model_object(settings, model), *([encoder] if encoder else [])]
+    return {"object": "list", "data": data}
 
 
 @router.get("/v1/models/{model_id:path}")
 @router.head("/v1/models/{model_id:path}", include_in_schema=False)
-async def get_model(model_id: str, settings: SettingsDep, model: ModelDep) -> dict[str, Any]:
+async def get_model(
+    model_id: str, settings: SettingsDep, model: ModelDep, embeddings: EmbeddingsDep
+) -> dict[str, Any]:
+    encoder = embeddings.model_object()
+    if encoder is not None and model_id == encoder["id"]:
+        return encoder
     if model_id != settings.served_model_name:
         raise ApiError(
             "model_not_found", f"no model {model_id!r} here; GET /v1/models lists the one served"

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from sidecar.web.deps import AdmissionDep, MetricsDep, ModelDep, SettingsDep
+from sidecar.web.deps import AdmissionDep, EmbeddingsDep, MetricsDep, ModelDep, SettingsDep
 from sidecar.web.metrics import Gauges
 
 router = APIRouter()
@@ -22,8 +22,10 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 @router.head("/readyz", include_in_schema=False)
-async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
-    """Readiness: 200 once the model is loaded and a warm-up token was generated."""
+async def readyz(model: ModelDep, settings: SettingsDep, embeddings: EmbeddingsDep) -> JSONResponse:
+    """Readiness: 200 once the model is loaded and a warm-up token was generated. `embeddings`
+    says whether /v1/embeddings is served (its phase); it does not change the status: chat
+    goes on without an encoder that failed."""
     phase = model.phase
     ready = phase.ready
     body: dict[str, object] = {
@@ -32,6 +34,7 @@ async def readyz(model: ModelDep, settings: SettingsDep) -> JSONResponse:
         "reason": phase.reason,
         "phase_seconds": round(time.monotonic() - phase.since, 1),
         "model": settings.served_model_name,
+        "embeddings": embeddings.readiness(),
     }
     if ready:
         body["max_length"] = phase.max_length

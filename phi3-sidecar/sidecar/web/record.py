@@ -38,6 +38,7 @@ class RequestRecord:
     # and the time it took to put them back into a KV slot (model/kv_tiers.py)
     cache_tier: str | None = None
     restore_ms: float | None = None
+    embedding_inputs: int | None = None  # /v1/embeddings: inputs (prompt_tokens: their tokens)
     dropped_messages: int | None = None
     generated_tokens: int | None = None
     queue_wait_ms: float | None = None  # from asking for a generation slot to getting one

@@ -22,7 +22,8 @@ HISTOGRAMS = (
 )
 LABELS = {
     "api": {"predict", "v1"},
-    "outcome": {"eos", "stop", "length", "time_limit", "cancelled", "error", "rejected"},
+    # generation outcomes; "ok": a /v1/embeddings request (sidecar_embedding_requests)
+    "outcome": {"eos", "stop", "length", "time_limit", "cancelled", "error", "rejected", "ok"},
     "le": None,  # bucket bounds
     "source": {"ram", "compact", "disk", "recomputed"},  # where prompt tokens came from
     "tier": {"compact", "disk"},  # where a restored conversation came from

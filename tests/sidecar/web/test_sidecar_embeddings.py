@@ -1,0 +1,267 @@
+"""POST /v1/embeddings as clients see it: the official `openai` SDK (its default base64 and
+floats) and plain HTTP against a real sidecar on the tiny chat model and the tiny generated
+encoder (scripts/models/make_encoder.py); the vectors checked against the same encoder run
+in this process; every refusal; the API key, log line and metrics; a chat beside an index run."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+
+from scripts.run import services
+from scripts.run.services import Service
+from sidecar.embeddings.encoder import Encoder
+from sidecar.embeddings.folder import read_spec
+
+KEY = "test-key"
+TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "hello"]
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def service(
+    tiny_model_dir: Path, tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    log = tmp_path_factory.mktemp("logs") / "sidecar-embeddings.log"
+    with services.sidecar(
+        tiny_model_dir,
+        log,
+        EMBED_MODEL_PATH=str(tiny_encoder_dir),
+        EMBED_MAX_INPUTS="300",
+        EMBED_MAX_BODY_BYTES="65536",
+        EMBED_BATCH_TOKENS="64",
+        API_KEY=KEY,
+    ) as running:
+        services.wait_for_embeddings(running)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_encoder_dir: Path) -> Encoder:
+    return Encoder(read_spec(tiny_encoder_dir))
+
+
+@pytest.fixture
+def client(service: Service) -> Iterator[OpenAI]:
+    with OpenAI(base_url=service.url + "/v1", api_key=KEY, max_retries=0) as client:
+        yield client
+
+
+def post(service: Service, body: Any, **headers: str) -> httpx.Response:
+    return httpx.post(
+        service.url + "/v1/embeddings", json=body, headers=HEADERS | headers, timeout=60
+    )
+
+
+def error(response: httpx.Response) -> dict[str, Any]:
+    body: dict[str, Any] = response.json()["error"]
+    return body
+
+
+def test_the_sdk_s_default_base64_and_floats_give_the_encoder_s_vectors(
+    client: OpenAI, encoder: Encoder, tiny_encoder_dir: Path
+) -> None:
+    expected = encoder.encode(encoder.tokenize(TEXTS))
+    default = client.embeddings.create(model="anything", input=TEXTS)  # base64 on the wire
+    floats = client.embeddings.create(model="anything", input=TEXTS, encoding_format="float")
+    for reply in (default, floats):
+        got = np.array([item.embedding for item in reply.data], dtype=np.float32)
+        assert [item.index for item in reply.data] == [0, 1, 2]
+        assert np.array_equal(got, expected)  # both formats carry float32 exactly
+        assert reply.model == tiny_encoder_dir.name
+        tokens = sum(len(ids) for ids in encoder.tokenize(TEXTS))
+        assert reply.usage.prompt_tokens == reply.usage.total_tokens == tokens
+    assert np.allclose(np.linalg.norm(expected, axis=1), 1.0, atol=1e-6)
+
+
+def test_base64_is_little_endian_float32(service: Service, encoder: Encoder) -> None:
+    response = post(service, {"input": "hello", "encoding_format": "base64"})
+    raw = base64.b64decode(response.json()["data"][0]["embedding"])
+    assert len(raw) == 4 * encoder.spec.dimensions
+    got = np.frombuffer(raw, dtype="<f4")
+    assert np.array_equal(got, encoder.encode(encoder.tokenize(["hello"]))[0])
+
+
+def test_token_ids_as_the_tokenizer_gives_them_are_the_text(
+    client: OpenAI, encoder: Encoder
+) -> None:
+    ids = encoder.tokenize(TEXTS)
+    by_text = client.embeddings.create(model="m", input=TEXTS, encoding_format="float")
+    by_ids = client.embeddings.create(model="m", input=ids, encoding_format="float")
+    one = client.embeddings.create(model="m", input=ids[0], encoding_format="float")
+    assert [d.embedding for d in by_ids.data] == [d.embedding for d in by_text.data]
+    assert one.data[0].embedding == by_text.data[0].embedding
+
+
+def test_a_batch_gives_each_input_the_vector_it_has_alone(service: Service) -> None:
+    """Inputs are sorted, padded and cut into batches of EMBED_BATCH_TOKENS: none of that shows."""
+    texts = [" ".join(["cat"] * n) for n in (1, 20, 3, 25, 7)]
+    together = post(service, {"input": texts}).json()["data"]
+    alone = [post(service, {"input": t}).json()["data"][0]["embedding"] for t in texts]
+    got = np.array([d["embedding"] for d in together])
+    assert np.allclose(got, np.array(alone), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "words"),
+    [
+        ({"input": ""}, "invalid_input", "empty"),
+        ({"input": []}, "invalid_input", "non-empty"),
+        ({"input": ["a", ""]}, "invalid_input", "input 1 is empty"),
+        ({"input": [[2, 3], []]}, "invalid_input", "input 1 is empty"),
+        ({"input": ["a", [2, 3]]}, "invalid_input", "mixes"),
+        ({"input": [2, 99999]}, "invalid_input", "not in the vocabulary"),
+        ({"input": [2, -1]}, "invalid_input", "not in the vocabulary"),
+        ({"input": [True, 2]}, "invalid_input", "mixes"),
+        ({"input": {"text": "a"}}, "invalid_input", "non-empty string or array"),
+        ({"input": ["a"] * 301}, "too_many_inputs", "at most 300"),
+        ({"input": "cat " * 40}, "context_length_exceeded", "at most 32"),
+        ({"input": "a", "dimensions": 8}, "invalid_value", "only 32"),
+        ({"input": "a", "truncate_prompt_tokens": 100}, "invalid_input", "between 2"),
+        ({"input": "a", "encoding_format": "int8"}, "invalid_value", "encoding_format"),
+        ({"input": "a", "temperature": 1}, "invalid_value", "temperature"),
+    ],
+)
+def test_each_refusal(service: Service, body: Any, code: str, words: str) -> None:
+    response = post(service, body)
+    assert response.status_code == 400, response.text
+    assert error(response)["code"] == code and words in error(response)["message"]
+
+
+def test_too_long_names_the_limit_and_truncation_cuts_only_when_asked(
+    client: OpenAI, service: Service, encoder: Encoder
+) -> None:
+    long = "cat " * 40  # 42 tokens, [CLS] and [SEP] included; the tiny encoder reads 32
+    refused = post(service, {"input": long})
+    assert error(refused)["limit_tokens"] == 32 and error(refused)["param"] == "input"
+    assert "input 0 has 42 tokens" in error(refused)["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="m", input=long)
+    cut = client.embeddings.create(
+        model="m", input=long, encoding_format="float", extra_body={"truncate_prompt_tokens": -1}
+    )
+    ids = encoder.tokenize(["cat " * 30])[0]  # [CLS], 30 words, [SEP] kept: the cut's 32 ids
+    assert cut.usage.prompt_tokens == 32
+    expected = encoder.encode([ids])[0]
+    assert np.allclose(cut.data[0].embedding, expected, atol=1e-6)
+
+
+def test_a_lone_surrogate_and_bytes_that_are_not_utf8(service: Service) -> None:
+    surrogate = httpx.post(
+        service.url + "/v1/embeddings",
+        content=b'{"input": ["fine", "\\ud800"]}',
+        headers=HEADERS | {"Content-Type": "application/json"},
+    )
+    assert surrogate.status_code == 400 and "lone surrogate" in error(surrogate)["message"]
+    latin1 = httpx.post(
+        service.url + "/v1/embeddings",
+        content='{"input": "caf\u00e9"}'.encode("latin-1"),
+        headers=HEADERS | {"Content-Type": "application/json"},
+    )
+    assert latin1.status_code == 400 and error(latin1)["code"] == "invalid_encoding"
+
+
+def test_a_body_over_embed_max_body_bytes_is_413(service: Service) -> None:
+    response = post(service, {"input": ["cat " * 5] * 280 + ["x" * 60_000]})
+    assert response.status_code == 413
+
+
+def test_the_api_key_is_required(service: Service) -> None:
+    response = httpx.post(service.url + "/v1/embeddings", json={"input": "a"})
+    assert response.status_code == 401
+
+
+def test_models_list_the_encoder_and_readyz_says_embeddings_are_served(
+    client: OpenAI, service: Service, tiny_encoder_dir: Path
+) -> None:
+    models = {m.id: m for m in client.models.list()}
+    encoder = models[tiny_encoder_dir.name]
+    assert encoder.model_extra is not None
+    assert encoder.model_extra["type"] == "embedding"
+    assert encoder.model_extra["dimensions"] == 32
+    assert client.models.retrieve(tiny_encoder_dir.name).id == tiny_encoder_dir.name
+    ready = httpx.get(service.url + "/readyz").json()["embeddings"]
+    assert ready == {
+        "served": True,
+        "phase": "ready",
+        "model": tiny_encoder_dir.name,
+        "reason": None,
+        "dimensions": 32,
+        "max_input_tokens": 32,
+    }
+
+
+def test_the_log_line_and_metrics_count_inputs_and_tokens(service: Service) -> None:
+    response = post(service, {"input": TEXTS}, **{"X-Request-Id": "embed-log-1"})
+    line = services.request_line(service, "embed-log-1")
+    assert line["embedding_inputs"] == 3 and line["status"] == 200
+    assert line["prompt_tokens"] == response.json()["usage"]["prompt_tokens"]
+    assert "The cat" not in str(line)  # never the text
+    metrics = httpx.get(service.url + "/metrics").text
+    assert 'sidecar_embedding_requests_total{outcome="ok"}' in metrics
+    inputs = next(x for x in metrics.splitlines() if x.startswith("sidecar_embedding_inputs_total"))
+    assert float(inputs.split()[-1]) >= 3
+
+
+def test_a_chat_and_an_index_run_at_once_both_finish_whole(service: Service) -> None:
+    chunks = [f"chunk {n} of a long document about paris and france" for n in range(300)]
+
+    def chat() -> dict[str, Any]:
+        body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 40}
+        reply = httpx.post(
+            service.url + "/v1/chat/completions", json=body, headers=HEADERS, timeout=120
+        )
+        return dict(reply.json())
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        index = pool.submit(post, service, {"input": chunks})
+        talk = pool.submit(chat)
+        indexed, said = index.result(), talk.result()
+    assert indexed.status_code == 200
+    assert [d["index"] for d in indexed.json()["data"]] == list(range(300))
+    assert said["choices"][0]["finish_reason"] in ("stop", "length")
+    assert said["usage"]["completion_tokens"] > 0
+
+
+def test_without_an_encoder_the_route_says_so(sidecar_service: Service) -> None:
+    response = httpx.post(sidecar_service.url + "/v1/embeddings", json={"input": "a"})
+    assert response.status_code == 400
+    assert error(response)["code"] == "embeddings_not_served"
+    assert "EMBED_MODEL_PATH" in error(response)["message"]
+    assert httpx.get(sidecar_service.url + "/readyz").json()["embeddings"] == {
+        "served": False,
+        "phase": "off",
+    }
+
+
+def test_an_encoder_that_fails_to_load_is_said_and_chat_goes_on(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken-encoder"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{}")
+    with services.sidecar(tiny_model_dir, tmp_path / "log", EMBED_MODEL_PATH=str(broken)) as side:
+        with pytest.raises(RuntimeError, match="failed"):
+            services.wait_for_embeddings(side)
+        ready = httpx.get(side.url + "/readyz")
+        assert ready.status_code == 200  # the chat model is ready: readiness is about it
+        state = ready.json()["embeddings"]
+        assert state["phase"] == "failed" and "onnx/model.onnx" in state["reason"]
+        refused = httpx.post(side.url + "/v1/embeddings", json={"input": "a"})
+        assert refused.status_code == 503 and error(refused)["phase"] == "failed"
+        chat = httpx.post(
+            side.url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+            timeout=60,
+        )
+        assert chat.status_code == 200
+        assert "embedding model failed to load" in side.log()
