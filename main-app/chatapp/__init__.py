@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flask import Flask
 
+    from chatapp.store import Store
     from chatapp.upstream import Upstream
 
 
@@ -39,6 +40,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config.from_mapping(test_config)
 
     app.extensions["upstream"] = _make_upstream(app.config)
+    app.extensions["store"] = _open_store(app.config)
     # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py); one with
     # images may be larger than a text's (images.py), a few at once (uploads.py).
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
@@ -58,6 +60,18 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if app.config["METRICS"]:
         app.register_blueprint(metrics.bp)
     return app
+
+
+def _open_store(config: Mapping[str, Any]) -> Store:
+    """The database DATABASE_URL names (else the SQLite file in DATA_DIR), migrated to the
+    newest revision: here, in each worker, under a lock that makes it happen once
+    (chatapp/store/migrate.py)."""
+    from chatapp.store import Store, migrate
+    from chatapp.store.database import default_url
+
+    store = Store.open(config["DATABASE_URL"] or default_url(config["DATA_DIR"]))
+    migrate.upgrade(store.engine)
+    return store
 
 
 def _make_upstream(config: Mapping[str, Any]) -> Upstream:

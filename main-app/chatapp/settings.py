@@ -44,6 +44,9 @@ DEFAULTS: dict[str, Any] = {
     "TRACES_FILE": None,
     "OTEL_SERVICE_NAME": "phi3-chat-app",
     "OTEL_SDK_DISABLED": False,
+    # The database (chatapp/store/): unset, a SQLite file in DATA_DIR.
+    "DATABASE_URL": None,
+    "DATA_DIR": "data",
 }
 
 # Read by the server that runs the app, not by create_app (listen_address, server_size).
@@ -131,6 +134,14 @@ DESCRIPTIONS: dict[str, str] = {
     "TRACES_FILE": "Append spans to this file as OTLP JSON lines (disconnected sites).",
     "OTEL_SERVICE_NAME": "The spans' `service.name`.",
     "OTEL_SDK_DISABLED": "`true` turns tracing off whatever is set.",
+    "DATABASE_URL": "The database that keeps users and chats, as a SQLAlchemy URL: "
+    "`sqlite:///PATH` (a file; `sqlite:////abs/path`) or "
+    "`postgresql+psycopg://USER:PASSWORD@HOST/DB` (`postgresql://` works too; for several "
+    "instances). Unset: the SQLite file `chatapp.db` in "
+    "`DATA_DIR`. Migrations run when the app starts, once however many workers start together.",
+    "DATA_DIR": "The folder of the app's own files (made if missing): the SQLite database when "
+    "`DATABASE_URL` is unset. Relative paths are from the working directory; the image sets "
+    "`/data`, a volume in the compose file.",
     "HOST": "The address the server listens on.",
     "PORT": "The port the server listens on (App Service sends outside traffic to 8080).",
     "WEB_CONCURRENCY": "gunicorn worker processes.",
@@ -240,6 +251,18 @@ def _text(name: str, raw: str) -> str:
     return raw.strip()
 
 
+def _database_url(name: str, raw: str) -> str:
+    """sqlite:///PATH or postgresql+psycopg://..."""
+    # The form only: chatapp.store.database parses it (SQLAlchemy is not loaded here, where
+    # gunicorn's master reads the settings before its workers patch the standard library).
+    url = raw.strip()
+    if not url.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg://")):
+        raise SettingsError(
+            f"{name} must start with sqlite:/// or postgresql+psycopg:// (or postgresql://)"
+        )
+    return url
+
+
 def _otlp_protocol(name: str, raw: str) -> str:
     """http/protobuf"""
     if raw.strip() != "http/protobuf":
@@ -277,6 +300,8 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TRACES_FILE": ("TRACES_FILE", _text),
     "OTEL_SERVICE_NAME": ("OTEL_SERVICE_NAME", _text),
     "OTEL_SDK_DISABLED": ("OTEL_SDK_DISABLED", _bool),
+    "DATABASE_URL": ("DATABASE_URL", _database_url),
+    "DATA_DIR": ("DATA_DIR", _text),
 }
 
 

@@ -79,6 +79,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=REPO / "build" / "logs",
         help="where the two services' logs are written (default: ./build/logs)",
     )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=REPO / "data",
+        help="the chat app's DATA_DIR: its SQLite database of users and chats, kept between "
+        "runs (default: ./data; made if missing; DATABASE_URL in the environment wins)",
+    )
     return parser.parse_args(argv)
 
 
@@ -201,7 +208,12 @@ def run(args: argparse.Namespace) -> int:
         sidecar = stack.enter_context(
             services.sidecar(model_path, sidecar_log, port=args.sidecar_port, wait=False)
         )
-        app = stack.enter_context(services.chatapp(sidecar.url, app_log, port=args.port))
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        app = stack.enter_context(
+            services.chatapp(
+                sidecar.url, app_log, port=args.port, DATA_DIR=str(args.data_dir.resolve())
+            )
+        )
         say(f"chat page: http://localhost:{args.port}  (Ctrl+C stops both services)")
         if args.model in GENERATED:
             say(f"the {args.model} model has random weights: its replies are gibberish by design")

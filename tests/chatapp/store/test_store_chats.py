@@ -1,0 +1,131 @@
+"""Chats and messages on both engines: every helper filters by owner, search finds titles and
+message text, deleting a chat takes its messages (and their search entries) with it."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import func, select, text
+
+from chatapp.store import Store
+from chatapp.store import chats as store_chats
+from chatapp.store.chats import NewMessage
+from chatapp.store.models import Message
+from chatapp.store.users import ensure_user
+
+
+def _users(store: Store) -> tuple[int, int]:
+    with store.session(write=True) as session:
+        return ensure_user(session, "alice", "Alice").id, ensure_user(session, "bob").id
+
+
+def _chat(store: Store, owner: int, title: str, *texts: str) -> str:
+    with store.session(write=True) as session:
+        chat = store_chats.create_chat(session, owner, title)
+        roles = ["user", "assistant"]
+        new = [NewMessage(roles[i % 2], t) for i, t in enumerate(texts)]
+        store_chats.append_messages(session, owner, chat.id, new)
+        return chat.id
+
+
+def test_ensure_user_makes_one_row_per_subject_and_keeps_the_newest_name(store: Store) -> None:
+    with store.session(write=True) as session:
+        first = ensure_user(session, "subject-1", "Old name")
+    with store.session(write=True) as session:
+        again = ensure_user(session, "subject-1", "New name")
+        assert again.id == first.id
+    with store.session() as session:
+        assert ensure_user(session, "subject-1").name == "New name"
+
+
+def test_a_chat_is_found_only_with_its_owner(store: Store) -> None:
+    alice, bob = _users(store)
+    chat_id = _chat(store, alice, "Alice's plans", "a secret word", "noted")
+    with store.session(write=True) as session:
+        assert store_chats.get_chat(session, bob, chat_id) is None
+        assert store_chats.messages_of(session, bob, chat_id) is None
+        assert store_chats.rename_chat(session, bob, chat_id, "mine now") is None
+        assert store_chats.append_messages(session, bob, chat_id, [NewMessage("user", "x")]) is None
+        assert not store_chats.delete_chat(session, bob, chat_id)
+        assert store_chats.list_chats(session, bob) == []
+        assert store_chats.list_chats(session, bob, "secret") == []
+    with store.session() as session:
+        chat = store_chats.get_chat(session, alice, chat_id, messages=True)
+        assert chat is not None and chat.title == "Alice's plans"
+        assert [(m.position, m.role, m.content) for m in chat.messages] == [
+            (0, "user", "a secret word"),
+            (1, "assistant", "noted"),
+        ]
+
+
+def test_chats_are_listed_newest_first_and_an_append_moves_one_up(store: Store) -> None:
+    alice, _ = _users(store)
+    first = _chat(store, alice, "first")
+    second = _chat(store, alice, "second")
+    with store.session() as session:
+        assert [c.id for c in store_chats.list_chats(session, alice)] == [second, first]
+    with store.session(write=True) as session:
+        added = store_chats.append_messages(session, alice, first, [NewMessage("user", "more")])
+        assert added is not None and added[0].position == 0
+    with store.session() as session:
+        assert [c.id for c in store_chats.list_chats(session, alice)] == [first, second]
+
+
+def test_search_finds_titles_and_message_text_by_word_prefixes(store: Store) -> None:
+    alice, bob = _users(store)
+    deploy = _chat(store, alice, "Kubernetes deployment", "how do I scale it?")
+    soup = _chat(store, alice, "Dinner", "a recipe for onion soup", "Slice the onions thinly.")
+    _chat(store, bob, "Bob's soup", "onion soup")
+
+    def found(owner: int, query: str) -> set[str]:
+        with store.session() as session:
+            return {c.id for c in store_chats.list_chats(session, owner, query)}
+
+    assert found(alice, "kube DEPL") == {deploy}
+    assert found(alice, "onion") == {soup}
+    assert found(alice, "slice thin") == {soup}
+    assert found(alice, "scale") == {deploy}
+    assert found(alice, "onion kube") == set()  # every word, in the title or one message
+    assert found(alice, "") == set()
+    assert found(alice, "soup\") * -- ' ;(") == {soup}  # quotes and operators only separate
+    assert found(alice, "zebra") == set()
+    assert found(bob, "onion") != found(alice, "onion")
+
+
+def test_a_renamed_chat_is_found_by_its_new_title_only(store: Store) -> None:
+    alice, _ = _users(store)
+    chat_id = _chat(store, alice, "old name")
+    with store.session(write=True) as session:
+        renamed = store_chats.rename_chat(session, alice, chat_id, "  brand\nnew   name ")
+        assert renamed is not None and renamed.title == "brand new name"
+    with store.session() as session:
+        assert store_chats.list_chats(session, alice, "old") == []
+        assert [c.id for c in store_chats.list_chats(session, alice, "brand")] == [chat_id]
+
+
+def test_deleting_a_chat_deletes_its_messages_and_their_search_entries(store: Store) -> None:
+    alice, _ = _users(store)
+    kept = _chat(store, alice, "kept", "walrus one")
+    gone = _chat(store, alice, "gone", "walrus two", "walrus three")
+    with store.session(write=True) as session:
+        assert store_chats.delete_chat(session, alice, gone)
+    with store.session() as session:
+        assert session.scalar(select(func.count()).select_from(Message)) == 1
+        assert [c.id for c in store_chats.list_chats(session, alice, "walrus")] == [kept]
+        if store.dialect == "sqlite":  # the FTS5 index holds exactly the rows left
+            session.execute(
+                text("INSERT INTO messages_fts(messages_fts) VALUES('integrity-check')")
+            )
+            session.execute(text("INSERT INTO chats_fts(chats_fts) VALUES('integrity-check')"))
+            assert session.scalar(text("SELECT count(*) FROM chats_fts")) == 1
+
+
+def test_timestamps_come_back_as_utc(store: Store) -> None:
+    alice, _ = _users(store)
+    moment = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    with store.session(write=True) as session:
+        chat_id = store_chats.create_chat(session, alice, "t", created_at=moment).id
+    with store.session() as session:
+        chat = store_chats.get_chat(session, alice, chat_id)
+        assert chat is not None
+        assert chat.created_at == moment and chat.created_at.tzinfo == dt.UTC
