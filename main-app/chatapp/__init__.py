@@ -26,6 +26,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     from chatapp import errors, health, images, metrics, pages, relay, settings
     from chatapp.body_deadline import BodyDeadline
+    from chatapp.documents import routes as documents_routes
+    from chatapp.documents.service import Documents
     from chatapp.host import LowerCaseHost
     from chatapp.telemetry import Telemetry
     from chatapp.uploads import LargeBodies
@@ -41,6 +43,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     app.extensions["upstream"] = _make_upstream(app.config)
     app.extensions["store"] = _open_store(app.config)
+    # The library (chatapp/documents/): its search, and its indexer where it runs in-process.
+    app.extensions["documents"] = Documents(app.extensions["store"], app.config)
     # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py); one with
     # images may be larger than a text's (images.py), a few at once (uploads.py).
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
@@ -57,6 +61,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(pages.bp)
     app.register_blueprint(relay.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(documents_routes.bp)
     if app.config["METRICS"]:
         app.register_blueprint(metrics.bp)
     return app

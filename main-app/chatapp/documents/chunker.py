@@ -93,7 +93,7 @@ class _Packer:
         path = _HEADING_JOIN.join(title for _, title in self.titles)
         if self.cost(path) <= limit:
             return path
-        return _cut(self.titles[-1][1], lambda text: self.cost(text) <= limit)
+        return cut(self.titles[-1][1], lambda text: self.cost(text) <= limit)
 
     def block(self, block: Block) -> None:
         if self.parts and block.page != self.page:
@@ -197,7 +197,7 @@ def _halves(text: str) -> tuple[str, str]:
     return text[:middle], text[middle:]
 
 
-def _cut(text: str, fits: Callable[[str], bool]) -> str:
+def cut(text: str, fits: Callable[[str], bool]) -> str:
     """The longest start of `text` that `fits`."""
     low, high = 0, len(text)
     while low < high:
@@ -213,7 +213,7 @@ def _pieces(word: str, fits: Callable[[str], bool]) -> list[str]:
     """A word too long for a passage, in the longest pieces that fit."""
     pieces = []
     while word:
-        piece = _cut(word, fits) or word[0]
+        piece = cut(word, fits) or word[0]
         pieces.append(piece)
         word = word[len(piece) :]
     return pieces

@@ -1,11 +1,16 @@
-"""A real WordPiece tokenizer (the `tokenizers` library, BERT's pipeline) for passage sizes."""
+"""A real WordPiece tokenizer (the `tokenizers` library, BERT's pipeline) for passage sizes,
+and a migrated store on each engine with two owners."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+from chatapp.store import Store, migrate
+from chatapp.store.users import ensure_user
 
 WORDS = (
     "the kettle boils a litre of water in three minutes descale once a month in hard water "
@@ -36,3 +41,19 @@ def wordpiece_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("wordpiece")
     tokenizer.save(str(folder / "tokenizer.json"))
     return folder
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    """A migrated store on each engine (tests/conftest.py's `database_url`: SQLite, PostgreSQL)."""
+    store = Store.open(database_url)
+    migrate.upgrade(store.engine)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def owners(store: Store) -> tuple[int, int]:
+    """Two users' ids: the libraries that must never meet."""
+    with store.session(write=True) as session:
+        return ensure_user(session, "alice").id, ensure_user(session, "bob").id
