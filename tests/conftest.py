@@ -137,6 +137,7 @@ SLOW_TESTS = (
     "tests/infra/test_deploy_script.py",  # the deploy script against fake az/docker
     "tests/sidecar/web/test_sidecar_hardening.py::test_6_",  # watchdog timeouts
     "tests/sidecar/web/test_sidecar_stream_start.py",  # prompts read slowly, 30-s timeouts
+    "tests/chatapp/documents/test_documents_grounding.py::test_a_grounded",  # two chats, both DBs
 )
 
 

@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from chatapp import errors, images, wire
 from chatapp.body_deadline import LATE
+from chatapp.documents.grounding import Grounding
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
 from chatapp.pending import PendingReply
@@ -48,8 +49,13 @@ class Relay:
         heartbeat: float,
         stall: float,
         time_limit: float = float("inf"),
+        grounding: Grounding | None = None,
     ) -> None:
         self._reply = reply
+        # A grounded turn (chatapp/documents/grounding.py): the reply's text is kept, for the
+        # citations its done line carries.
+        self._grounding = grounding
+        self._text: list[str] = []
         self._record = record
         self._outcome = "client_gone"  # unless the relay reaches an end of its own
         self._lines = self._relay(heartbeat, stall, record.started + time_limit)
@@ -109,6 +115,11 @@ class Relay:
                         prompt_tokens=record.prompt_tokens,
                         cached_tokens=record.cached_tokens,
                         dropped_messages=record.dropped_messages,
+                        **(
+                            {}
+                            if self._grounding is None
+                            else self._grounding.done_fields("".join(self._text))
+                        ),
                     )
                     return
                 if isinstance(event, Refused):  # refused after the stream started (upstream.py)
@@ -127,6 +138,8 @@ class Relay:
                 if record.pieces == 0:
                     first = now
                 record.pieces += 1
+                if self._grounding is not None:
+                    self._text.append(event.text)
                 yield wire.delta(event.text)
         finally:
             self._reply.close()
@@ -226,6 +239,35 @@ def _json_body(text_limit: int) -> Any:
     return body
 
 
+def _ground(body: dict[str, Any], payload: dict[str, Any]) -> Grounding | None:
+    """`"documents": true`: the newest turn answered from the caller's library; earlier turns
+    keep the passages they were sent with (chatapp/documents/grounding.py)."""
+    from chatapp.documents import grounding
+    from chatapp.documents.embedder import EmbeddingsFailed
+    from chatapp.documents.owner import current_owner_id
+
+    messages = payload["messages"]
+    grounding.restore_earlier(body, messages)
+    if body.get("documents") is not True:
+        return None
+    config = current_app.config
+    searcher = current_app.extensions["documents"].searcher
+    last = messages[-1]
+    try:
+        found = grounding.ground(
+            searcher,
+            current_owner_id(),
+            grounding.question_of(last["content"]),
+            k=config["DOCUMENT_PASSAGES"],
+            budget=config["DOCUMENT_CONTEXT_TOKENS"],
+            min_score=config["DOCUMENT_MIN_SCORE"],
+        )
+    except EmbeddingsFailed as failed:
+        raise ApiError("embeddings_failed", str(failed), status=502) from None
+    last["content"] = grounding.with_block(last["content"], found.block)
+    return found
+
+
 @bp.post("/chat")
 def chat() -> Response:
     record: ChatRecord = g.chat
@@ -244,6 +286,7 @@ def chat() -> Response:
         max_images=config["MAX_IMAGES"],
         max_image_bytes=config["MAX_IMAGE_BYTES"],
     )
+    grounding = _ground(body, payload)
     record.messages = len(payload["messages"])
     record.images = images.count(payload["messages"]) or None
     default = config["MAX_NEW_TOKENS"]
@@ -266,6 +309,7 @@ def chat() -> Response:
         config["HEARTBEAT_INTERVAL"],
         config["SIDECAR_READ_TIMEOUT"],
         config["RELAY_TIME_LIMIT"],
+        grounding,
     )
     _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(

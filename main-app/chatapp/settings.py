@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
     "DOCUMENT_MAX_FILES": 20,
     "DOCUMENT_SEARCH": "dense",
     "DOCUMENT_INDEXER": "thread",
+    "DOCUMENT_PASSAGES": 6,
+    "DOCUMENT_CONTEXT_TOKENS": 1200,
+    "DOCUMENT_MIN_SCORE": 0.2,
     "EMBED_MODEL": "all-minilm-l6-v2",
     "EMBED_TOKENIZER": None,
     "EMBED_MAX_TOKENS": 256,
@@ -145,6 +148,13 @@ DESCRIPTIONS: dict[str, str] = {
     "`thread` (an OS thread of the app's process: the development server, tests), `process` "
     "(one indexer process beside gunicorn's workers, started by its master: what "
     "`chatapp.gunicorn_conf` sets when unset), `off` (none here: another instance indexes).",
+    "DOCUMENT_PASSAGES": 'The most passages a grounded turn (`"documents": true`) is given.',
+    "DOCUMENT_CONTEXT_TOKENS": "The most chat-model tokens a grounded turn's passages take "
+    "(estimated from the encoder's count, docs/documents.md): room left in a 4,096-token "
+    "context for the conversation and the reply.",
+    "DOCUMENT_MIN_SCORE": "With `DOCUMENT_SEARCH=dense`, the least cosine similarity a passage "
+    "needs to be given to a grounded turn; below it the turn is told nothing relevant was "
+    "found (-1 keeps everything).",
     "EMBED_MODEL": "The `model` sent to the model service's `POST /v1/embeddings` (our sidecar "
     "takes any; Ollama and llama.cpp want their encoder's name).",
     "EMBED_TOKENIZER": "The encoder's folder (its `tokenizer.json`: the sidecar's "
@@ -310,6 +320,17 @@ def _indexer(name: str, raw: str) -> str:
     return where
 
 
+def _similarity(name: str, raw: str) -> float:
+    """number, -1 to 1"""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+    if not -1 <= value <= 1:
+        raise SettingsError(f"{name} must be from -1 to 1, got {raw!r}")
+    return value
+
+
 def _embed_tokens(name: str, raw: str) -> int:
     """whole number, 16 to 8192"""
     value = _positive_int(name, raw)
@@ -353,6 +374,9 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DOCUMENT_MAX_FILES": ("DOCUMENT_MAX_FILES", _positive_int),
     "DOCUMENT_SEARCH": ("DOCUMENT_SEARCH", _search_method),
     "DOCUMENT_INDEXER": ("DOCUMENT_INDEXER", _indexer),
+    "DOCUMENT_PASSAGES": ("DOCUMENT_PASSAGES", _positive_int),
+    "DOCUMENT_CONTEXT_TOKENS": ("DOCUMENT_CONTEXT_TOKENS", _positive_int),
+    "DOCUMENT_MIN_SCORE": ("DOCUMENT_MIN_SCORE", _similarity),
     "EMBED_MODEL": ("EMBED_MODEL", _model),
     "EMBED_TOKENIZER": ("EMBED_TOKENIZER", _text),
     "EMBED_MAX_TOKENS": ("EMBED_MAX_TOKENS", _embed_tokens),
