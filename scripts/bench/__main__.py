@@ -58,6 +58,8 @@ COMMANDS = (
             "a grammar's cost per decode step"),
     Command("images", "images", "what an image costs on a vision model: its prompt tokens and "
             "time to first word against text of as many tokens; CLIP's encoder estimated"),
+    Command("embeddings", "embeddings", "/v1/embeddings: agreement and throughput against "
+            "PyTorch, a query's latency, a chat beside an index run"),
     Command("slow-clients", "slow_clients", "/healthz and a chat while hundreds of idle and "
             "slow connections are held open"),
     Command("health-latency", "health_latency", "/healthz latency while the sidecar reads a "

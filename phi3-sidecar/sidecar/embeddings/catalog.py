@@ -13,6 +13,7 @@ retrieval score (docs/models.md, "Encoders").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 FILES = (
     "onnx/model.onnx",
@@ -98,3 +99,12 @@ DEFAULT = ALL_MINILM_L6_V2
 ENTRIES: dict[str, EncoderEntry] = {
     e.name: e for e in (ALL_MINILM_L6_V2, BGE_SMALL_EN_V15, E5_SMALL_V2, NOMIC_EMBED_TEXT_V15)
 }
+
+
+def download(entry: EncoderEntry, folder: Path) -> None:
+    """Fetch the entry's FILES from the Hub into `folder` (huggingface_hub resumes and skips
+    what is already there)."""
+    from huggingface_hub import snapshot_download
+
+    folder.mkdir(parents=True, exist_ok=True)
+    snapshot_download(repo_id=entry.repo_id, local_dir=folder, allow_patterns=list(FILES))

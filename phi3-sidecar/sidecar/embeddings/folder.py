@@ -47,11 +47,13 @@ class EncoderSpec:
     dimensions: int  # the width of a vector
 
 
-def read_spec(folder: Path) -> EncoderSpec:
+def read_spec(folder: Path, *, graph: bool = True) -> EncoderSpec:
+    """The folder's encoder; `graph` False: its sentence-transformers configuration only (a
+    folder not exported yet, as scripts/models/make_real_model.py reads it)."""
     if not folder.is_dir():
         raise EncoderFolderError(f"{folder} is not a folder")
     onnx = next((folder / n for n in ONNX_NAMES if (folder / n).is_file()), None)
-    if onnx is None:
+    if onnx is None and graph:
         raise EncoderFolderError(f"{folder} holds no {' or '.join(ONNX_NAMES)}")
     tokenizer = folder / "tokenizer.json"
     if not tokenizer.is_file():
@@ -79,7 +81,7 @@ def read_spec(folder: Path) -> EncoderSpec:
         raise EncoderFolderError(f"{folder}: no vector width (word_embedding_dimension)")
     return EncoderSpec(
         folder=folder,
-        onnx=onnx,
+        onnx=onnx or folder / ONNX_NAMES[0],
         tokenizer=tokenizer,
         pooling=modes[0],
         normalize="Normalize" in kinds,

@@ -119,7 +119,7 @@ class Embeddings:
                         f"{self.entry.name}"
                     )
                 self._set("downloading")
-                _download(self.entry, self.path)
+                catalog.download(self.entry, self.path)
             self._set("loading")
             self._open(self.path)
         except Exception as error:  # a bad folder, a failed download, a graph onnxruntime refuses
@@ -179,10 +179,3 @@ def _cpu_count() -> int:
     from sidecar.model.cpus import cpu_budget
 
     return cpu_budget().count
-
-
-def _download(entry: catalog.EncoderEntry, folder: Path) -> None:
-    from huggingface_hub import snapshot_download
-
-    folder.mkdir(parents=True, exist_ok=True)
-    snapshot_download(repo_id=entry.repo_id, local_dir=folder, allow_patterns=list(catalog.FILES))

@@ -3,8 +3,9 @@
 Request, application/json, at most EMBED_MAX_BODY_BYTES (unknown fields: 400 naming them):
   input            a string, an array of strings, an array of token ids, or an array of arrays
                    of token ids: at most EMBED_MAX_INPUTS inputs, none empty. Token ids are the
-                   encoder's own, as its tokenizer.json's `encode` gives them, special tokens
-                   ([CLS] ... [SEP]) included: sent to the model as they are
+                   encoder's own, as its tokenizer.json's `encode` gives them with its
+                   padding and truncation off, special tokens ([CLS] ... [SEP]) included: sent
+                   to the model as they are
   model            any string of up to 256 characters (not checked: clients send fixed names);
                    the reply names the encoder that made the vectors
   encoding_format  "float" (default) or "base64": each vector's float32 numbers, little-endian,

