@@ -100,7 +100,8 @@ def with_block(content: str | list[dict[str, Any]], block: str) -> str | list[di
 def restore_earlier(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
     """Put back the block each earlier user turn was sent with (its `grounding`), as sent."""
     raw = body.get("messages")
-    for number, (sent, clean) in enumerate(zip(raw or [], messages, strict=False), start=1):
+    earlier = zip((raw or [])[:-1], messages[:-1], strict=False)  # the newest turn is searched
+    for number, (sent, clean) in enumerate(earlier, start=1):
         block = sent.get("grounding") if isinstance(sent, dict) else None
         if block is None or clean["role"] != "user":
             continue

@@ -1,7 +1,7 @@
 """The encoder's width the library's vectors were made with (the `vector_space` table).
 
 The vectors' table is made at the first vector, for that width; a later encoder of another
-width cannot share it: `DimensionsChanged` says so (docs/documents.md, "Changing the encoder").
+width cannot share it: `DimensionsChanged` says so (docs/documents.md, "One schema, two engines").
 """
 
 from __future__ import annotations
