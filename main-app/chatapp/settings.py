@@ -163,7 +163,7 @@ DESCRIPTIONS: dict[str, str] = {
     "`EMBED_MAX_TOKENS` for English.",
     "EMBED_MAX_TOKENS": "The most tokens of a passage (its heading included, special tokens "
     "counted): the encoder's limit (256 for all-MiniLM-L6-v2, whose longer inputs the sidecar "
-    "refuses) or less.",
+    "refuses) or less. With `EMBED_TOKENIZER`, the encoder folder's own limit when lower.",
     "OTEL_EXPORTER_OTLP_ENDPOINT": "OpenTelemetry's standard variable: send spans over OTLP/HTTP "
     "(protobuf) to this collector, at its `/v1/traces` (`http://localhost:4318`).",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "The full URL for spans, used as it is.",

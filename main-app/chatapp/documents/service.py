@@ -22,7 +22,7 @@ from chatapp.documents.indexer import Indexer
 from chatapp.documents.models import Document
 from chatapp.documents.retrieval import Searcher
 from chatapp.documents.search_index import index_for
-from chatapp.documents.tokens import counter_for
+from chatapp.documents.tokens import counter_for, passage_tokens
 from chatapp.store import Store
 
 
@@ -42,7 +42,7 @@ def make_indexer(store: Store, config: Mapping[str, Any]) -> Indexer:
         embedder=embedder_for(config),
         counter=counter_for(config["EMBED_TOKENIZER"]),
         limits=Limits(config["DOCUMENT_MAX_BYTES"], config["DOCUMENT_MAX_PAGES"]),
-        chunk_tokens=config["EMBED_MAX_TOKENS"],
+        chunk_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
     )
 
 
@@ -62,7 +62,7 @@ class Documents:
             index=index_for(store),
             embedder=embedder_for(config),
             counter=counter_for(config["EMBED_TOKENIZER"]),
-            max_tokens=config["EMBED_MAX_TOKENS"],
+            max_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
             method=config["DOCUMENT_SEARCH"],
         )
         self._store = store

@@ -15,6 +15,7 @@ embedded, so it cannot be found), hence every passage is measured before it is k
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Protocol
 
@@ -45,6 +46,35 @@ class EncoderTokens:
 
     def count(self, text: str) -> int:
         return len(self._tokenizer.encode(text).ids)
+
+
+def encoder_limit(path: str | Path) -> int | None:
+    """The most tokens the encoder in folder `path` reads, by the sidecar's rule
+    (sidecar/embeddings/folder.py `_max_tokens`): sentence-transformers' `max_seq_length`,
+    else the tokenizer's `model_max_length`, capped by the model's `max_position_embeddings`."""
+    folder = Path(path)
+    folder = folder if folder.is_dir() else folder.parent
+
+    def read(name: str, key: str) -> int | None:
+        try:
+            value = json.loads((folder / name).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            return None
+        # transformers writes a huge number for "no limit"
+        return value if isinstance(value, int) and 0 < value < 1_000_000 else None
+
+    limit = read("sentence_bert_config.json", "max_seq_length")
+    limit = limit or read("tokenizer_config.json", "model_max_length")
+    positions = read("config.json", "max_position_embeddings")
+    if limit and positions:
+        return min(limit, positions)
+    return limit or positions
+
+
+def passage_tokens(path: str | None, setting: int) -> int:
+    """EMBED_MAX_TOKENS, lowered to the encoder's own limit when its folder says one."""
+    limit = encoder_limit(path) if path else None
+    return min(setting, limit) if limit else setting
 
 
 def counter_for(path: str | None) -> TokenCounter:

@@ -95,3 +95,16 @@ def test_a_huge_heading_is_cut_to_leave_room_for_text() -> None:
     chunks = chunk(blocks, ByteBound(), 64)
     assert chunks[0].text == "body"
     assert chunks[0].tokens <= 64
+
+
+def test_the_encoder_folder_s_limit_lowers_the_setting(tmp_path: Path) -> None:
+    from chatapp.documents.tokens import encoder_limit, passage_tokens
+
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 64}')
+    assert encoder_limit(tmp_path) == 64  # as the sidecar caps it
+    assert passage_tokens(str(tmp_path), 256) == 64
+    assert passage_tokens(str(tmp_path), 32) == 32
+    assert passage_tokens(None, 256) == 256
+    (tmp_path / "config.json").unlink()
+    assert encoder_limit(tmp_path / "tokenizer.json") == 256
