@@ -70,6 +70,8 @@ COMMANDS = (
             "run` to ready, model baked in or mounted"),
     Command("rag", "rag", "retrieval quality on the Python FAQ (recall@1/3/5, MRR@10): keyword, "
             "dense, fusion, beside Open WebUI's"),
+    Command("rag-scale", "rag_scale", "the documents library at 100,000 passages: search p50/p95 "
+            "(dense, keyword) and write rate, SQLite and PostgreSQL"),
     Command("kv-memory", "kv_memory", "the sidecar's peak memory under a container's memory "
             "limit with more KV wanted than fits (root)"),
 )  # fmt: skip

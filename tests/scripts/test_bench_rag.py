@@ -64,3 +64,16 @@ def test_keyword_run_finds_most_answers(capsys: pytest.CaptureFixture[str]) -> N
     # BM25 on its own finds far more than chance (1/40) puts first.
     assert keyword["recall_at_5"] > 0.5
     assert "| keyword |" in capsys.readouterr().out
+
+
+def test_scale_run_counts_and_times_on_sqlite(capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts.bench import rag_scale
+
+    args = argparse.Namespace(
+        passages=300, owners=3, dimensions=8, queries=5, k=3, postgres_url=None, no_postgres=True
+    )
+    result = rag_scale.main(args)
+    sqlite = result["engines"]["sqlite"]
+    assert set(result["engines"]) == {"sqlite"}
+    assert sqlite["write_per_s"] > 0 and sqlite["dense_p95_ms"] >= sqlite["dense_p50_ms"] > 0
+    assert "| sqlite |" in capsys.readouterr().out
