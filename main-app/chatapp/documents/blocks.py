@@ -10,8 +10,8 @@ Kind = Literal["heading", "text", "table"]
 # Every per-file refusal: its code (the document's `error.type`) and what it means. The
 # sentence sent with a refusal names the file's own problem; docs/documents.md lists these.
 REFUSALS: dict[str, str] = {
-    "unsupported_type": "The file is not one of the formats read here (text, Markdown, HTML, "
-    "PDF, DOCX).",
+    "unsupported_type": "The file is not one of the formats read here (text, Markdown, "
+    "reStructuredText, HTML, PDF, DOCX).",
     "too_large": "The file, or what it unpacks to, is larger than `DOCUMENT_MAX_BYTES` allows, "
     "or has more pages than `DOCUMENT_MAX_PAGES`.",
     "encrypted": "The file is protected by a password.",

@@ -14,12 +14,14 @@ from chatapp.documents.blocks import Block, Refused
 from chatapp.documents.parse_docx import parse_docx
 from chatapp.documents.parse_html import parse_html
 from chatapp.documents.parse_pdf import parse_pdf
+from chatapp.documents.parse_rst import parse_rst
 from chatapp.documents.parse_text import parse_markdown, parse_text
 
 # The formats read here: name -> (extensions, MIME types). The MIME type stored for a document
 # is the first of its format's.
 FORMATS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "text": ((".txt", ".text", ".log", ".csv", ".rst"), ("text/plain", "text/csv")),
+    "text": ((".txt", ".text", ".log", ".csv"), ("text/plain", "text/csv")),
+    "rst": ((".rst",), ("text/x-rst", "text/prs.fallenstein.rst")),
     "markdown": ((".md", ".markdown"), ("text/markdown", "text/x-markdown")),
     "html": ((".html", ".htm", ".xhtml"), ("text/html", "application/xhtml+xml")),
     "pdf": ((".pdf",), ("application/pdf",)),
@@ -61,7 +63,7 @@ def format_of(data: bytes, name: str, mime: str | None) -> str:
     raise Refused(
         "unsupported_type",
         f"Files of type {suffix or base or 'unknown'} are not read "
-        "here: send text, Markdown, HTML, PDF or DOCX.",
+        "here: send text, Markdown, reStructuredText, HTML, PDF or DOCX.",
     )
 
 
@@ -81,6 +83,7 @@ def read(data: bytes, name: str, mime: str | None, limits: Limits) -> tuple[str,
     parsers: dict[str, Callable[[bytes], list[Block]]] = {
         "text": parse_text,
         "markdown": parse_markdown,
+        "rst": parse_rst,
         "html": parse_html,
         "pdf": lambda body: parse_pdf(body, limits.max_pages),
         "docx": lambda body: parse_docx(body, limits.max_unpacked),
