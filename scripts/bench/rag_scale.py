@@ -50,12 +50,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--postgres-url", help="a PostgreSQL with pgvector (postgresql+psycopg://)")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-sqlite", action="store_true")
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    if args.no_sqlite and args.no_postgres:
+        raise BadArguments("--no-sqlite and --no-postgres leave nothing to measure")
     if args.passages < args.owners or args.owners < 1:
         raise BadArguments("--passages must be at least --owners, and --owners at least 1")
-    urls = {"sqlite": f"sqlite:///{Path(tempfile.mkdtemp()) / 'scale.db'}"}
+    urls = (
+        {} if args.no_sqlite else {"sqlite": f"sqlite:///{Path(tempfile.mkdtemp()) / 'scale.db'}"}
+    )
     if not args.no_postgres:
         urls["postgresql"] = args.postgres_url or _embedded_postgres()
     sentences = [s for pair in faq_pairs() for s in pair.answer.split(". ") if len(s) > 20]

@@ -70,7 +70,14 @@ def test_scale_run_counts_and_times_on_sqlite(capsys: pytest.CaptureFixture[str]
     from scripts.bench import rag_scale
 
     args = argparse.Namespace(
-        passages=300, owners=3, dimensions=8, queries=5, k=3, postgres_url=None, no_postgres=True
+        passages=300,
+        owners=3,
+        dimensions=8,
+        queries=5,
+        k=3,
+        postgres_url=None,
+        no_postgres=True,
+        no_sqlite=False,
     )
     result = rag_scale.main(args)
     sqlite = result["engines"]["sqlite"]
