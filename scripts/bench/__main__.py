@@ -72,6 +72,8 @@ COMMANDS = (
             "dense, fusion, beside Open WebUI's"),
     Command("rag-scale", "rag_scale", "the documents library at 100,000 passages: search p50/p95 "
             "(dense, keyword) and write rate, SQLite and PostgreSQL"),
+    Command("rag-turn", "rag_turn", "what grounding costs a chat turn: TTFT bare and with "
+            "\"documents\": true, and the follow-up's cached tokens"),
     Command("kv-memory", "kv_memory", "the sidecar's peak memory under a container's memory "
             "limit with more KV wanted than fits (root)"),
 )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,24 @@ def test_scale_run_counts_and_times_on_sqlite(capsys: pytest.CaptureFixture[str]
     assert set(result["engines"]) == {"sqlite"}
     assert sqlite["write_per_s"] > 0 and sqlite["dense_p95_ms"] >= sqlite["dense_p50_ms"] > 0
     assert "| sqlite |" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not FAQ.is_dir(), reason="python3.11-doc is not installed")
+def test_turn_run_grounds_and_reuses_the_cache(
+    tiny_model_dir: Path, tiny_encoder_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scripts.bench import rag_turn
+
+    args = argparse.Namespace(
+        model=str(tiny_model_dir),
+        preset="tiny",
+        encoder=str(tiny_encoder_dir),
+        documents=3,
+        turns=1,
+        max_new_tokens=2,
+    )
+    result = rag_turn.main(args)
+    assert result["turns"] == 1 and result["documents"] == 3
+    assert result["passage_prompt_tokens_p50"] > 0  # the passages went into the turn
+    assert result["follow_up_cached_tokens_p50"] > 0  # and the follow-up read them from cache
+    assert "| grounded |" in capsys.readouterr().out
