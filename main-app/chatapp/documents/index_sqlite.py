@@ -77,14 +77,20 @@ class SqliteIndex:
         query = fts5_query(question)
         if query is None:
             return []
+        # The owner inside MATCH: FTS5 ranks that owner's passages only (their column weighs
+        # nothing in BM25); and again in SQL, whatever the index holds.
         rows = session.execute(
             text(
-                "SELECT c.id, bm25(chunks_fts) AS rank FROM chunks_fts "
+                "SELECT c.id, bm25(chunks_fts, 1.0, 1.0, 0.0) AS rank FROM chunks_fts "
                 "JOIN chunks AS c ON c.id = chunks_fts.rowid "
                 "WHERE chunks_fts MATCH :query AND c.owner_id = :owner_id "
                 "ORDER BY rank LIMIT :k"
             ),
-            {"query": query, "owner_id": owner_id, "k": int(k)},
+            {
+                "query": f'owner_id : "{int(owner_id)}" AND ({query})',
+                "owner_id": owner_id,
+                "k": int(k),
+            },
         )
         return [(int(chunk_id), -float(rank)) for chunk_id, rank in rows]
 

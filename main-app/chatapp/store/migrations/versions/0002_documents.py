@@ -27,14 +27,18 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 SQLITE_SEARCH = [
+    # owner_id is indexed too, so a query names its owner inside MATCH and FTS5 ranks only
+    # that owner's passages (index_sqlite.py filters in SQL as well).
     """CREATE VIRTUAL TABLE chunks_fts USING fts5(
-        heading, text, content='chunks', content_rowid='id', tokenize='porter unicode61')""",
+        heading, text, owner_id, content='chunks', content_rowid='id',
+        tokenize='porter unicode61')""",
     """CREATE TRIGGER chunks_fts_insert AFTER INSERT ON chunks BEGIN
-        INSERT INTO chunks_fts(rowid, heading, text) VALUES (new.id, new.heading, new.text);
+        INSERT INTO chunks_fts(rowid, heading, text, owner_id)
+        VALUES (new.id, new.heading, new.text, new.owner_id);
     END""",
     """CREATE TRIGGER chunks_fts_delete AFTER DELETE ON chunks BEGIN
-        INSERT INTO chunks_fts(chunks_fts, rowid, heading, text)
-        VALUES ('delete', old.id, old.heading, old.text);
+        INSERT INTO chunks_fts(chunks_fts, rowid, heading, text, owner_id)
+        VALUES ('delete', old.id, old.heading, old.text, old.owner_id);
     END""",
 ]
 POSTGRESQL_SEARCH = [
