@@ -1,23 +1,14 @@
-"""Whose library a request reads: the accounts user, or, until accounts land, the one local
-user (`chatapp.store.users.LOCAL_SUBJECT`)."""
+"""Whose library a request reads: the accounts' user of the request (chatapp/accounts/).
+
+Under `AUTH_MODE=none` that is the one local user; under a sign-in mode the signed-in person,
+and a request without one is `401 unauthenticated` before anything of the library is read.
+"""
 
 from __future__ import annotations
 
-from flask import current_app, g
-
-from chatapp.store import current_store
-from chatapp.store.users import LOCAL_SUBJECT, ensure_user
+from chatapp.accounts import current_user
 
 
 def current_owner_id() -> int:
-    """The request's user id. A request-scoped user set by the accounts code (`g.user_id`)
-    wins; else the local user, made on first sight and remembered for the process."""
-    user_id = g.get("user_id")
-    if isinstance(user_id, int):
-        return user_id
-    cached = current_app.extensions.get("documents_local_user")
-    if cached is None:
-        with current_store().session(write=True) as session:
-            cached = ensure_user(session, LOCAL_SUBJECT).id
-        current_app.extensions["documents_local_user"] = cached
-    return int(cached)
+    """The request's user id (made on first sight, kept for the request); raises the 401."""
+    return current_user().id

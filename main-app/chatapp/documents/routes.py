@@ -64,6 +64,7 @@ def upload() -> tuple[Response, int]:
             "Send the files as multipart/form-data, each in a `file` field.",
             status=415,
         )
+    owner_id = current_owner_id()  # who is asking before the body is read: a 401 first
     # The app's body limit is a chat's (MAX_REQUEST_BYTES); an upload may be as large as the
     # body the app reads at all (BodyDeadline's bound, images.body_limit), files together.
     request.max_content_length = body_limit(current_app.config)
@@ -77,7 +78,6 @@ def upload() -> tuple[Response, int]:
             " files at once (DOCUMENT_MAX_FILES).",
             status=413,
         )
-    owner_id = current_owner_id()
     added = []
     for file in files:
         # One past the limit is enough to know it is too large, without reading the rest.

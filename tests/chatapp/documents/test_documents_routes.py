@@ -11,16 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask, g, request
+from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp import create_app
-from chatapp.store import current_store
-from chatapp.store.users import ensure_user
 from scripts.run import services
 from scripts.run.services import Service
 
 FILES = Path(__file__).parent / "files"
+# Signed in as App Service's Easy Auth signs people in (AUTH_MODE=appservice), as the accounts
+# tests do: the library is the signed-in user's.
+USERS = {
+    name: {"X-MS-CLIENT-PRINCIPAL-ID": f"{name}-oid", "X-MS-CLIENT-PRINCIPAL-NAME": name.title()}
+    for name in ("alice", "bob")
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +48,9 @@ def app(database_url: str, encoder_sidecar: Service, tiny_encoder_dir: Path) -> 
             "EMBED_TOKENIZER": str(tiny_encoder_dir),
             "EMBED_MAX_TOKENS": 32,
             "DOCUMENT_SEARCH": "fusion",
+            "AUTH_MODE": "appservice",
         }
     )
-
-    # Accounts are another change's: here the header names the user, as its login would.
-    @app.before_request
-    def as_user() -> None:
-        subject = request.headers.get("X-Test-User")
-        if subject:
-            with current_store().session(write=True) as session:
-                g.user_id = ensure_user(session, subject).id
-
     yield app
     app.extensions["documents"].close()
     app.extensions["store"].close()
@@ -70,7 +66,7 @@ def upload(client: FlaskClient, *names: str, user: str = "alice") -> Any:
     response = client.post(
         "/api/documents",
         data={"file": files},
-        headers={"X-Test-User": user},
+        headers=USERS[user],
         content_type="multipart/form-data",
     )
     assert response.status_code == 202, response.get_json()
@@ -80,7 +76,7 @@ def upload(client: FlaskClient, *names: str, user: str = "alice") -> Any:
 def settled(client: FlaskClient, user: str = "alice", timeout: float = 120) -> list[Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        documents = client.get("/api/documents", headers={"X-Test-User": user}).get_json()
+        documents = client.get("/api/documents", headers=USERS[user]).get_json()
         if all(d["status"] in ("ready", "failed") for d in documents["documents"]):
             return list(documents["documents"])
         time.sleep(0.1)
@@ -105,7 +101,7 @@ def test_upload_index_search_delete(client: FlaskClient) -> None:
     response = client.post(
         "/api/search",
         json={"query": "How long is the warranty?", "k": 3},
-        headers={"X-Test-User": "alice"},
+        headers=USERS["alice"],
     )
     results = response.get_json()["results"]
     assert 1 <= len(results) <= 3
@@ -115,34 +111,55 @@ def test_upload_index_search_delete(client: FlaskClient) -> None:
     assert {r["page"] for r in results if r["name"] == "guide.pdf"} <= {1, 2, 3}
 
     pdf = documents["guide.pdf"]["id"]
-    assert (
-        client.delete(f"/api/documents/{pdf}", headers={"X-Test-User": "alice"}).status_code == 204
-    )
+    assert client.delete(f"/api/documents/{pdf}", headers=USERS["alice"]).status_code == 204
     again = client.post(
-        "/api/search", json={"query": "warranty receipt", "k": 10}, headers={"X-Test-User": "alice"}
+        "/api/search", json={"query": "warranty receipt", "k": 10}, headers=USERS["alice"]
     ).get_json()["results"]
     assert all(r["document_id"] != pdf for r in again)
-    assert client.get(f"/api/documents/{pdf}", headers={"X-Test-User": "alice"}).status_code == 404
+    assert client.get(f"/api/documents/{pdf}", headers=USERS["alice"]).status_code == 404
 
 
 def test_another_owner_reaches_nothing(client: FlaskClient) -> None:
     (mine,) = upload(client, "guide.txt")
     settled(client)
-    bob = {"X-Test-User": "bob"}
+    bob = USERS["bob"]
     assert client.get(f"/api/documents/{mine['id']}", headers=bob).status_code == 404
     assert client.delete(f"/api/documents/{mine['id']}", headers=bob).status_code == 404
     assert client.post(f"/api/documents/{mine['id']}/retry", headers=bob).status_code == 404
+    assert client.post(f"/api/documents/{mine['id']}/cancel", headers=bob).status_code == 404
     assert client.get("/api/documents", headers=bob).get_json() == {"documents": []}
     found = client.post("/api/search", json={"query": "kettle boils a litre"}, headers=bob)
     assert found.get_json() == {"results": []}
-    alice = client.get(f"/api/documents/{mine['id']}", headers={"X-Test-User": "alice"})
+    alice = client.get(f"/api/documents/{mine['id']}", headers=USERS["alice"])
     assert alice.get_json()["status"] == "ready"
 
 
+def test_nobody_signed_in_is_refused_before_anything_is_read(client: FlaskClient) -> None:
+    for method, path in [
+        ("GET", "/api/documents"),
+        ("GET", "/api/documents/1"),
+        ("DELETE", "/api/documents/1"),
+        ("POST", "/api/documents/1/retry"),
+    ]:
+        response = client.open(path, method=method)
+        assert (response.status_code, response.get_json()["error"]["type"]) == (
+            401,
+            "unauthenticated",
+        ), path
+    files = {"file": [(io.BytesIO(b"The kettle boils."), "kettle.txt")]}
+    upload = client.post("/api/documents", data=files, content_type="multipart/form-data")
+    assert upload.status_code == 401
+    search = client.post("/api/search", json={"query": "kettle"})
+    assert search.status_code == 401
+
+
 def test_bad_requests_are_refused_with_a_reason(client: FlaskClient) -> None:
-    no_files = client.post("/api/documents", data={}, content_type="multipart/form-data")
+    alice = USERS["alice"]
+    no_files = client.post(
+        "/api/documents", data={}, content_type="multipart/form-data", headers=alice
+    )
     assert (no_files.status_code, no_files.get_json()["error"]["type"]) == (400, "no_files")
-    as_json = client.post("/api/documents", json={"file": "x"})
+    as_json = client.post("/api/documents", json={"file": "x"}, headers=alice)
     assert as_json.status_code == 415
     for body, kind in [
         ({"query": ""}, "invalid_query"),
@@ -150,7 +167,7 @@ def test_bad_requests_are_refused_with_a_reason(client: FlaskClient) -> None:
         ({"query": "x", "k": True}, "invalid_k"),
         ([], "invalid_request"),
     ]:
-        response = client.post("/api/search", json=body)
+        response = client.post("/api/search", json=body, headers=alice)
         assert (response.status_code, response.get_json()["error"]["type"]) == (400, kind)
 
 
@@ -160,5 +177,6 @@ def test_a_file_larger_than_a_chat_body_is_taken(client: FlaskClient) -> None:
         "/api/documents",
         data={"file": [(io.BytesIO(big), "big.txt")]},
         content_type="multipart/form-data",
+        headers=USERS["alice"],
     )
     assert response.status_code == 202, response.get_json()
