@@ -318,6 +318,9 @@ def chat() -> Response:
     )
     turn = _stored_turn(body, payload, user)
     grounding = _ground(body, payload, stored=turn is not None)
+    if turn is not None and grounding is not None:
+        found = grounding
+        turn.ground(found.block, lambda reply: list(found.done_fields(reply)["citations"]))
     record.messages = len(payload["messages"])
     record.images = images.count(payload["messages"]) or None
     default = config["MAX_NEW_TOKENS"]

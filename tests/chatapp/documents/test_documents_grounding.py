@@ -142,3 +142,82 @@ def test_a_grounding_with_control_characters_is_refused(client: FlaskClient) -> 
         },
     )
     assert response.status_code == 400
+
+
+ALICE = {"X-MS-CLIENT-PRINCIPAL-ID": "alice-oid", "X-MS-CLIENT-PRINCIPAL-NAME": "Alice"}
+BOB = {"X-MS-CLIENT-PRINCIPAL-ID": "bob-oid", "X-MS-CLIENT-PRINCIPAL-NAME": "Bob"}
+
+
+@pytest.fixture
+def signed_in(
+    database_url: str, encoder_sidecar: Service, tiny_encoder_dir: Path
+) -> Iterator[FlaskClient]:
+    """The app under App Service's sign-in (AUTH_MODE=appservice), as the accounts tests run it."""
+    app: Flask = create_app(
+        {
+            "TESTING": True,
+            "DATABASE_URL": database_url,
+            "SIDECAR_URL": encoder_sidecar.url,
+            "EMBED_MODEL": "tiny",
+            "EMBED_TOKENIZER": str(tiny_encoder_dir),
+            "EMBED_MAX_TOKENS": 32,
+            "DOCUMENT_SEARCH": "fusion",
+            "DOCUMENT_CONTEXT_TOKENS": 150,
+            "AUTH_MODE": "appservice",
+        }
+    )
+    yield app.test_client()
+    app.extensions["documents"].close()
+    app.extensions["store"].close()
+
+
+def stored_turn(client: FlaskClient, headers: dict[str, str], **body: Any) -> dict[str, Any]:
+    """A stored chat's turn; the response is closed, as a server closes it (the turn is stored)."""
+    response = client.post("/chat", json={"max_new_tokens": 8, **body}, headers=headers)
+    try:
+        assert response.status_code == 200, response.get_data(as_text=True)
+        lines = [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
+    finally:
+        response.close()
+    assert lines[-1].get("done") is True, lines[-1]
+    return dict(lines[-1])
+
+
+def test_a_stored_chat_keeps_its_grounding_and_citations_per_user(signed_in: FlaskClient) -> None:
+    data = (FILES / "guide.md").read_bytes()
+    added = signed_in.post(
+        "/api/documents",
+        data={"file": [(io.BytesIO(data), "guide.md")]},
+        content_type="multipart/form-data",
+        headers=ALICE,
+    )
+    assert added.status_code == 202
+    deadline = time.monotonic() + 120
+    while signed_in.get("/api/documents", headers=ALICE).get_json()["documents"][0]["status"] != (
+        "ready"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    chat_id = signed_in.post("/api/chats", json={}, headers=ALICE).get_json()["id"]
+    question = {"role": "user", "content": "How long does the warranty last?"}
+    first = stored_turn(signed_in, ALICE, chat_id=chat_id, messages=[question], documents=True)
+    assert "The warranty lasts" in first["grounding"]
+    stored = signed_in.get(f"/api/chats/{chat_id}", headers=ALICE).get_json()["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[0]["content"] == question["content"]  # the question as asked, no passages
+    assert stored[1]["citations"] == first["citations"]  # what the done line said, kept
+    # The follow-up (not grounded itself) is built from the stored turns, the first with the
+    # passages it was sent with: its prompt holds all of the first's, read from the cache.
+    follow = stored_turn(
+        signed_in, ALICE, chat_id=chat_id, messages=[{"role": "user", "content": "And?"}]
+    )
+    assert follow["prompt_tokens"] > first["prompt_tokens"]
+    assert follow["cached_tokens"] > 0
+    # Bob's grounded chat reaches none of Alice's passages, nor her chat.
+    bobs = signed_in.post("/api/chats", json={}, headers=BOB).get_json()["id"]
+    his = stored_turn(signed_in, BOB, chat_id=bobs, messages=[question], documents=True)
+    assert his["grounding"] == NOTHING_FOUND and his["citations"] == []
+    refused = signed_in.post(
+        "/chat", json={"chat_id": chat_id, "messages": [question], "documents": True}, headers=BOB
+    )
+    assert refused.status_code == 404
