@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
 from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
@@ -34,13 +34,15 @@ def encoder_sidecar(
         yield running
 
 
-@pytest.fixture
+@pytest.fixture(params=["none"])
 def library_app(
+    request: pytest.FixtureRequest,
     encoder_sidecar: services.Service,
     tiny_encoder_dir: Path,
     start_app: AppFactory,
     tmp_path: Path,
 ) -> Iterator[services.Service]:
+    """The app (gunicorn, its indexer process) under AUTH_MODE `request.param`."""
     with FakeSidecar() as fake:
 
         def answer(h: fs.Handler) -> None:
@@ -63,6 +65,7 @@ def library_app(
             EMBED_MAX_TOKENS="32",
             DOCUMENT_SEARCH="fusion",
             DATA_DIR=str(tmp_path / "data"),
+            AUTH_MODE=request.param,
         ) as app:
             yield app
 
@@ -95,3 +98,55 @@ def test_add_a_file_ask_and_open_a_citation(page: Page, library_app: services.Se
     first = follow["messages"][0]
     assert first["content"] == "How do I descale the kettle?"
     assert first["grounding"].startswith("Passages from my documents:")
+
+
+def _signed_in(browser: Browser, name: str) -> Page:
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    context.set_extra_http_headers(
+        {"X-MS-CLIENT-PRINCIPAL-ID": f"{name}-oid", "X-MS-CLIENT-PRINCIPAL-NAME": name}
+    )
+    context.set_default_timeout(30_000)
+    return context.new_page()
+
+
+def _add_guide(page: Page) -> None:
+    page.locator("#open-library").click()
+    page.locator("#library-input").set_input_files(str(GUIDE))
+    item = page.locator(".library-item", has_text="guide.md")
+    expect(item).to_have_attribute("data-status", "ready", timeout=60_000)
+    page.locator("#library-close").click()
+
+
+@pytest.mark.parametrize("library_app", ["appservice"], indirect=True)
+def test_a_signed_in_users_library_and_a_stored_chats_citations(
+    browser: Browser, library_app: services.Service
+) -> None:
+    """Signed in (server chats and the library on one page): a grounded turn goes with the
+    stored chat's id, its citation chips come back when the chat is opened again, and another
+    user's library is empty."""
+    alice = _signed_in(browser, "alice")
+    try:
+        alice.goto(library_app.url)
+        expect(alice.locator("#signed-in")).to_have_text("Signed in as alice")
+        _add_guide(alice)
+        alice.locator("#use-documents").check()
+        body = chat_request(alice, lambda: send(alice, "How do I descale the kettle?"))
+        assert body["documents"] is True and isinstance(body.get("chat_id"), str)
+        expect(reply(alice)).to_have_attribute("data-state", "done", timeout=60_000)
+        expect(reply(alice).locator("button.citation")).to_have_text("1")
+        alice.reload()  # the chat and its citations, from the server
+        expect(alice.locator(".message")).to_have_count(2)
+        chip = reply(alice).locator("button.citation")
+        expect(chip).to_have_text("1")
+        chip.click()
+        expect(alice.locator("#citation-where")).to_contain_text("guide.md")
+    finally:
+        alice.context.close()
+    bob = _signed_in(browser, "bob")
+    try:
+        bob.goto(library_app.url)
+        expect(bob.locator("#signed-in")).to_have_text("Signed in as bob")
+        bob.locator("#open-library").click()
+        expect(bob.locator(".library-item")).to_have_count(0)
+    finally:
+        bob.context.close()
