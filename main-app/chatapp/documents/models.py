@@ -28,6 +28,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+# `users`, which these tables' owner_id refers to, must be on `Base` wherever these are used:
+# the indexer process (`python -m chatapp.documents`) imports nothing else of the store's
+# models when it finds the database already migrated (Alembic's env.py, which imports them
+# all, then never runs), and its first flush failed with NoReferencedTableError.
+from chatapp.store import models as _users_table  # noqa: F401
 from chatapp.store.base import Base, UtcDateTime, utcnow
 
 NAME_CHARS = 255

@@ -204,3 +204,37 @@ def test_a_model_service_without_an_encoder_fails_the_document_with_its_reason(
     assert document is not None
     assert (document.status, document.error_type) == ("failed", "embeddings_failed")
     assert "refused the embeddings (400)" in (document.error or "")
+
+
+CLAIM_IN_A_FRESH_PROCESS = """
+import sys
+from chatapp import settings
+from chatapp.documents.service import make_indexer
+from chatapp.store import Store, migrate
+
+store = Store.open(sys.argv[1])
+migrate.upgrade(store.engine)  # already migrated: Alembic's env.py never runs here
+config = {**settings.DEFAULTS, "EMBED_TOKENIZER": ""}
+print(make_indexer(store, config).claim())
+"""
+
+
+def test_the_indexer_process_claims_from_a_database_another_process_migrated(
+    store: Store, owners: tuple[int, int]
+) -> None:
+    """`python -m chatapp.documents` imports what the indexer does and no more; the database is
+    already at the newest revision (the web workers migrated it), and its first claim writes
+    a document that refers to `users`."""
+    import subprocess
+    import sys
+
+    added = library.add(store, owners[0], "a.txt", b"The kettle boils.", "text/plain", LIMITS)
+    url = store.engine.url.render_as_string(hide_password=False)
+    result = subprocess.run(
+        [sys.executable, "-c", CLAIM_IN_A_FRESH_PROCESS, url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(added.document.id)
