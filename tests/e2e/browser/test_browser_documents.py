@@ -5,6 +5,7 @@ fake sidecar forwards /v1/embeddings to the real one), since no model cites [1] 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,6 +110,17 @@ def _signed_in(browser: Browser, name: str) -> Page:
     return context.new_page()
 
 
+def _stored_messages(app: services.Service, name: str, chat_id: str, count: int) -> None:
+    headers = {"X-MS-CLIENT-PRINCIPAL-ID": f"{name}-oid", "X-MS-CLIENT-PRINCIPAL-NAME": name}
+    deadline = time.monotonic() + 30
+    while True:
+        chat = httpx.get(f"{app.url}/api/chats/{chat_id}", headers=headers).json()
+        if len(chat["messages"]) >= count or time.monotonic() > deadline:
+            assert len(chat["messages"]) == count, chat
+            return
+        time.sleep(0.1)
+
+
 def _add_guide(page: Page) -> None:
     page.locator("#open-library").click()
     page.locator("#library-input").set_input_files(str(GUIDE))
@@ -134,6 +146,8 @@ def test_a_signed_in_users_library_and_a_stored_chats_citations(
         assert body["documents"] is True and isinstance(body.get("chat_id"), str)
         expect(reply(alice)).to_have_attribute("data-state", "done", timeout=60_000)
         expect(reply(alice).locator("button.citation")).to_have_text("1")
+        # The turn is stored when the response closes, just after the page saw its end.
+        _stored_messages(library_app, "alice", str(body["chat_id"]), 2)
         alice.reload()  # the chat and its citations, from the server
         expect(alice.locator(".message")).to_have_count(2)
         chip = reply(alice).locator("button.citation")
