@@ -153,6 +153,8 @@ SLOW_TESTS = (
     "tests/sidecar/web/test_sidecar_hardening.py::test_6_",  # watchdog timeouts
     "tests/sidecar/web/test_sidecar_stream_start.py",  # prompts read slowly, 30-s timeouts
     "tests/chatapp/accounts/test_accounts_two_instances.py",  # two gunicorn apps, PostgreSQL
+    "tests/chatapp/documents/test_documents_grounding.py::test_a_grounded",  # two chats, both DBs
+    "tests/scripts/test_bench_rag.py::test_turn_run",  # a sidecar and the app, a library indexed
 )
 
 

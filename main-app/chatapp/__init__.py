@@ -28,6 +28,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from chatapp.accounts import cross_site
     from chatapp.body_deadline import BodyDeadline
     from chatapp.chats import api as chats_api
+    from chatapp.documents import routes as documents_routes
+    from chatapp.documents.service import Documents
     from chatapp.host import LowerCaseHost
     from chatapp.telemetry import Telemetry
     from chatapp.uploads import LargeBodies
@@ -45,6 +47,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     accounts.install(app)
     app.extensions["store"] = store = _open_store(app.config)
     _keep_chats_for(app, store)
+    # The library (chatapp/documents/): its search, and its indexer where it runs in-process.
+    app.extensions["documents"] = Documents(store, app.config)
     # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py); one with
     # images may be larger than a text's (images.py), a few at once (uploads.py).
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
@@ -63,6 +67,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(relay.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(chats_api.bp)
+    app.register_blueprint(documents_routes.bp)
     if app.config["METRICS"]:
         app.register_blueprint(metrics.bp)
     return app

@@ -17,6 +17,7 @@ import logging
 import os
 
 from chatapp import gunicorn_metrics, open_files, settings
+from chatapp.documents import indexer_process
 
 # Python warnings (gevent's, say) become JSON log lines like everything else on stderr.
 logging.captureWarnings(True)
@@ -33,6 +34,9 @@ keepalive = settings.headers_timeout(os.environ)
 # gunicorn on the machine, and nothing here uses gunicornc.
 control_socket_disable = True
 # /metrics adds up every worker's numbers: each writes them into one folder (gunicorn_metrics.py).
+# Documents are indexed by one process the master starts beside the workers, never in a gevent
+# worker (chatapp/documents/service.py); the workers inherit the setting and start no thread.
+os.environ.setdefault("DOCUMENT_INDEXER", "process")
 
 
 def on_starting(server: object) -> None:
@@ -45,8 +49,20 @@ def on_starting(server: object) -> None:
     start_log.info("access", extra={"fields": settings.access_summary(os.environ)})
 
 
-child_exit = gunicorn_metrics.child_exit
-on_exit = gunicorn_metrics.on_exit
+def when_ready(server: object) -> None:
+    indexer_process.start(os.environ)
+
+
+def on_exit(server: object) -> None:
+    indexer_process.stop()
+    gunicorn_metrics.on_exit(server)
+
+
+def child_exit(server: object, worker: object) -> None:
+    gunicorn_metrics.child_exit(server, worker)
+    indexer_process.start(os.environ)  # again, if it died
+
+
 # No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.
 accesslog = None
 errorlog = "-"

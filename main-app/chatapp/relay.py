@@ -29,6 +29,7 @@ from chatapp.accounts import CurrentUser, current_user
 from chatapp.body_deadline import LATE
 from chatapp.chats import turns
 from chatapp.chats.turns import StoredTurn
+from chatapp.documents.grounding import Grounding
 from chatapp.errors import ApiError
 from chatapp.logs import ChatRecord, request_id
 from chatapp.pending import PendingReply
@@ -53,8 +54,12 @@ class Relay:
         stall: float,
         time_limit: float = float("inf"),
         on_end: Callable[[str, str, bool], None] | None = None,
+        grounding: Grounding | None = None,
     ) -> None:
         self._reply = reply
+        # A grounded turn (chatapp/documents/grounding.py): the reply's text is kept, for the
+        # citations its done line carries.
+        self._grounding = grounding
         self._record = record
         self._outcome = "client_gone"  # unless the relay reaches an end of its own
         self._lines = self._relay(heartbeat, stall, record.started + time_limit)
@@ -123,6 +128,11 @@ class Relay:
                         prompt_tokens=record.prompt_tokens,
                         cached_tokens=record.cached_tokens,
                         dropped_messages=record.dropped_messages,
+                        **(
+                            {}
+                            if self._grounding is None
+                            else self._grounding.done_fields("".join(self._text))
+                        ),
                     )
                     return
                 if isinstance(event, Refused):  # refused after the stream started (upstream.py)
@@ -141,7 +151,7 @@ class Relay:
                 if record.pieces == 0:
                     first = now
                 record.pieces += 1
-                if self._on_end is not None:
+                if self._on_end is not None or self._grounding is not None:
                     self._text.append(event.text)
                 yield wire.delta(event.text)
         finally:
@@ -255,6 +265,37 @@ def _stored_turn(body: Any, payload: dict[str, Any], user: CurrentUser | None) -
     return None
 
 
+def _ground(body: dict[str, Any], payload: dict[str, Any], *, stored: bool) -> Grounding | None:
+    """`"documents": true`: the newest turn answered from the caller's library; earlier turns
+    keep the passages they were sent with (chatapp/documents/grounding.py). A stored chat's
+    earlier turns come from the server (`stored`), never from the request's `grounding`."""
+    from chatapp.documents import grounding
+    from chatapp.documents.embedder import EmbeddingsFailed
+    from chatapp.documents.owner import current_owner_id
+
+    messages = payload["messages"]
+    if not stored:
+        grounding.restore_earlier(body, messages)
+    if body.get("documents") is not True:
+        return None
+    config = current_app.config
+    searcher = current_app.extensions["documents"].searcher
+    last = messages[-1]
+    try:
+        found = grounding.ground(
+            searcher,
+            current_owner_id(),
+            grounding.question_of(last["content"]),
+            k=config["DOCUMENT_PASSAGES"],
+            budget=config["DOCUMENT_CONTEXT_TOKENS"],
+            min_score=config["DOCUMENT_MIN_SCORE"],
+        )
+    except EmbeddingsFailed as failed:
+        raise ApiError("embeddings_failed", str(failed), status=502) from None
+    last["content"] = grounding.with_block(last["content"], found.block)
+    return found
+
+
 @bp.post("/chat")
 def chat() -> Response:
     record: ChatRecord = g.chat
@@ -276,6 +317,10 @@ def chat() -> Response:
         max_image_bytes=config["MAX_IMAGE_BYTES"],
     )
     turn = _stored_turn(body, payload, user)
+    grounding = _ground(body, payload, stored=turn is not None)
+    if turn is not None and grounding is not None:
+        found = grounding
+        turn.ground(found.block, lambda reply: list(found.done_fields(reply)["citations"]))
     record.messages = len(payload["messages"])
     record.images = images.count(payload["messages"]) or None
     default = config["MAX_NEW_TOKENS"]
@@ -299,6 +344,7 @@ def chat() -> Response:
         config["SIDECAR_READ_TIMEOUT"],
         config["RELAY_TIME_LIMIT"],
         on_end=None if turn is None else turn.end,
+        grounding=grounding,
     )
     _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(

@@ -38,6 +38,18 @@ DEFAULTS: dict[str, Any] = {
     "UPSTREAM_API_KEY": None,
     "TRUSTED_HOSTS": None,  # Flask's own name; the environment says ALLOWED_HOSTS
     "METRICS": True,
+    # Documents (chatapp/documents/, docs/documents.md).
+    "DOCUMENT_MAX_BYTES": 20 * 1024 * 1024,
+    "DOCUMENT_MAX_PAGES": 2000,
+    "DOCUMENT_MAX_FILES": 20,
+    "DOCUMENT_SEARCH": "dense",
+    "DOCUMENT_INDEXER": "thread",
+    "DOCUMENT_PASSAGES": 6,
+    "DOCUMENT_CONTEXT_TOKENS": 1200,
+    "DOCUMENT_MIN_SCORE": 0.2,
+    "EMBED_MODEL": "all-minilm-l6-v2",
+    "EMBED_TOKENIZER": None,
+    "EMBED_MAX_TOKENS": 256,
     "OTEL_EXPORTER_OTLP_ENDPOINT": None,
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": None,
     "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -132,6 +144,33 @@ DESCRIPTIONS: dict[str, str] = {
     "up (one `info` line per chat, see `chatapp.logs`).",
     "METRICS": "Serve `GET /metrics` (Prometheus text; counts and timings, never text or ids); "
     "`false` removes the route, e.g. on a public site nobody scrapes.",
+    "DOCUMENT_MAX_BYTES": "The largest file a library takes, in bytes; a larger one is listed as "
+    "failed with `too_large` (a DOCX may unpack to 20 times this, a zip bomb's refusal).",
+    "DOCUMENT_MAX_PAGES": "The most pages of a PDF that is read; more: failed, `too_large`.",
+    "DOCUMENT_MAX_FILES": "The most files one `POST /api/documents` takes, else 413.",
+    "DOCUMENT_SEARCH": "How the library is searched: `dense` (the encoder's vectors), `keyword` "
+    "(full-text, BM25) or `fusion` (both, reciprocal rank fusion). The default is what the FAQ "
+    "evaluation chose (docs/documents.md); without an encoder, `keyword` whatever is set.",
+    "DOCUMENT_INDEXER": "Where documents are read and embedded, always outside the request: "
+    "`thread` (an OS thread of the app's process: the development server, tests), `process` "
+    "(one indexer process beside gunicorn's workers, started by its master: what "
+    "`chatapp.gunicorn_conf` sets when unset), `off` (none here: another instance indexes).",
+    "DOCUMENT_PASSAGES": 'The most passages a grounded turn (`"documents": true`) is given.',
+    "DOCUMENT_CONTEXT_TOKENS": "The most chat-model tokens a grounded turn's passages take "
+    "(estimated from the encoder's count, docs/documents.md): room left in a 4,096-token "
+    "context for the conversation and the reply.",
+    "DOCUMENT_MIN_SCORE": "With `DOCUMENT_SEARCH=dense`, the least cosine similarity a passage "
+    "needs to be given to a grounded turn; below it the turn is told nothing relevant was "
+    "found (-1 keeps everything).",
+    "EMBED_MODEL": "The `model` sent to the model service's `POST /v1/embeddings` (our sidecar "
+    "takes any; Ollama and llama.cpp want their encoder's name).",
+    "EMBED_TOKENIZER": "The encoder's folder (its `tokenizer.json`: the sidecar's "
+    "`EMBED_MODEL_PATH`) or the file itself: passages are measured with it, exactly. Unset: by "
+    "a bound that never undercounts (UTF-8 bytes), so passages come out about a quarter of "
+    "`EMBED_MAX_TOKENS` for English.",
+    "EMBED_MAX_TOKENS": "The most tokens of a passage (its heading included, special tokens "
+    "counted): the encoder's limit (256 for all-MiniLM-L6-v2, whose longer inputs the sidecar "
+    "refuses) or less. With `EMBED_TOKENIZER`, the encoder folder's own limit when lower.",
     "OTEL_EXPORTER_OTLP_ENDPOINT": "OpenTelemetry's standard variable: send spans over OTLP/HTTP "
     "(protobuf) to this collector, at its `/v1/traces` (`http://localhost:4318`).",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "The full URL for spans, used as it is.",
@@ -180,6 +219,8 @@ DESCRIPTIONS: dict[str, str] = {
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 UPSTREAM_APIS = ("predict", "openai")
+SEARCH_METHODS = ("dense", "keyword", "fusion")
+INDEXERS = ("thread", "process", "off")
 
 
 class SettingsError(ValueError):
@@ -317,6 +358,41 @@ def _database_url(name: str, raw: str) -> str:
     return url
 
 
+def _search_method(name: str, raw: str) -> str:
+    """one of SEARCH_METHODS"""
+    method = raw.strip().lower()
+    if method not in SEARCH_METHODS:
+        raise SettingsError(f"{name} must be one of {', '.join(SEARCH_METHODS)}, got {raw!r}")
+    return method
+
+
+def _indexer(name: str, raw: str) -> str:
+    """one of INDEXERS"""
+    where = raw.strip().lower()
+    if where not in INDEXERS:
+        raise SettingsError(f"{name} must be one of {', '.join(INDEXERS)}, got {raw!r}")
+    return where
+
+
+def _similarity(name: str, raw: str) -> float:
+    """number, -1 to 1"""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+    if not -1 <= value <= 1:
+        raise SettingsError(f"{name} must be from -1 to 1, got {raw!r}")
+    return value
+
+
+def _embed_tokens(name: str, raw: str) -> int:
+    """whole number, 16 to 8192"""
+    value = _positive_int(name, raw)
+    if not 16 <= value <= 8192:
+        raise SettingsError(f"{name} must be from 16 to 8192, got {raw!r}")
+    return value
+
+
 def _otlp_protocol(name: str, raw: str) -> str:
     """http/protobuf"""
     if raw.strip() != "http/protobuf":
@@ -347,6 +423,17 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SIDECAR_API_KEY": ("UPSTREAM_API_KEY", _secret),  # the same setting by its #12 name
     "ALLOWED_HOSTS": ("TRUSTED_HOSTS", _hosts),
     "METRICS": ("METRICS", _bool),
+    "DOCUMENT_MAX_BYTES": ("DOCUMENT_MAX_BYTES", _positive_int),
+    "DOCUMENT_MAX_PAGES": ("DOCUMENT_MAX_PAGES", _positive_int),
+    "DOCUMENT_MAX_FILES": ("DOCUMENT_MAX_FILES", _positive_int),
+    "DOCUMENT_SEARCH": ("DOCUMENT_SEARCH", _search_method),
+    "DOCUMENT_INDEXER": ("DOCUMENT_INDEXER", _indexer),
+    "DOCUMENT_PASSAGES": ("DOCUMENT_PASSAGES", _positive_int),
+    "DOCUMENT_CONTEXT_TOKENS": ("DOCUMENT_CONTEXT_TOKENS", _positive_int),
+    "DOCUMENT_MIN_SCORE": ("DOCUMENT_MIN_SCORE", _similarity),
+    "EMBED_MODEL": ("EMBED_MODEL", _model),
+    "EMBED_TOKENIZER": ("EMBED_TOKENIZER", _text),
+    "EMBED_MAX_TOKENS": ("EMBED_MAX_TOKENS", _embed_tokens),
     "OTEL_EXPORTER_OTLP_ENDPOINT": ("OTEL_EXPORTER_OTLP_ENDPOINT", _url),
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", _url),
     "OTEL_EXPORTER_OTLP_PROTOCOL": ("OTEL_EXPORTER_OTLP_PROTOCOL", _otlp_protocol),
@@ -437,6 +524,8 @@ def reference() -> list[tuple[str, str, Any, str]]:
         kind = (parse.__doc__ or parse.__name__).strip()
         kind = kind.replace("LOG_LEVELS", ", ".join(LOG_LEVELS))
         kind = kind.replace("UPSTREAM_APIS", ", ".join(UPSTREAM_APIS))
+        kind = kind.replace("SEARCH_METHODS", ", ".join(SEARCH_METHODS))
+        kind = kind.replace("INDEXERS", ", ".join(INDEXERS))
         rows.append((name, kind, DEFAULTS.get(key), DESCRIPTIONS.get(name, "")))
     for name, default in SERVER_DEFAULTS.items():
         kind = "whole number, >= 1" if isinstance(default, int) else "text"

@@ -303,7 +303,10 @@ def done(
     prompt_tokens: int | None = None,
     cached_tokens: int | None = None,
     dropped_messages: int | None = None,
+    **grounded: Any,
 ) -> bytes:
+    """The last line; a grounded turn adds `citations`, `unknown_citations` and `grounding`
+    (chatapp/documents/grounding.py)."""
     obj: dict[str, Any] = {"done": True}
     if finish_reason is not None:
         obj["finish_reason"] = finish_reason
@@ -314,6 +317,7 @@ def done(
         obj["cached_tokens"] = cached_tokens
     if dropped_messages is not None:
         obj["dropped_messages"] = dropped_messages
+    obj.update(grounded)
     return _line(obj)
 
 

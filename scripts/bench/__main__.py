@@ -78,6 +78,12 @@ COMMANDS = (
             "list and search with 100 users x 50 chats, what keeping a chat adds to TTFT"),
     Command("abuse", "abuse", "what abusive requests cost the others: a flood of over-long "
             "prompts (a bystander's longest gap), one huge max_tokens (others' TTFT)"),
+    Command("rag", "rag", "retrieval quality on the Python FAQ (recall@1/3/5, MRR@10): keyword, "
+            "dense, fusion, beside Open WebUI's"),
+    Command("rag-scale", "rag_scale", "the documents library at 100,000 passages: search p50/p95 "
+            "(dense, keyword) and write rate, SQLite and PostgreSQL"),
+    Command("rag-turn", "rag_turn", "what grounding costs a chat turn: TTFT bare and with "
+            "\"documents\": true, and the follow-up's cached tokens"),
     Command("kv-memory", "kv_memory", "the sidecar's peak memory under a container's memory "
             "limit with more KV wanted than fits (root)"),
 )  # fmt: skip
@@ -88,6 +94,7 @@ LIBRARIES = {
     "drivers": "how one generation is driven and timed (engine, sidecar, app); the prompts",
     "quality_kv": "quality --kv-restore: a conversation restored through the batched path",
     "peers": "llama.cpp's server, the GGUF of our model, the peer tables (peers/)",
+    "rag_faq": "rag: the Python FAQ's question and answer pairs, recall@k and MRR",
 }
 
 

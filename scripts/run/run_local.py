@@ -159,6 +159,14 @@ def ensure_model(kind: str, models_dir: Path) -> Path:
     return Path(lines[-1].strip()) if lines else folder
 
 
+def app_encoder_settings(encoder: dict[str, str]) -> dict[str, str]:
+    """The app's EMBED_TOKENIZER: the sidecar's encoder folder, once it holds its tokenizer."""
+    folder = encoder.get("EMBED_MODEL_PATH")
+    if folder and (Path(folder) / "tokenizer.json").is_file():
+        return {"EMBED_TOKENIZER": folder}
+    return {}
+
+
 def encoder_settings(kind: str, models_dir: Path) -> dict[str, str]:
     """The sidecar's settings for an encoder that goes with the model `kind` (built first)."""
     if kind in GENERATED:
@@ -255,7 +263,11 @@ def run(args: argparse.Namespace) -> int:
         args.data_dir.mkdir(parents=True, exist_ok=True)
         app = stack.enter_context(
             services.chatapp(
-                sidecar.url, app_log, port=args.port, DATA_DIR=str(args.data_dir.resolve())
+                sidecar.url,
+                app_log,
+                port=args.port,
+                # The library measures passages with the encoder's own tokenizer (same machine).
+                env={"DATA_DIR": str(args.data_dir.resolve()), **app_encoder_settings(encoder)},
             )
         )
         say(f"chat page: http://localhost:{args.port}  (Ctrl+C stops both services)")

@@ -47,7 +47,8 @@ def test_gunicorn_raises_the_soft_limit_for_its_workers_too(
         limits = soft_limits(app)
         line = start_line(app)
 
-    assert limits == [4096, 4096, 4096]  # the master and its two workers
+    # The master, its two workers and the documents' indexer process (chatapp/documents/).
+    assert limits == [4096, 4096, 4096, 4096]
     assert line["level"] == "info" and line["msg"] == "open files"
     assert (line["nofile_soft_at_start"], line["nofile_soft"], line["nofile_hard"]) == (
         256,
@@ -67,7 +68,7 @@ def test_a_limit_too_low_for_gunicorn_connections_is_a_warning(
         limits = soft_limits(app)
         line = start_line(app)
 
-    assert limits == [256, 256]
+    assert limits == [256, 256, 256]  # the master, its worker, the documents indexer
     assert line["level"] == "warning" and "fewer than GUNICORN_CONNECTIONS needs" in line["msg"]
     assert line["nofile_soft"] == 256 and line["fits_connections"] == 96
 

@@ -11,19 +11,26 @@ a complete reply with its finish (`stop`, `length`), one cut off with the error 
 (`upstream_timeout`, `upstream_disconnected`, `reply_time_limit`, a refusal's type) or
 `client_gone` (the person stopped it, or left). A chat refused before any text came stores
 nothing: the page says so and the person may send it again.
+
+A grounded turn (`"documents": true`, chatapp/documents/grounding.py) is stored with the block
+of passages it was sent with (`messages.grounding`) and its reply with the passages it cites
+(`citations`, checked against that block, as the done line's). Later turns put each stored
+block back before its question, from the database: the prompt begins as before (the model
+service's cache reads it) and no client can write an earlier turn's passages.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from chatapp import wire
 from chatapp.accounts import CurrentUser
 from chatapp.chats import convert
+from chatapp.documents.grounding import with_block
 from chatapp.errors import ApiError
 from chatapp.store import Store, chats
 from chatapp.store.chats import AnyRow, NewMessage
@@ -62,6 +69,8 @@ def fit(
         if message.role == "system":
             continue  # only the request's system message goes first
         turn = convert.wire_message(message)
+        if message.grounding is not None:  # a grounded turn, as it was sent
+            turn["content"] = with_block(turn["content"], message.grounding)
         size, pictures = _size(turn)
         if messages_left < 1 or size > bytes_left or pictures > images_left:
             break
@@ -87,11 +96,21 @@ class StoredTurn:
     # The sources the reply cites (a grounded answer: the documents feature sets them before
     # the reply ends); stored with the reply.
     citations: list[dict[str, Any]] | None = None
+    # A grounded turn's: the reply's citations, read from its text when it ends (`ground`).
+    cite: Callable[[str], list[dict[str, Any]]] | None = None
+
+    def ground(self, block: str, cite: Callable[[str], list[dict[str, Any]]]) -> None:
+        """This turn was sent with `block` before its question; `cite` finds the passages a
+        reply cites (chatapp/documents/grounding.py)."""
+        self.user_message.grounding = block
+        self.cite = cite
 
     def end(self, reply: str, finish: str, started: bool) -> None:
         """Store the turn (`started`: whether any reply came, or it ended normally)."""
         if not started:
             return
+        if self.cite is not None:
+            self.citations = self.cite(reply)
         try:
             with self.store.session(write=True) as session:
                 answer = NewMessage("assistant", reply, finish=finish, citations=self.citations)

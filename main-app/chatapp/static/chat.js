@@ -10,7 +10,8 @@
 // This module wires the page's events to the modules that do the work: views.js (a message),
 // exchange.js (POST /chat and its stream), chats.js and open-chat.js (saved chats), edit.js,
 // chat-menu.js, settings-dialog.js, dialogs.js, drawer.js, status.js, attachments.js and
-// images.js (images to send), image-store.js (their files, in IndexedDB), image-viewer.js;
+// images.js (images to send), image-store.js (their files, in IndexedDB), image-viewer.js,
+// library.js (the documents panel) and citations.js (a grounded reply's sources);
 // page.js and state.js hold what they share. The browser loads them as ES modules, with no build step.
 import { attachedImages, preparingImages, showAttachNote } from "./attachments.js";
 import { deleteChat, exportJson, exportMarkdown, renameChat } from "./chat-menu.js";
@@ -20,6 +21,7 @@ import { closeEdit, startEdit } from "./edit.js";
 import { regenerate, start, stop } from "./exchange.js";
 import { openImage } from "./image-viewer.js";
 import { imageMeta } from "./images.js";
+import { installLibrary } from "./library.js";
 import { newChat, openChat, openChatById } from "./open-chat.js";
 import {
   $,
@@ -191,4 +193,5 @@ const last = store.current();
 openChat((last && (store.load(last) || (store.server ? await store.fetch(last) : null))) || blankChat());
 renderSettingsSummary();
 pollModelStatus();
+installLibrary();
 input.focus();

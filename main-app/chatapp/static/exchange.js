@@ -5,6 +5,7 @@ import { persist, showStorageNote } from "./chats.js";
 import { dataUrl } from "./images.js";
 import { keepImage, loadImage } from "./image-store.js";
 import {
+  $,
   announce,
   autosize,
   clean,
@@ -22,9 +23,12 @@ import { assistantName, state, store } from "./state.js";
 import { showModelStatus } from "./status.js";
 import { addView, clearTransient, messageView, refreshActions } from "./views.js";
 
+const useDocuments = $("use-documents");
+
 function requestBody(messages, chat) {
   // A chat the server keeps goes on from its stored turns: only the new message is sent.
   const body = chat.onServer ? { messages, chat_id: chat.id } : { messages, conversation_id: chat.id };
+  if (useDocuments.checked) body.documents = true;
   if (state.settings.temperature !== null) body.temperature = state.settings.temperature;
   if (state.settings.maxNewTokens !== null) body.max_new_tokens = state.settings.maxNewTokens;
   return body;
@@ -33,7 +37,10 @@ function requestBody(messages, chat) {
 /** A message as POST /chat takes it: its text, or with images OpenAI's content parts, the
  * images first (Phi-3-vision's own convention). An image this browser no longer keeps is left
  * out (its message says so on the page). */
-async function wireMessage({ role, content, images }) {
+async function wireMessage({ role, content, images, grounding }) {
+  // A grounded turn goes back with the passages it was sent with (chatapp/documents/grounding.py),
+  // so the model service's conversation cache finds the same prompt.
+  if (grounding) return { ...(await wireMessage({ role, content, images })), grounding };
   if (!images?.length) return { role, content };
   const urls = [];
   for (const meta of images) {
@@ -306,10 +313,15 @@ function settle(exchange, outcome, shown) {
   }
   if (outcome.kind === "done" || answered) {
     // Kept first: the reply belongs to the chat whatever rendering its end does.
-    owner.messages.push(turn, { role: "assistant", content: reply.text, ending });
+    const answer = { role: "assistant", content: reply.text, ending };
+    const stats = outcome.kind === "done" ? outcome.stats : {};
+    if (typeof stats.grounding === "string") turn.grounding = stats.grounding;
+    if (Array.isArray(stats.citations)) answer.citations = stats.citations;
+    owner.messages.push(turn, answer);
     if (shown) state.views.push(question, reply);
     persist(owner);
     reply.complete();
+    reply.linkCitations(answer.citations);
     reply.setEnding(ending);
     const said = ending.badge ? ` ${ending.badge}.` : "";
     announce(`${assistantName()} replied: ${reply.readable() || "(nothing)"}${said}`);

@@ -57,6 +57,8 @@ function pageChat(chat) {
   const messages = (Array.isArray(chat.messages) ? chat.messages : []).map((message) => {
     const out = { role: message.role, content: message.content };
     if (message.role === "assistant") out.ending = endingOf(message.finish);
+    // A grounded reply's sources, as stored with it (its [n] chips on the page).
+    if (Array.isArray(message.citations)) out.citations = message.citations;
     const images = (Array.isArray(message.images) ? message.images : []).map(imageFrom).filter(Boolean);
     if (images.length) out.images = images.map(({ id, type }) => ({ id, type, width: 0, height: 0, name: "" }));
     return out;

@@ -63,6 +63,12 @@ export function firstTitle(messages) {
   return titleFrom(first?.content || (first?.images?.length ? "Image" : ""));
 }
 
+/** A reply's citations (chatapp/documents/grounding.py's done line), those well formed. */
+function cleanCitations(citations) {
+  if (!Array.isArray(citations)) return null;
+  return citations.filter((c) => c && typeof c === "object" && Number.isInteger(c.n) && typeof c.text === "string");
+}
+
 /** A stored chat, checked; null when it is not one. */
 export function cleanChat(value) {
   if (!value || typeof value !== "object" || !ID_PATTERN.test(value.id)) return null;
@@ -74,6 +80,10 @@ export function cleanChat(value) {
     if (ending) clean.ending = ending;
     const images = message.role === "user" ? cleanImages(message.images) : [];
     if (images.length) clean.images = images;
+    // A grounded turn's passages (sent back with it) and a reply's checked citations (its chips).
+    if (message.role === "user" && typeof message.grounding === "string") clean.grounding = message.grounding;
+    const citations = message.role === "assistant" ? cleanCitations(message.citations) : null;
+    if (citations) clean.citations = citations;
     messages.push(clean);
   }
   return {

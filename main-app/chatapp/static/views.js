@@ -1,4 +1,5 @@
 // One message on the page: its element, how a streamed reply is rendered into it, its buttons.
+import { linkCitations } from "./citations.js";
 import { imageName, imageUrl } from "./images.js";
 import { loadImage } from "./image-store.js";
 import { MarkdownStream, readableText, renderMarkdown } from "./markdown.js";
@@ -97,6 +98,10 @@ export function messageView(role, text = "", images = []) {
       if (ending.finish_reason) node.dataset.finishReason = ending.finish_reason;
       this.setState(ending.state, ending.note, ending.badge);
     },
+    /** Its [n] marks as chips that open their passages (citations.js). */
+    linkCitations(citations) {
+      linkCitations(body, citations);
+    },
     readable() {
       return role === "assistant" ? readableText(body) : this.text;
     },
@@ -125,6 +130,7 @@ export function restoredView(message) {
   const view = messageView(message.role, message.content, message.images || []);
   if (message.role === "assistant") {
     view.showMarkdown(message.content);
+    view.linkCitations(message.citations);
     if (message.ending) view.setEnding(message.ending);
     else view.setState("done", "");
   }

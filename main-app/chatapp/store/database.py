@@ -18,6 +18,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
+from chatapp.store import vectors_sqlite
+
 SQLITE_FILE = "chatapp.db"
 # How long a SQLite writer waits for another process's write to finish, in milliseconds.
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -78,7 +80,9 @@ def make_engine(raw_url: str) -> Engine:
     url = check_url(raw_url)
     if url.get_backend_name() == "sqlite":
         Path(url.database or "").parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url)
+        # sqlean's sqlite3, which loads extensions; sqlite-vec for the documents' vectors.
+        engine = create_engine(url, module=vectors_sqlite.driver())
+        event.listen(engine, "connect", vectors_sqlite.load)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
         return engine

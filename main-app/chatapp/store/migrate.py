@@ -27,7 +27,7 @@ from sqlalchemy import Connection, Engine, text
 SCRIPT_LOCATION = "chatapp.store:migrations"
 # The modules that define tables on `Base`: imported before a comparison of the models with the
 # database (autogenerate). A package that adds tables adds its models module here.
-MODEL_MODULES = ["chatapp.store.models"]
+MODEL_MODULES = ["chatapp.store.models", "chatapp.documents.models"]
 # pg_advisory_lock's key: any fixed 64-bit number, the same in every process of the app.
 ADVISORY_LOCK_KEY = 0x63686174617070  # "chatapp"
 

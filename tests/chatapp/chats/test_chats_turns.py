@@ -159,3 +159,33 @@ def test_a_replys_citations_are_stored_with_it(
     turn.end("An answer [1].", "stop", True)
     messages = client.get(f"/api/chats/{chat}", headers=ALICE).get_json()["messages"]
     assert messages[1]["citations"] == cited and "citations" not in messages[0]
+
+
+def test_a_grounded_turn_is_stored_and_put_back_from_the_store(database_url: str) -> None:
+    """StoredTurn.ground: the user turn keeps its block, the reply the passages it cites; the
+    chat's next prompt has the block back before the question, from the database."""
+    from chatapp.chats import turns
+    from chatapp.documents.grounding import with_block
+    from chatapp.store import Store, chats, migrate
+    from chatapp.store.users import ensure_user
+
+    store = Store.open(database_url)
+    migrate.upgrade(store.engine)
+    with store.session(write=True) as session:
+        owner = ensure_user(session, "appservice:grounded").id
+        chat = chats.create_chat(session, owner, "").id
+    turn = turns.StoredTurn(store, owner, chat, chats.NewMessage("user", "Why?"), None)
+    cited = [{"n": 1, "document_id": 7, "name": "a.md", "page": None, "text": "Because."}]
+    turn.ground("Passages: [1] Because.", lambda reply: cited if "[1]" in reply else [])
+    turn.end("It is so [1].", "stop", True)
+    with store.session() as session:
+        found = chats.open_chat(session, owner, chat)
+    assert found is not None
+    _, rows = found
+    assert [r.grounding for r in rows] == ["Passages: [1] Because.", None]
+    assert [r.citations for r in rows] == [None, cited]
+    config = {"MAX_MESSAGES": 50, "MAX_CONTENT_LENGTH": 100_000, "MAX_IMAGES": 4}
+    prompt = turns.fit(rows, [{"role": "user", "content": "And?"}], config)
+    assert prompt[0] == {"role": "user", "content": with_block("Why?", "Passages: [1] Because.")}
+    assert prompt[1] == {"role": "assistant", "content": "It is so [1]."}
+    store.close()

@@ -1,0 +1,124 @@
+"""Grounded turns: `POST /chat` with `"documents": true` answers from the caller's library.
+
+The newest user turn is searched (`Searcher`, the owner's passages only), the passages that fit
+`DOCUMENT_CONTEXT_TOKENS` are numbered [1]..[N] and written into that turn, before the
+question: never into the system prompt, which stays the same for every turn, so the model
+service's conversation cache keeps the conversation's prefix. The `done` line carries the
+block the turn was sent with (`grounding`); the page keeps it on that message and sends it
+back (`"grounding"` on the user message) so that a follow-up's prompt begins with exactly the
+tokens of the one before and is read from the cache (`cached_tokens`). When nothing relevant
+is found the turn says so to the model, which is told to say so too.
+
+The reply's `[n]` are checked against the N passages (`citations.py`): the `done` line lists
+the cited passages (`citations`: n, document_id, name, page, text) and apart those that name
+none (`unknown_citations`), never linked to a passage.
+
+The budget is counted in the encoder's tokens (each passage's `tokens`) times
+`CHAT_TOKENS_PER_ENCODER_TOKEN`: the chat model's tokenizer is not the app's to read, and
+Phi-3's (Llama's SentencePiece) made up to 1.2 of MiniLM's WordPiece tokens of English prose;
+the default 1,200 leaves a 4,096-token model room for the conversation and a reply.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from chatapp.documents.citations import check
+from chatapp.documents.retrieval import Passage, Searcher
+from chatapp.errors import ApiError
+from chatapp.wire import FORBIDDEN_CHARS
+
+CHAT_TOKENS_PER_ENCODER_TOKEN = 1.25
+MAX_GROUNDING_CHARS = 60_000
+INSTRUCTION = (
+    "Answer the question below from these passages, and cite each passage you use as [n] "
+    "with its number. If they do not answer it, say that the documents do not cover it."
+)
+NOTHING_FOUND = (
+    "No passage of my documents matches the question below. Say that the documents do not "
+    "cover it; answer from what you know only if you can, and say that you did."
+)
+
+
+@dataclass(frozen=True)
+class Grounding:
+    passages: list[Passage]
+    block: str  # what the turn was sent with, before the question
+
+    def done_fields(self, reply: str) -> dict[str, Any]:
+        checked = check(reply, len(self.passages))
+        cited = [
+            {"n": n, "document_id": p.document_id, "name": p.name, "page": p.page, "text": p.text}
+            for n in checked.cited
+            for p in [self.passages[n - 1]]
+        ]
+        return {"citations": cited, "unknown_citations": checked.unknown, "grounding": self.block}
+
+
+def ground(
+    searcher: Searcher, owner_id: int, question: str, *, k: int, budget: int, min_score: float
+) -> Grounding:
+    """Search the owner's library for `question`; the passages that fit `budget` chat tokens."""
+    found = searcher.search(owner_id, question, k)
+    if searcher.method == "dense" and searcher.embedder is not None:
+        found = [p for p in found if p.score >= min_score]
+    kept: list[Passage] = []
+    used = 0
+    for passage in found:
+        cost = math.ceil(passage.tokens * CHAT_TOKENS_PER_ENCODER_TOKEN) + 12  # its label line
+        if used + cost > budget:
+            break
+        kept.append(passage)
+        used += cost
+    if not kept:
+        return Grounding([], NOTHING_FOUND)
+    lines = ["Passages from my documents:", ""]
+    for n, passage in enumerate(kept, start=1):
+        where = ", ".join(
+            part
+            for part in (
+                passage.name,
+                f"page {passage.page}" if passage.page else "",
+                passage.heading,
+            )
+            if part
+        )
+        lines += [f"[{n}] {where}", passage.text, ""]
+    lines.append(INSTRUCTION)
+    return Grounding(kept, "\n".join(lines))
+
+
+def with_block(content: str | list[dict[str, Any]], block: str) -> str | list[dict[str, Any]]:
+    """A user turn's content with the block before its question."""
+    if isinstance(content, str):
+        return f"{block}\n\nQuestion: {content}"
+    return [{"type": "text", "text": block + "\n\nQuestion:"}, *content]
+
+
+def restore_earlier(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    """Put back the block each earlier user turn was sent with (its `grounding`), as sent."""
+    raw = body.get("messages")
+    earlier = zip((raw or [])[:-1], messages[:-1], strict=False)  # the newest turn is searched
+    for number, (sent, clean) in enumerate(earlier, start=1):
+        block = sent.get("grounding") if isinstance(sent, dict) else None
+        if block is None or clean["role"] != "user":
+            continue
+        if (
+            not isinstance(block, str)
+            or len(block) > MAX_GROUNDING_CHARS
+            or FORBIDDEN_CHARS.search(block)
+        ):
+            raise ApiError(
+                "invalid_request",
+                f"Message {number}'s grounding must be the text the app sent in its done line.",
+                status=400,
+            )
+        clean["content"] = with_block(clean["content"], block)
+
+
+def question_of(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content if part.get("type") == "text")

@@ -1,0 +1,106 @@
+"""SQLite: vectors in sqlite-vec's `vec0` (exact search, owner as its partition key), keywords
+in FTS5 (BM25).
+
+`vec0` with `owner_id` as a partition key keeps each owner's vectors apart, so a search scans
+only the caller's (exact cosine distance over them: no index to tune, and exact recall). The
+table has no foreign key (virtual tables cannot), so a trigger on `chunks` deletes a passage's
+vector with it, in the same statement that deletes the passage (a document's deletion cascades
+to its chunks, and so to their vectors and FTS rows).
+
+sqlite-vec is a loadable extension: `chatapp.store.vectors_sqlite` gives the engine a SQLite
+driver that can load it (Python builds without loadable extensions are common) and loads it
+into every connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from chatapp.documents.ranking import fts5_query
+from chatapp.documents.vector_space import claim_dimensions
+
+
+class SqliteIndex:
+    def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:
+        if not rows:
+            return
+        if claim_dimensions(session, len(rows[0][1])):
+            self._make_table(session, len(rows[0][1]))
+        session.execute(
+            text(
+                "INSERT INTO chunk_vectors (chunk_id, owner_id, embedding) "
+                "VALUES (:chunk_id, :owner_id, :embedding)"
+            ),
+            [
+                {"chunk_id": chunk_id, "owner_id": owner_id, "embedding": _blob(vector)}
+                for chunk_id, vector in rows
+            ],
+        )
+
+    @staticmethod
+    def _make_table(session: Session, width: int) -> None:
+        session.execute(
+            text(
+                "CREATE VIRTUAL TABLE IF NOT EXISTS chunk_vectors USING vec0("
+                "chunk_id INTEGER PRIMARY KEY, owner_id INTEGER PARTITION KEY, "
+                f"embedding FLOAT[{int(width)}] distance_metric=cosine)"
+            )
+        )
+        session.execute(
+            text(
+                "CREATE TRIGGER IF NOT EXISTS chunks_vectors_delete AFTER DELETE ON chunks BEGIN "
+                "DELETE FROM chunk_vectors WHERE chunk_id = old.id; END"
+            )
+        )
+
+    def dense(
+        self, session: Session, owner_id: int, vector: np.ndarray, k: int
+    ) -> list[tuple[int, float]]:
+        if not _has_vectors(session):
+            return []
+        rows = session.execute(
+            text(
+                "SELECT chunk_id, distance FROM chunk_vectors WHERE embedding MATCH :q "
+                "AND k = :k AND owner_id = :owner_id ORDER BY distance"
+            ),
+            {"q": _blob(vector), "k": int(k), "owner_id": owner_id},
+        )
+        return [(int(chunk_id), 1.0 - float(distance)) for chunk_id, distance in rows]
+
+    def keyword(
+        self, session: Session, owner_id: int, question: str, k: int
+    ) -> list[tuple[int, float]]:
+        query = fts5_query(question)
+        if query is None:
+            return []
+        # The owner inside MATCH: FTS5 ranks that owner's passages only (their column weighs
+        # nothing in BM25); and again in SQL, whatever the index holds.
+        rows = session.execute(
+            text(
+                "SELECT c.id, bm25(chunks_fts, 1.0, 1.0, 0.0) AS rank FROM chunks_fts "
+                "JOIN chunks AS c ON c.id = chunks_fts.rowid "
+                "WHERE chunks_fts MATCH :query AND c.owner_id = :owner_id "
+                "ORDER BY rank LIMIT :k"
+            ),
+            {
+                "query": f'owner_id : "{int(owner_id)}" AND ({query})',
+                "owner_id": owner_id,
+                "k": int(k),
+            },
+        )
+        return [(int(chunk_id), -float(rank)) for chunk_id, rank in rows]
+
+
+def _has_vectors(session: Session) -> bool:
+    found = session.execute(
+        text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'chunk_vectors'")
+    ).first()
+    return found is not None
+
+
+def _blob(vector: np.ndarray) -> bytes:
+    return np.asarray(vector, dtype="<f4").tobytes()

@@ -1,0 +1,98 @@
+"""The library's tables: `documents`, `document_files` (the bytes), `chunks` (the passages).
+
+Vectors and keyword search are not mapped here: they differ by engine and live behind
+`chatapp.documents.search_index` (SQLite: a sqlite-vec `vec0` table and an FTS5 table over
+`chunks`; PostgreSQL: a `vector(dim)` table with an HNSW index, and a generated `tsvector`
+column on `chunks` with a GIN index). Every query of these tables takes the owner's user id.
+
+A document's life: `queued` (its bytes stored, waiting for the indexer) -> `reading` (parsed,
+cut, embedded; `progress` 0..1) -> `ready`, or `failed` with `error_type` and `error` (a
+refusal of `blocks.REFUSALS`, `cancelled`, or `embeddings_failed`). Retry sets it `queued`
+again. `content_hash` (SHA-256 of the bytes) is unique per owner: the same file twice is the
+same document.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import (
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+# `users`, which these tables' owner_id refers to, must be on `Base` wherever these are used:
+# the indexer process (`python -m chatapp.documents`) imports nothing else of the store's
+# models when it finds the database already migrated (Alembic's env.py, which imports them
+# all, then never runs), and its first flush failed with NoReferencedTableError.
+from chatapp.store import models as _users_table  # noqa: F401
+from chatapp.store.base import Base, UtcDateTime, utcnow
+
+NAME_CHARS = 255
+STATUSES = ("queued", "reading", "ready", "failed")
+
+
+class Document(Base):
+    __tablename__ = "documents"
+    __table_args__ = (
+        UniqueConstraint("owner_id", "content_hash"),
+        Index("ix_documents_status_updated_at", "status", "updated_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(NAME_CHARS))
+    content_hash: Mapped[str] = mapped_column(String(64))
+    mime: Mapped[str] = mapped_column(String(100))
+    size: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    chunks: Mapped[int] = mapped_column(Integer, default=0)
+    error_type: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    # Times the indexer has taken it up: a document that keeps killing its indexer stops
+    # being retried (indexer.MAX_ATTEMPTS).
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # While an indexer reads it: until when its claim holds (renewed as it goes). A claim that
+    # lapsed belongs to an indexer that died (a restart): another takes the document up again.
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class DocumentFile(Base):
+    """The uploaded bytes, kept so indexing can start again after a restart or a retry."""
+
+    __tablename__ = "document_files"
+
+    document_id: Mapped[int] = mapped_column(
+        ForeignKey("documents.id", ondelete="CASCADE"), primary_key=True
+    )
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Chunk(Base):
+    __tablename__ = "chunks"
+    # (document_id, ordinal) unique: an indexer that resumes cannot write a passage twice.
+    __table_args__ = (
+        UniqueConstraint("document_id", "ordinal"),
+        Index("ix_chunks_owner_id", "owner_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    document_id: Mapped[int] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"))
+    # The document's owner, copied here so that search filters passages by owner without a
+    # join (and the vector tables carry it too).
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    heading: Mapped[str] = mapped_column(Text, default="")
+    page: Mapped[int | None] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(Integer)

@@ -1,0 +1,49 @@
+"""What dense and keyword search share: the keyword query a question becomes, and fusion.
+
+- `keyword_terms(question)`: the words of a question, lower-cased, as the OR of quoted terms
+  (SQLite FTS5's query syntax; PostgreSQL's `websearch_to_tsquery` takes the same words joined
+  by " or "). Quoting makes every word a plain term: nothing a person types is read as query
+  syntax (`NEAR`, `*`, `:`, parentheses).
+- `fuse(rankings, k=60)`: reciprocal rank fusion (Cormack et al., 2009): each ranking gives an
+  item 1/(k + rank); the sum orders the result. It needs no score calibration between BM25 and
+  cosine, which is why it is the usual way to combine them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Words too common to tell passages apart; BM25's IDF weighs them down anyway, but each costs a
+# posting-list scan.
+_STOPWORDS = (
+    "a an and are as at be by can do does for from how i if in is it of on or so that the "
+    "this to was what when where which who why will with you your my me"
+)
+STOPWORDS = frozenset(_STOPWORDS.split(" "))
+
+Item = TypeVar("Item", bound=Hashable)
+
+
+def keyword_words(question: str, limit: int = 32) -> list[str]:
+    words: list[str] = []
+    for word in _WORD.findall(question.lower()):
+        if word not in STOPWORDS and word not in words:
+            words.append(word)
+    return words[:limit]
+
+
+def fts5_query(question: str) -> str | None:
+    """The FTS5 MATCH expression for a question; None when it has no searchable word."""
+    words = keyword_words(question)
+    return " OR ".join(f'"{word}"' for word in words) if words else None
+
+
+def fuse(rankings: Sequence[Sequence[Item]], k: int = 60) -> list[tuple[Item, float]]:
+    scores: dict[Item, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda pair: -pair[1])

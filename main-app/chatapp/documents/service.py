@@ -1,0 +1,102 @@
+"""What the app keeps for the library (`app.extensions["documents"]`): the searcher, and the
+indexer where it runs in this process.
+
+Where indexing runs (`DOCUMENT_INDEXER`): under gunicorn, `process`: the master starts one
+indexer process beside the workers (`chatapp.gunicorn_conf`, `python -m
+chatapp.documents`), so no gevent worker ever parses a file or waits on the encoder;
+`thread` (the development server, tests): an OS thread of this process; `off`: nowhere here
+(another process or machine runs it against the same database).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+
+from chatapp.documents.embedder import Embedder
+from chatapp.documents.formats import Limits
+from chatapp.documents.indexer import Indexer
+from chatapp.documents.models import Document
+from chatapp.documents.retrieval import Searcher
+from chatapp.documents.search_index import index_for
+from chatapp.documents.tokens import counter_for, passage_tokens
+from chatapp.store import Store
+
+
+def _pending(store: Store) -> bool:
+    """Whether any document waits to be read or was being read."""
+    with store.session() as session:
+        found = session.scalar(
+            select(Document.id).where(Document.status.in_(("queued", "reading"))).limit(1)
+        )
+        return found is not None
+
+
+def make_indexer(store: Store, config: Mapping[str, Any]) -> Indexer:
+    return Indexer(
+        store=store,
+        index=index_for(store),
+        embedder=embedder_for(config),
+        counter=counter_for(config["EMBED_TOKENIZER"]),
+        limits=Limits(config["DOCUMENT_MAX_BYTES"], config["DOCUMENT_MAX_PAGES"]),
+        chunk_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
+    )
+
+
+def embedder_for(config: Mapping[str, Any]) -> Embedder:
+    return Embedder(
+        config["SIDECAR_URL"],
+        model=config["EMBED_MODEL"],
+        api_key=config["UPSTREAM_API_KEY"],
+        timeout=config["SIDECAR_READ_TIMEOUT"],
+    )
+
+
+class Documents:
+    def __init__(self, store: Store, config: Mapping[str, Any]) -> None:
+        self.searcher = Searcher(
+            store=store,
+            index=index_for(store),
+            embedder=embedder_for(config),
+            counter=counter_for(config["EMBED_TOKENIZER"]),
+            max_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
+            method=config["DOCUMENT_SEARCH"],
+        )
+        self._store = store
+        self._config = config
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        # The thread starts with the first document to read: now, if the database holds one
+        # (a restart in the middle), else at the first upload or retry.
+        if config["DOCUMENT_INDEXER"] == "thread" and _pending(store):
+            self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._config["DOCUMENT_INDEXER"] != "thread":
+                return
+            indexer = make_indexer(self._store, self._config)
+            self._thread = threading.Thread(
+                target=indexer.run,
+                args=(self._stop, self._wake),
+                name="documents-indexer",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def wake(self) -> None:
+        """A document was queued: an indexer thread here looks now instead of at its next poll
+        (an indexer process polls every second)."""
+        self._start()
+        self._wake.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)

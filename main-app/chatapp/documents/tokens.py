@@ -1,0 +1,82 @@
+"""How many tokens the encoder makes of a text: its own tokenizer, or a bound that never errs low.
+
+A passage longer than the encoder's limit is cut silently by the encoder (its end is never
+embedded, so it cannot be found), hence every passage is measured before it is kept.
+
+- `EncoderTokens(path)`: the encoder's `tokenizer.json` (the folder `EMBED_TOKENIZER` names,
+  usually the sidecar's `EMBED_MODEL_PATH`), read with the `tokenizers` library: the exact
+  count, special tokens ([CLS], [SEP]) included.
+- `ByteBound()`: without the tokenizer, the text's UTF-8 bytes plus 2. No tokenizer an encoder
+  uses makes more than one token per byte (WordPiece makes at most one per character, and a
+  word it cannot split is one [UNK]; byte-level BPE at most one per byte), plus two special
+  tokens. It is safe and about four times too cautious for English prose: passages come out
+  a quarter of the size they could be. Set `EMBED_TOKENIZER` to get full-size passages.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+
+class TokenCounter(Protocol):
+    def count(self, text: str) -> int:
+        """Tokens the encoder makes of `text`, special tokens included; never an undercount."""
+        ...
+
+
+class ByteBound:
+    def count(self, text: str) -> int:
+        return len(text.encode("utf-8")) + 2
+
+
+class EncoderTokens:
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        file = Path(path)
+        if file.is_dir():
+            file = file / "tokenizer.json"
+        self._tokenizer = Tokenizer.from_file(str(file))
+        # A tokenizer.json may carry the encoder's truncation (256 for MiniLM): counting must see
+        # the whole text, or a long passage would look short.
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text).ids)
+
+
+def encoder_limit(path: str | Path) -> int | None:
+    """The most tokens the encoder in folder `path` reads, by the sidecar's rule
+    (sidecar/embeddings/folder.py `_max_tokens`): sentence-transformers' `max_seq_length`,
+    else the tokenizer's `model_max_length`, capped by the model's `max_position_embeddings`."""
+    folder = Path(path)
+    folder = folder if folder.is_dir() else folder.parent
+
+    def read(name: str, key: str) -> int | None:
+        try:
+            value = json.loads((folder / name).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            return None
+        # transformers writes a huge number for "no limit"
+        return value if isinstance(value, int) and 0 < value < 1_000_000 else None
+
+    limit = read("sentence_bert_config.json", "max_seq_length")
+    limit = limit or read("tokenizer_config.json", "model_max_length")
+    positions = read("config.json", "max_position_embeddings")
+    if limit and positions:
+        return min(limit, positions)
+    return limit or positions
+
+
+def passage_tokens(path: str | None, setting: int) -> int:
+    """EMBED_MAX_TOKENS, lowered to the encoder's own limit when its folder says one."""
+    limit = encoder_limit(path) if path else None
+    return min(setting, limit) if limit else setting
+
+
+def counter_for(path: str | None) -> TokenCounter:
+    """The exact counter when `path` (EMBED_TOKENIZER) is set, else the safe bound."""
+    return EncoderTokens(path) if path else ByteBound()

@@ -1,0 +1,140 @@
+"""What grounding costs a chat turn: time to first token of the same question asked bare and
+with `"documents": true` (the question embedded, the library searched, the passages written
+into the turn: its prompt grows by them), through the app (gunicorn) and the sidecar with an
+encoder; and whether the follow-up of a grounded turn reads the previous prompt from the
+conversation cache (`cached_tokens` on its done line). The library is the Python FAQ's
+answers (`--documents` of them), indexed by the app's indexer process first.
+
+    python -m scripts.bench rag-turn --encoder DIR                   # phi3-mini shapes
+    python -m scripts.bench rag-turn --preset tiny --encoder DIR --turns 3   # for shape
+
+`--encoder`: an encoder folder for the sidecar (EMBED_MODEL_PATH; all-MiniLM-L6-v2 from
+`python -m scripts.models.make_real_model --model all-minilm-l6-v2 --out DIR`, or the tiny
+one from scripts/models/make_encoder.py). Issue 44 asks a grounded turn's TTFT to be at most
+bare chat's + 150 ms; the search alone (`POST /api/search` for the same question) is timed
+apart, since the rest is the model reading the passages, which grows with their tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from scripts.bench.common import PRESET_DIRS, ensure_model
+from scripts.bench.rag_faq import faq_pairs
+from scripts.run import services
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model folder (default: generated, see --preset)")
+    parser.add_argument("--preset", default="phi3-mini", choices=sorted(PRESET_DIRS))
+    parser.add_argument("--encoder", required=True, help="the encoder folder (EMBED_MODEL_PATH)")
+    parser.add_argument("--documents", type=int, default=60, help="FAQ answers in the library")
+    parser.add_argument("--turns", type=int, default=10, help="questions, each asked both ways")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    scratch = Path(tempfile.mkdtemp())
+    model = ensure_model(args, scratch)
+    pairs = faq_pairs()[: args.documents]
+    env = {"EMBED_TOKENIZER": args.encoder, "DATA_DIR": str(scratch / "data")}
+    with services.sidecar(model, scratch / "sidecar.log", EMBED_MODEL_PATH=args.encoder) as side:
+        services.wait_for_embeddings(side, timeout=600)
+        with services.chatapp(side.url, scratch / "app.log", env=env) as app:
+            began = time.perf_counter()
+            _index(app.url, pairs)
+            index_s = time.perf_counter() - began
+            bare, grounded, cached, extra, search = [], [], [], [], []
+            for n, pair in enumerate(pairs[: args.turns]):
+                ask = [{"role": "user", "content": pair.question}]
+                plain = _chat(app.url, ask, f"bare-{n}", False, args.max_new_tokens)
+                first = _chat(app.url, ask, f"grounded-{n}", True, args.max_new_tokens)
+                follow = _chat(
+                    app.url,
+                    [
+                        {**ask[0], "grounding": first["grounding"]},
+                        {"role": "assistant", "content": first["text"]},
+                        {"role": "user", "content": "Say that again in one sentence."},
+                    ],
+                    f"grounded-{n}",
+                    True,
+                    args.max_new_tokens,
+                )
+                t = time.perf_counter()
+                httpx.post(app.url + "/api/search", json={"query": pair.question}, timeout=60)
+                search.append((time.perf_counter() - t) * 1000)
+                bare.append(plain["ttft_ms"])
+                grounded.append(first["ttft_ms"])
+                extra.append(first["prompt_tokens"] - plain["prompt_tokens"])
+                cached.append(follow.get("cached_tokens") or 0)
+    result = {
+        "documents": len(pairs),
+        "index_seconds": round(index_s, 1),
+        "turns": len(bare),
+        "bare_ttft_p50_ms": statistics.median(bare),
+        "grounded_ttft_p50_ms": statistics.median(grounded),
+        "overhead_p50_ms": round(statistics.median(grounded) - statistics.median(bare), 1),
+        "passage_prompt_tokens_p50": statistics.median(extra),
+        "search_p50_ms": round(statistics.median(search), 1),
+        "follow_up_cached_tokens_p50": statistics.median(cached),
+    }
+    print(f"{len(pairs)} FAQ answers indexed in {index_s:.1f} s; {len(bare)} questions\n")
+    print("| turn | TTFT p50 ms | prompt tokens added | follow-up cached tokens |")
+    print("|---|---:|---:|---:|")
+    print(f"| bare | {result['bare_ttft_p50_ms']} | | |")
+    print(
+        f"| grounded | {result['grounded_ttft_p50_ms']} | {result['passage_prompt_tokens_p50']}"
+        f" | {result['follow_up_cached_tokens_p50']} |"
+    )
+    print(
+        f"\nthe search alone (POST /api/search: the question embedded, the library searched): "
+        f"p50 {result['search_p50_ms']} ms; the rest is the model reading the passages"
+    )
+    return result
+
+
+def _index(url: str, pairs: list[Any]) -> None:
+    files = [
+        ("file", (f"faq-{n}.rst", pair.answer.encode(), "text/x-rst"))
+        for n, pair in enumerate(pairs)
+    ]
+    for start in range(0, len(files), 20):
+        httpx.post(url + "/api/documents", files=files[start : start + 20], timeout=60)
+    deadline = time.monotonic() + 3600
+    while time.monotonic() < deadline:
+        documents = httpx.get(url + "/api/documents", timeout=30).json()["documents"]
+        if all(d["status"] in ("ready", "failed") for d in documents):
+            return
+        time.sleep(0.5)
+    raise TimeoutError("the library was not indexed within an hour")
+
+
+def _chat(
+    url: str,
+    messages: list[dict[str, Any]],
+    conversation: str,
+    documents: bool,
+    max_new_tokens: int,
+) -> dict[str, Any]:
+    body = {
+        "messages": messages,
+        "conversation_id": conversation,
+        "documents": documents,
+        "max_new_tokens": max_new_tokens,
+        "temperature": 0,
+    }
+    response = httpx.post(url + "/chat", json=body, timeout=600)
+    lines = [json.loads(line) for line in response.text.splitlines() if line.strip()]
+    done = lines[-1]
+    if not done.get("done"):
+        raise RuntimeError(f"the chat ended without a done line: {done}")
+    done["text"] = "".join(line.get("delta", "") for line in lines)
+    return done

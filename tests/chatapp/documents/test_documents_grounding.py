@@ -1,0 +1,223 @@
+"""Grounded turns: passages numbered into the turn that asked, citations checked against them,
+an honest turn when nothing matches, and a follow-up read from the conversation cache; through
+the app, a real sidecar (tiny chat model, tiny encoder) and both engines."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from chatapp import create_app
+from chatapp.documents.grounding import NOTHING_FOUND, Grounding, with_block
+from chatapp.documents.retrieval import Passage
+from scripts.run import services
+from scripts.run.services import Service
+
+FILES = Path(__file__).parent / "files"
+
+
+def passage(n: int) -> Passage:
+    return Passage(n, 100 + n, f"doc{n}.pdf", f"text {n}", "", n, 5, 0.5)
+
+
+def test_a_reply_citing_9_of_4_passages_links_only_what_exists() -> None:
+    grounding = Grounding([passage(n) for n in range(1, 5)], "block")
+    fields = grounding.done_fields("Descale monthly [2]. Never [9]. Also [4].")
+    assert fields["citations"] == [
+        {"n": 2, "document_id": 102, "name": "doc2.pdf", "page": 2, "text": "text 2"},
+        {"n": 4, "document_id": 104, "name": "doc4.pdf", "page": 4, "text": "text 4"},
+    ]
+    assert fields["unknown_citations"] == [9]
+    assert fields["grounding"] == "block"
+
+
+def test_the_block_goes_before_the_question_in_text_and_in_parts() -> None:
+    assert with_block("Why?", "B") == "B\n\nQuestion: Why?"
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    assert with_block([image], "B") == [{"type": "text", "text": "B\n\nQuestion:"}, image]
+
+
+@pytest.fixture(scope="module")
+def encoder_sidecar(
+    tiny_model_dir: Path, tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    log = tmp_path_factory.mktemp("logs") / "sidecar-grounding.log"
+    with services.sidecar(tiny_model_dir, log, EMBED_MODEL_PATH=str(tiny_encoder_dir)) as running:
+        services.wait_for_embeddings(running)
+        yield running
+
+
+@pytest.fixture
+def client(
+    database_url: str, encoder_sidecar: Service, tiny_encoder_dir: Path
+) -> Iterator[FlaskClient]:
+    app: Flask = create_app(
+        {
+            "TESTING": True,
+            "DATABASE_URL": database_url,
+            "SIDECAR_URL": encoder_sidecar.url,
+            "EMBED_MODEL": "tiny",
+            "EMBED_TOKENIZER": str(tiny_encoder_dir),
+            "EMBED_MAX_TOKENS": 32,
+            "DOCUMENT_SEARCH": "fusion",
+            "DOCUMENT_CONTEXT_TOKENS": 150,
+        }
+    )
+    yield app.test_client()
+    app.extensions["documents"].close()
+    app.extensions["store"].close()
+
+
+def chat(client: FlaskClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    response = client.post(
+        "/chat",
+        json={
+            "messages": messages,
+            "documents": True,
+            "conversation_id": "grounded-1",
+            "max_new_tokens": 8,
+        },
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    lines = [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
+    done = lines[-1]
+    assert done.get("done") is True, lines[-1]
+    done["text"] = "".join(line.get("delta", "") for line in lines)
+    return done
+
+
+def test_a_grounded_turn_and_its_follow_up(client: FlaskClient) -> None:
+    data = (FILES / "guide.md").read_bytes()
+    client.post(
+        "/api/documents",
+        data={"file": [(io.BytesIO(data), "guide.md")]},
+        content_type="multipart/form-data",
+    )
+    deadline = time.monotonic() + 120
+    while client.get("/api/documents").get_json()["documents"][0]["status"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    question = "How long does the warranty last?"
+    first = chat(client, [{"role": "user", "content": question}])
+    block = first["grounding"]
+    assert block.startswith("Passages from my documents:") and "[1] guide.md" in block
+    assert "The warranty lasts" in block
+    assert isinstance(first["citations"], list) and isinstance(first["unknown_citations"], list)
+    # The follow-up sends the first turn back with its block: its prompt starts as the first's.
+    follow = chat(
+        client,
+        [
+            {"role": "user", "content": question, "grounding": block},
+            {"role": "assistant", "content": first["text"]},
+            {"role": "user", "content": "And the descaling?"},
+        ],
+    )
+    assert follow["cached_tokens"] > 0
+    assert follow["grounding"] != block
+
+
+def test_nothing_relevant_is_said_plainly(client: FlaskClient) -> None:
+    done = chat(client, [{"role": "user", "content": "zebra quantum?"}])  # an empty library
+    assert done["grounding"] == NOTHING_FOUND
+    assert done["citations"] == [] and done["unknown_citations"] == []
+
+
+def test_a_grounding_with_control_characters_is_refused(client: FlaskClient) -> None:
+    response = client.post(
+        "/chat",
+        json={
+            "messages": [
+                {"role": "user", "content": "q", "grounding": "bad\x00"},
+                {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "again"},
+            ]
+        },
+    )
+    assert response.status_code == 400
+
+
+ALICE = {"X-MS-CLIENT-PRINCIPAL-ID": "alice-oid", "X-MS-CLIENT-PRINCIPAL-NAME": "Alice"}
+BOB = {"X-MS-CLIENT-PRINCIPAL-ID": "bob-oid", "X-MS-CLIENT-PRINCIPAL-NAME": "Bob"}
+
+
+@pytest.fixture
+def signed_in(
+    database_url: str, encoder_sidecar: Service, tiny_encoder_dir: Path
+) -> Iterator[FlaskClient]:
+    """The app under App Service's sign-in (AUTH_MODE=appservice), as the accounts tests run it."""
+    app: Flask = create_app(
+        {
+            "TESTING": True,
+            "DATABASE_URL": database_url,
+            "SIDECAR_URL": encoder_sidecar.url,
+            "EMBED_MODEL": "tiny",
+            "EMBED_TOKENIZER": str(tiny_encoder_dir),
+            "EMBED_MAX_TOKENS": 32,
+            "DOCUMENT_SEARCH": "fusion",
+            "DOCUMENT_CONTEXT_TOKENS": 150,
+            "AUTH_MODE": "appservice",
+        }
+    )
+    yield app.test_client()
+    app.extensions["documents"].close()
+    app.extensions["store"].close()
+
+
+def stored_turn(client: FlaskClient, headers: dict[str, str], **body: Any) -> dict[str, Any]:
+    """A stored chat's turn; the response is closed, as a server closes it (the turn is stored)."""
+    response = client.post("/chat", json={"max_new_tokens": 8, **body}, headers=headers)
+    try:
+        assert response.status_code == 200, response.get_data(as_text=True)
+        lines = [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
+    finally:
+        response.close()
+    assert lines[-1].get("done") is True, lines[-1]
+    return dict(lines[-1])
+
+
+def test_a_stored_chat_keeps_its_grounding_and_citations_per_user(signed_in: FlaskClient) -> None:
+    data = (FILES / "guide.md").read_bytes()
+    added = signed_in.post(
+        "/api/documents",
+        data={"file": [(io.BytesIO(data), "guide.md")]},
+        content_type="multipart/form-data",
+        headers=ALICE,
+    )
+    assert added.status_code == 202
+    deadline = time.monotonic() + 120
+    while signed_in.get("/api/documents", headers=ALICE).get_json()["documents"][0]["status"] != (
+        "ready"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    chat_id = signed_in.post("/api/chats", json={}, headers=ALICE).get_json()["id"]
+    question = {"role": "user", "content": "How long does the warranty last?"}
+    first = stored_turn(signed_in, ALICE, chat_id=chat_id, messages=[question], documents=True)
+    assert "The warranty lasts" in first["grounding"]
+    stored = signed_in.get(f"/api/chats/{chat_id}", headers=ALICE).get_json()["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[0]["content"] == question["content"]  # the question as asked, no passages
+    assert stored[1]["citations"] == first["citations"]  # what the done line said, kept
+    # The follow-up (not grounded itself) is built from the stored turns, the first with the
+    # passages it was sent with: its prompt holds all of the first's, read from the cache.
+    follow = stored_turn(
+        signed_in, ALICE, chat_id=chat_id, messages=[{"role": "user", "content": "And?"}]
+    )
+    assert follow["prompt_tokens"] > first["prompt_tokens"]
+    assert follow["cached_tokens"] > 0
+    # Bob's grounded chat reaches none of Alice's passages, nor her chat.
+    bobs = signed_in.post("/api/chats", json={}, headers=BOB).get_json()["id"]
+    his = stored_turn(signed_in, BOB, chat_id=bobs, messages=[question], documents=True)
+    assert his["grounding"] == NOTHING_FOUND and his["citations"] == []
+    refused = signed_in.post(
+        "/chat", json={"chat_id": chat_id, "messages": [question], "documents": True}, headers=BOB
+    )
+    assert refused.status_code == 404

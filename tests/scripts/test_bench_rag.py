@@ -1,0 +1,108 @@
+"""The retrieval evaluation: the FAQ's pairs, the measures, and the keyword run's shape."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from scripts.bench import rag
+from scripts.bench.rag_faq import FAQ, _page_pairs, faq_pairs, rank_of, score
+
+PAGE = """\
+=====
+Title
+=====
+
+Section
+=======
+
+How do I boil water?
+--------------------
+
+Use a kettle.
+
+Why not?
+--------
+
+Then a pan.
+"""
+
+
+def test_a_page_becomes_question_answer_pairs() -> None:
+    pairs = _page_pairs("p", PAGE)
+    assert [(p.question, p.answer) for p in pairs] == [
+        ("How do I boil water?", "Use a kettle."),
+        ("Why not?", "Then a pan."),
+    ]
+
+
+@pytest.mark.skipif(not FAQ.is_dir(), reason="python3.11-doc is not installed")
+def test_the_faq_gives_about_170_pairs() -> None:
+    pairs = faq_pairs()
+    assert 165 <= len(pairs) <= 185
+    assert all(p.question.endswith("?") and p.answer for p in pairs)
+    assert not any(p.answer.startswith(("---", "===")) for p in pairs)
+
+
+def test_measures() -> None:
+    assert rank_of(7, [3, 3, 7, 1]) == 2  # repeats of one document count once
+    assert rank_of(9, [3, 7]) is None
+    scores = score([1, 2, None, 11])
+    assert (scores.recall_at_1, scores.recall_at_3, scores.recall_at_5) == (0.25, 0.5, 0.5)
+    assert scores.mrr_at_10 == round((1 + 1 / 2) / 4, 3)
+
+
+@pytest.mark.skipif(not FAQ.is_dir(), reason="python3.11-doc is not installed")
+def test_keyword_run_finds_most_answers(capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(
+        embeddings_url=None, embeddings_model="", tokenizer=None, chunk_tokens=256, limit=40
+    )
+    result = rag.main(args)
+    keyword = result["results"]["keyword"]
+    assert result["pairs"] == 40 and keyword["queries"] == 40
+    # BM25 on its own finds far more than chance (1/40) puts first.
+    assert keyword["recall_at_5"] > 0.5
+    assert "| keyword |" in capsys.readouterr().out
+
+
+def test_scale_run_counts_and_times_on_sqlite(capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts.bench import rag_scale
+
+    args = argparse.Namespace(
+        passages=300,
+        owners=3,
+        dimensions=8,
+        queries=5,
+        k=3,
+        postgres_url=None,
+        no_postgres=True,
+        no_sqlite=False,
+    )
+    result = rag_scale.main(args)
+    sqlite = result["engines"]["sqlite"]
+    assert set(result["engines"]) == {"sqlite"}
+    assert sqlite["write_per_s"] > 0 and sqlite["dense_p95_ms"] >= sqlite["dense_p50_ms"] > 0
+    assert "| sqlite |" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not FAQ.is_dir(), reason="python3.11-doc is not installed")
+def test_turn_run_grounds_and_reuses_the_cache(
+    tiny_model_dir: Path, tiny_encoder_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scripts.bench import rag_turn
+
+    args = argparse.Namespace(
+        model=str(tiny_model_dir),
+        preset="tiny",
+        encoder=str(tiny_encoder_dir),
+        documents=3,
+        turns=1,
+        max_new_tokens=2,
+    )
+    result = rag_turn.main(args)
+    assert result["turns"] == 1 and result["documents"] == 3
+    assert result["passage_prompt_tokens_p50"] > 0  # the passages went into the turn
+    assert result["follow_up_cached_tokens_p50"] > 0  # and the follow-up read them from cache
+    assert "| grounded |" in capsys.readouterr().out
