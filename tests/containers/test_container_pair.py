@@ -218,6 +218,9 @@ def test_image_sizes_stay_small(images: podman.Images) -> None:
     """What each Dockerfile adds to the base, without a model (sizes in build/containers/)."""
     added = {name: size - images.base_size for name, size in images.sizes.items()}
     # The app: Flask, gunicorn, gevent and requests (about 26 MB), OpenTelemetry and
-    # prometheus-client (about 14 MB), Azure Monitor's exporter (about 26 MB: cryptography).
-    assert added["app"] < 80_000_000, added
+    # prometheus-client (about 14 MB), Azure Monitor's exporter (about 26 MB: cryptography);
+    # since issues 43-44 (255 MB measured): numpy (74 MB, the documents' vectors), SQLAlchemy
+    # (29 MB), lxml and python-docx, tokenizers, huggingface_hub with hf_xet (19 MB),
+    # psycopg's binary, sqlean and sqlite-vec.
+    assert added["app"] < 280_000_000, added
     assert added["sidecar"] < 350_000_000, added
