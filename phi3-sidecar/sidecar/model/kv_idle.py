@@ -25,20 +25,38 @@ there; the part already encoded is kept as far as the new turn reuses it.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sidecar.model import kv_compact
 
 if TYPE_CHECKING:
-    from sidecar.model.batch_scheduler import BatchScheduler
-    from sidecar.model.prompt_cache import Entry
+    from sidecar.model.kv_tiers import KvTiers
+    from sidecar.model.prompt_cache import Entry, PromptCache
+
+
+class Host(Protocol):
+    """What idle work needs of the batched path (batch_scheduler.BatchScheduler, which holds
+    an IdleRoom: a protocol, not an import, keeps the two modules out of a cycle)."""
+
+    tiers: KvTiers
+    pool: Any  # batch_decoder's KV pool
+    cache: PromptCache
+
+    @property
+    def busy(self) -> bool: ...
+
+    def slots_held(self) -> Sequence[Any]: ...
+
+    def room(self) -> int: ...
+
 
 PIECE_TOKENS = 64  # positions encoded per idle step (Phi-3-mini: 48 MiB of fp32 K/V)
 RECENT_NEW_CHATS = 8  # the new chats whose largest reservation sets the room kept
 
 
 class IdleRoom:
-    def __init__(self, scheduler: BatchScheduler, headroom_tokens: int = 0) -> None:
+    def __init__(self, scheduler: Host, headroom_tokens: int = 0) -> None:
         self._scheduler = scheduler
         self.headroom_tokens = headroom_tokens  # 0: off (until the engine sets it)
         self.piece_tokens = PIECE_TOKENS

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -42,10 +42,17 @@ from sidecar.model import kv_compact
 from sidecar.model.batch_decoder import BatchDecoder
 from sidecar.model.kv_compact import CompactKv
 
-if TYPE_CHECKING:
-    from sidecar.model.batch_scheduler import BatchScheduler
-
 log = logging.getLogger("sidecar.model.shared_prefix")
+
+
+class Reader(Protocol):
+    """The batched path as read_declared needs it (batch_scheduler.BatchScheduler, which
+    imports this module: a protocol, not an import, keeps them out of a cycle)."""
+
+    shared: list[SharedPrefix]
+
+    def read_shared(self, prefixes: list[list[int]]) -> None: ...
+
 
 # The user turns whose prompts' common start is a system message's prefix
 _PROBES = ("a", "b", "1")
@@ -101,7 +108,7 @@ def longest(prefixes: Sequence[SharedPrefix], prompt: Sequence[int]) -> SharedPr
     return best
 
 
-def read_declared(batch: BatchScheduler | None, systems: Sequence[str], render: Render) -> None:
+def read_declared(batch: Reader | None, systems: Sequence[str], render: Render) -> None:
     """Read each declared system message's prefix once into the batched path (logged); the
     Generator path has none."""
     if batch is None or not systems:
