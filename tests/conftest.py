@@ -165,3 +165,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         small = small or (callspec is not None and "small" in callspec.params.values())
         if small or item.nodeid.startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def encoder_sidecar(
+    tiny_model_dir: Path, tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[services.Service]:
+    """One sidecar with the tiny chat model and the tiny encoder for every documents test (the
+    library's index and search, grounded chats, the page), started once."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-documents.log"
+    with services.sidecar(tiny_model_dir, log, EMBED_MODEL_PATH=str(tiny_encoder_dir)) as running:
+        services.wait_for_embeddings(running)
+        yield running

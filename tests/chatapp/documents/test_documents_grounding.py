@@ -18,7 +18,6 @@ from flask.testing import FlaskClient
 from chatapp import create_app
 from chatapp.documents.grounding import NOTHING_FOUND, Grounding, with_block
 from chatapp.documents.retrieval import Passage
-from scripts.run import services
 from scripts.run.services import Service
 
 FILES = Path(__file__).parent / "files"
@@ -43,16 +42,6 @@ def test_the_block_goes_before_the_question_in_text_and_in_parts() -> None:
     assert with_block("Why?", "B") == "B\n\nQuestion: Why?"
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
     assert with_block([image], "B") == [{"type": "text", "text": "B\n\nQuestion:"}, image]
-
-
-@pytest.fixture(scope="module")
-def encoder_sidecar(
-    tiny_model_dir: Path, tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Service]:
-    log = tmp_path_factory.mktemp("logs") / "sidecar-grounding.log"
-    with services.sidecar(tiny_model_dir, log, EMBED_MODEL_PATH=str(tiny_encoder_dir)) as running:
-        services.wait_for_embeddings(running)
-        yield running
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ tiny generated encoder): every format, refusals found while reading, a restart m
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,22 +21,11 @@ from chatapp.documents.retrieval import Searcher
 from chatapp.documents.search_index import index_for
 from chatapp.documents.tokens import EncoderTokens
 from chatapp.store import Store
-from scripts.run import services
 from scripts.run.services import Service
 
 FILES = Path(__file__).parent / "files"
 LIMITS = Limits(max_bytes=1_000_000, max_pages=50)
 ENCODER_LIMIT = 32  # make_encoder's default --max-tokens
-
-
-@pytest.fixture(scope="module")
-def encoder_sidecar(
-    tiny_model_dir: Path, tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Service]:
-    log = tmp_path_factory.mktemp("logs") / "sidecar-documents.log"
-    with services.sidecar(tiny_model_dir, log, EMBED_MODEL_PATH=str(tiny_encoder_dir)) as running:
-        services.wait_for_embeddings(running)
-        yield running
 
 
 def make_indexer(store: Store, url: str, encoder_dir: Path, batch: int = 32) -> Indexer:

@@ -15,7 +15,6 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp import create_app
-from scripts.run import services
 from scripts.run.services import Service
 
 FILES = Path(__file__).parent / "files"
@@ -25,16 +24,6 @@ USERS = {
     name: {"X-MS-CLIENT-PRINCIPAL-ID": f"{name}-oid", "X-MS-CLIENT-PRINCIPAL-NAME": name.title()}
     for name in ("alice", "bob")
 }
-
-
-@pytest.fixture(scope="module")
-def encoder_sidecar(
-    tiny_model_dir: Path, tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Service]:
-    log = tmp_path_factory.mktemp("logs") / "sidecar-routes.log"
-    with services.sidecar(tiny_model_dir, log, EMBED_MODEL_PATH=str(tiny_encoder_dir)) as running:
-        services.wait_for_embeddings(running)
-        yield running
 
 
 @pytest.fixture

@@ -25,16 +25,6 @@ GUIDE = Path(__file__).parents[2] / "chatapp" / "documents" / "files" / "guide.m
 REPLY = "Descale once a month with citric acid [1]. Never boil it dry [9]."
 
 
-@pytest.fixture(scope="module")
-def encoder_sidecar(
-    tiny_model_dir: Path, tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[services.Service]:
-    log = tmp_path_factory.mktemp("logs") / "sidecar-browser-documents.log"
-    with services.sidecar(tiny_model_dir, log, EMBED_MODEL_PATH=str(tiny_encoder_dir)) as running:
-        services.wait_for_embeddings(running)
-        yield running
-
-
 @pytest.fixture(params=["none"])
 def library_app(
     request: pytest.FixtureRequest,
