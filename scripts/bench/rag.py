@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from chatapp.documents.parse_rst import parse_rst
 from chatapp.documents.ranking import fts5_query, fuse
 from chatapp.documents.tokens import counter_for
 from scripts.bench.common import BadArguments
+from scripts.bench.rag_baseline import recursive_split
 from scripts.bench.rag_faq import Pair, faq_pairs, rank_of, score
 
 BASELINE = {"recall_at_1": 0.769, "recall_at_3": None, "recall_at_5": 0.959, "mrr_at_10": 0.852}
@@ -63,6 +65,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             passages.append((document, passage.embedded))
     rankings: dict[str, list[list[int]]] = {"keyword": _keyword(pairs, passages)}
     timings: dict[str, float] = {}
+    baseline: list[int | None] = []  # Open WebUI's defaults, each question's rank
     if args.embeddings_url:
         began = time.perf_counter()
         rankings["dense"] = _dense(pairs, passages, args.embeddings_url, args.embeddings_model)
@@ -72,6 +75,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             [item for item, _ in fuse([k, d])]
             for k, d in zip(rankings["keyword"], rankings["dense"], strict=True)
         ]
+        baseline = _baseline(pairs, args.embeddings_url, args.embeddings_model)
     results: dict[str, Any] = {}
     print(
         f"{len(pairs)} questions, {len(passages)} passages of at most {args.chunk_tokens} "
@@ -86,8 +90,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             f"| {name} | {scores.recall_at_1} | {scores.recall_at_3} | {scores.recall_at_5} | "
             f"{scores.mrr_at_10} |"
         )
+    if args.embeddings_url:
+        scores = score(baseline)
+        results["open_webui_this_run"] = scores.__dict__
+        print(
+            f"| Open WebUI's defaults, this run (rag_baseline.py) | {scores.recall_at_1} | "
+            f"{scores.recall_at_3} | {scores.recall_at_5} | {scores.mrr_at_10} |"
+        )
     print(
-        f"| Open WebUI (issue 44) | {BASELINE['recall_at_1']} | - | "
+        f"| Open WebUI, the issue's figures (measured elsewhere) | {BASELINE['recall_at_1']} | - | "
         f"{BASELINE['recall_at_5']} | {BASELINE['mrr_at_10']} |"
     )
     return {
@@ -113,6 +124,7 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
     from chatapp.documents.formats import Limits
     from chatapp.documents.indexer import Indexer
     from chatapp.documents.search_index import index_for
+    from chatapp.settings import DEFAULTS
     from chatapp.store import Store, migrate
     from chatapp.store.users import ensure_user
 
@@ -122,22 +134,43 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
         for pair in pairs
         for passage in chunk(parse_rst(pair.answer.encode()), counter, args.chunk_tokens)
     ]
-    embedder = Embedder(args.embeddings_url, model=args.embeddings_model)
     began = time.perf_counter()
-    embedder.embed(texts)
+    Embedder(args.embeddings_url, model=args.embeddings_model).embed(texts)
     bare = len(texts) / (time.perf_counter() - began)
     store = Store.open(f"sqlite:///{Path(tempfile.mkdtemp()) / 'rag.db'}")
     migrate.upgrade(store.engine)
     with store.session(write=True) as session:
         owner = ensure_user(session, "bench").id
     limits = Limits(10_000_000, 1000)
-    indexer = Indexer(store, index_for(store), embedder, counter, limits, args.chunk_tokens)
     began = time.perf_counter()
     for number, pair in enumerate(pairs):
         library.add(store, owner, f"answer-{number}.rst", pair.answer.encode(), None, limits)
-    while (claimed := indexer.claim()) is not None:
-        indexer.index_document(claimed)
+    # As the indexer process runs (chatapp/documents/__main__.py): DOCUMENT_INDEXER_THREADS
+    # indexers, each with its own connection to the model service.
+    stop = threading.Event()
+    threads = [
+        threading.Thread(
+            target=Indexer(
+                store,
+                index_for(store),
+                Embedder(args.embeddings_url, model=args.embeddings_model),
+                counter,
+                limits,
+                args.chunk_tokens,
+                poll_s=0.05,
+            ).run,
+            args=(stop,),
+        )
+        for _ in range(DEFAULTS["DOCUMENT_INDEXER_THREADS"])
+    ]
+    for thread in threads:
+        thread.start()
+    while _unread(store):
+        time.sleep(0.02)
     indexed = len(texts) / (time.perf_counter() - began)
+    stop.set()
+    for thread in threads:
+        thread.join()
     store.close()
     print(
         f"indexing: {bare:,.1f} passages/s bare /v1/embeddings, {indexed:,.1f} through the "
@@ -148,6 +181,17 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
         "index_passages_per_s": round(indexed, 1),
         "index_vs_bare": round(indexed / bare, 3),
     }
+
+
+def _unread(store: Any) -> int:
+    """Documents not yet ready or failed."""
+    from sqlalchemy import func, select
+
+    from chatapp.documents.models import Document
+
+    with store.session() as session:
+        waiting = Document.status.in_(("queued", "reading"))
+        return int(session.scalar(select(func.count()).where(waiting)) or 0)
 
 
 def _keyword(pairs: list[Pair], passages: list[tuple[int, str]]) -> list[list[int]]:
@@ -182,15 +226,33 @@ def _dense(
     return [list(np.argsort(-row)[:DEPTH]) for row in similarities]
 
 
-def _embed(texts: list[str], url: str, model: str, batch: int = 32) -> np.ndarray:
+def _baseline(pairs: list[Pair], url: str, model: str) -> list[int | None]:
+    """Each question's rank of its answer under Open WebUI's defaults (rag_baseline.py):
+    1,000/100-character chunks of the raw answer, cut at the encoder's limit, best chunk."""
+    chunks = [(d, text) for d, pair in enumerate(pairs) for text in recursive_split(pair.answer)]
+    vectors = _embed([text for _, text in chunks], url, model, truncate=True)
+    queries = _embed([pair.question for pair in pairs], url, model)
+    ranks = []
+    for q, row in enumerate(queries @ vectors.T):
+        documents = [chunks[i][0] for i in np.argsort(-row)[:DEPTH]]
+        ranks.append(rank_of(q, documents))
+    return ranks
+
+
+def _embed(
+    texts: list[str], url: str, model: str, batch: int = 32, *, truncate: bool = False
+) -> np.ndarray:
+    """Unit vectors of `texts`; `truncate`: inputs over the encoder's limit are cut to it
+    (vLLM's `truncate_prompt_tokens`, -1: the model's limit), as sentence-transformers does."""
     base = url.rstrip("/").removesuffix("/v1")
     out: list[list[float]] = []
+    extra = {"truncate_prompt_tokens": -1} if truncate else {}
     with requests.Session() as session:
         for start in range(0, len(texts), batch):
             response = session.post(
                 f"{base}/v1/embeddings",
                 timeout=300,
-                json={"input": texts[start : start + batch], "model": model},
+                json={"input": texts[start : start + batch], "model": model, **extra},
             )
             response.raise_for_status()
             data = sorted(response.json()["data"], key=lambda item: item["index"])

@@ -210,6 +210,10 @@ def chatapp(
     port = port or free_port()
     environ = {"SIDECAR_URL": sidecar_url, "HOST": "127.0.0.1", "PORT": str(port)}
     environ |= {**(env or {}), **settings}
+    # Its database beside its log, never in the source tree (the app's default DATA_DIR is
+    # relative to its working directory, main-app/).
+    if "DATA_DIR" not in os.environ:  # the tests set one for the whole session
+        environ.setdefault("DATA_DIR", str(log_path.parent / "chatapp-data"))
     cmd = (
         [sys.executable, "-m", "gunicorn", "-c", "python:chatapp.gunicorn_conf", "chatapp.wsgi:app"]
         if gunicorn

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from scripts.bench import rag
+from scripts.bench.rag_baseline import recursive_split
 from scripts.bench.rag_faq import FAQ, _page_pairs, faq_pairs, rank_of, score
 
 PAGE = """\
@@ -106,3 +107,19 @@ def test_turn_run_grounds_and_reuses_the_cache(
     assert result["passage_prompt_tokens_p50"] > 0  # the passages went into the turn
     assert result["follow_up_cached_tokens_p50"] > 0  # and the follow-up read them from cache
     assert "| grounded |" in capsys.readouterr().out
+
+
+def test_the_baseline_splitter_cuts_as_open_webui_does() -> None:
+    paragraphs = [f"Paragraph {n:02d}. " + "word " * 6 for n in range(60)]  # 43 characters
+    text = "\n\n".join(paragraphs)
+    chunks = recursive_split(text)
+    assert len(chunks) > 1
+    assert all(len(c) <= 1000 for c in chunks)
+    # paragraphs are never cut while they fit, and neighbours share up to 100 characters
+    assert all(c.startswith("Paragraph") for c in chunks)
+    for a, b in zip(chunks, chunks[1:]):
+        shared = [p for p in b.split("\n\n") if p in a.split("\n\n")]
+        assert shared and sum(len(p) for p in shared) <= 100 + 2
+    assert {p.strip() for c in chunks for p in c.split("\n\n")} == {p.strip() for p in paragraphs}
+    # a piece with no separator left is cut anywhere
+    assert [len(c) for c in recursive_split("x" * 2500)] == [1000, 1000, 700]

@@ -28,8 +28,20 @@ def main() -> None:
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
-    log.info("indexer started", extra={"fields": {"pid": os.getpid()}})
-    make_indexer(store, config).run(stop)
+    count = config["DOCUMENT_INDEXER_THREADS"]
+    log.info("indexer started", extra={"fields": {"pid": os.getpid(), "threads": count}})
+    # Several documents at once, each thread an indexer of its own (its own connection to the
+    # model service): their claims never take the same document (indexer.py `claim`).
+    threads = [
+        threading.Thread(target=make_indexer(store, config).run, args=(stop,), name=f"indexer-{n}")
+        for n in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    while not stop.wait(1.0):  # a timed wait: the signal handlers run on this thread
+        pass
+    for thread in threads:
+        thread.join()
     store.close()
 
 

@@ -22,6 +22,10 @@ from chatapp.documents.ranking import keyword_words
 from chatapp.documents.vector_space import claim_dimensions
 
 EF_SEARCH = 100
+HNSW_INDEX = (
+    "CREATE INDEX IF NOT EXISTS ix_chunk_vectors_embedding ON chunk_vectors "
+    "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
+)
 
 
 class PostgresIndex:
@@ -38,12 +42,7 @@ class PostgresIndex:
                     f"owner_id integer NOT NULL, embedding vector({width}) NOT NULL)"
                 )
             )
-            session.execute(
-                text(
-                    "CREATE INDEX IF NOT EXISTS ix_chunk_vectors_embedding ON chunk_vectors "
-                    "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
-                )
-            )
+            session.execute(text(HNSW_INDEX))
         session.execute(
             text(
                 "INSERT INTO chunk_vectors (chunk_id, owner_id, embedding) "

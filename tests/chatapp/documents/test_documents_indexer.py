@@ -227,3 +227,49 @@ def test_the_indexer_process_claims_from_a_database_another_process_migrated(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == str(added.document.id)
+
+
+def test_indexers_side_by_side_read_each_document_once(
+    store: Store, owners: tuple[int, int], encoder_sidecar: Service, tiny_encoder_dir: Path
+) -> None:
+    """The indexer process runs DOCUMENT_INDEXER_THREADS indexers (chatapp/documents/
+    __main__.py): their claims never take the same document, and each is written once."""
+    import threading
+    import time
+
+    alice, _ = owners
+    names = ["guide.txt", "guide.md", "guide.html", "guide.pdf", "guide.docx"]
+    documents = [add(store, alice, name) for name in names]
+    taken: list[int] = []
+    original = Indexer.index_document
+
+    def counted(self: Indexer, document_id: int) -> None:
+        taken.append(document_id)
+        original(self, document_id)
+
+    stop = threading.Event()
+    indexers = []
+    for _ in range(2):
+        indexer = make_indexer(store, encoder_sidecar.url, tiny_encoder_dir)
+        indexer.poll_s = 0.05
+        indexer.index_document = counted.__get__(indexer)  # type: ignore[method-assign]
+        indexers.append(threading.Thread(target=indexer.run, args=(stop,)))
+    for thread in indexers:
+        thread.start()
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            with store.session() as session:
+                statuses = session.scalars(select(Document.status)).all()
+            if all(status in ("ready", "failed") for status in statuses):
+                break
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in indexers:
+            thread.join()
+    assert sorted(taken) == sorted(documents)
+    with store.session() as session:
+        assert set(session.scalars(select(Document.status))) == {"ready"}
+        pairs = session.execute(select(Chunk.document_id, Chunk.ordinal)).all()
+        assert len(pairs) == len(set(pairs)) > len(documents)
