@@ -148,6 +148,8 @@ var tags = {
   'azd-env-name': environmentName
 }
 var appPort = '8080'
+// The catalog encoder (phi3-sidecar/sidecar/embeddings/catalog.py) and its folder's name.
+var encoderName = 'all-minilm-l6-v2'
 // How long App Service waits for the containers to start before it restarts them (its default
 // 230 s, at most 1800). The sidecar took at most 34 s from `podman run` to /readyz ready with
 // the Phi-3-mini-shaped model baked in or on a mounted folder, read from disk (AMD EPYC Zen 4,
@@ -311,7 +313,18 @@ var downloadSettings = [
   { name: 'MODEL_DOWNLOAD', value: '1' }
   { name: 'MODEL_REPO_ID', value: modelRepoId }
   { name: 'MODEL_SUBFOLDER', value: modelSubfolder }
+  // The encoder of /v1/embeddings (documents), downloaded the same way: /home/models/<name>.
+  { name: 'EMBED_MODEL_ID', value: encoderName }
 ]
+// The app measures passages with that encoder's own tokenizer.json, read from the same /home
+// (both containers mount it); until the sidecar has downloaded it, with a safe byte bound.
+var appEncoderSettings = [
+  { name: 'EMBED_TOKENIZER', value: '/home/models/${encoderName}' }
+]
+var appEncoderVariables = [for setting in appEncoderSettings: {
+  name: setting.name
+  value: setting.name
+}]
 // The conversation cache's disk tier (docs/conversation-cache.md): conversations pushed out of
 // the sidecar's RAM are written to the container's local /tmp (instance-local disk, not the
 // /home share, which is network storage) and read back when their users return.
@@ -355,7 +368,7 @@ var appSettings = concat(
   ],
   databaseSettings,
   easyAuthSettings,
-  modelSource == 'download' ? downloadSettings : [],
+  modelSource == 'download' ? concat(downloadSettings, appEncoderSettings) : [],
   kvCacheSettings,
   telemetrySettings
 )
@@ -429,6 +442,7 @@ resource mainContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
         { name: 'AUTH_MODE', value: 'AUTH_MODE' }
       ],
       databaseVariables,
+      modelSource == 'download' ? appEncoderVariables : [],
       telemetryVariables
     )
   }

@@ -133,7 +133,7 @@ def name_value_pairs(text: str) -> list[tuple[str, str]]:
 def app_settings() -> dict[str, str]:
     start = SOURCE.index("var appSettings = ")
     settings = dict(name_value_pairs(block(SOURCE, SOURCE.index("(", start))))
-    for listed in ("downloadSettings", "kvCacheSettings"):  # concatenated into appSettings
+    for listed in ("downloadSettings", "appEncoderSettings", "kvCacheSettings"):  # in appSettings
         start = SOURCE.index(f"var {listed} = ")
         settings.update(name_value_pairs(block(SOURCE, SOURCE.index("[", start))))
     return settings
@@ -559,3 +559,23 @@ def test_postgres_compute_holds_the_apps_connections_and_is_documented() -> None
     deploy = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
     assert "`usePostgres=true`" in deploy and "USE_POSTGRES" in deploy
     assert "Standard_B2s" in deploy and "a month" in deploy
+
+
+def test_the_app_measures_passages_with_the_sidecars_encoder_tokenizer() -> None:
+    """With modelSource=download the sidecar downloads a catalog encoder into /home/models and
+    the app (which sees the same /home) names that folder in EMBED_TOKENIZER: its passages are
+    cut by the very tokenizer.json the sidecar encodes with."""
+    from sidecar.embeddings import catalog
+
+    settings = app_settings()
+    encoder = variables()["encoderName"]
+    assert settings["EMBED_MODEL_ID"] == "encoderName" and encoder in catalog.ENTRIES
+    folder = Settings(embed_model_id=encoder).embed_model_path
+    assert folder is not None and str(folder).startswith("/home/")
+    assert resolve(settings["EMBED_TOKENIZER"]) == str(folder)
+    assert from_environ({"EMBED_TOKENIZER": str(folder)})["EMBED_TOKENIZER"] == str(folder)
+    main, sidecar = containers()["main"]["body"], containers()["phi3"]["body"]
+    assert "modelSource == 'download' ? appEncoderVariables : []" in main
+    assert "appEncoderVariables" not in sidecar and "EMBED_TOKENIZER" not in sidecar
+    assert "var appEncoderVariables = [for setting in appEncoderSettings: {" in SOURCE
+    assert "modelSource == 'download' ? concat(downloadSettings, appEncoderSettings) : []" in SOURCE
