@@ -16,7 +16,10 @@ A grounded turn (`"documents": true`, chatapp/documents/grounding.py) is stored 
 of passages it was sent with (`messages.grounding`) and its reply with the passages it cites
 (`citations`, checked against that block, as the done line's). Later turns put each stored
 block back before its question, from the database: the prompt begins as before (the model
-service's cache reads it) and no client can write an earlier turn's passages.
+service's cache reads it) and no client can write an earlier turn's passages. The new turn's
+own passages go before its question before `fit` chooses the stored turns (`start`'s
+`ground`), so they are counted: else a chat whose turns just fit beside the bare question
+went over MAX_REQUEST_BYTES with them, and the model service refused it.
 """
 
 from __future__ import annotations
@@ -131,9 +134,12 @@ def start(
     chat_id: Any,
     payload: dict[str, Any],
     config: Mapping[str, Any],
+    ground: Callable[[dict[str, Any]], object] | None = None,
 ) -> StoredTurn:
     """Put the stored chat's turns before the request's new message in `payload` (checked by
-    chatapp.wire), and its cache scope; raises 404 for a chat that is not the user's."""
+    chatapp.wire), and its cache scope; raises 404 for a chat that is not the user's. `ground`
+    (a grounded turn) puts the passages into the new message, once the chat is known to be
+    the user's and before the stored turns are fitted around it."""
     if not isinstance(chat_id, str) or not wire.CONVERSATION_ID.fullmatch(chat_id):
         raise ApiError("not_found", "There is no such chat.", status=404)
     head = payload["messages"]
@@ -155,10 +161,12 @@ def start(
             status=413,
         )
     system = head[:-1]
+    new = head[-1]
+    content = new["content"]  # the question as asked: what is stored
+    if ground is not None:
+        ground(new)
     payload["messages"] = system + fit(stored, head, config) + head[-1:]
     payload["cache_scope"] = scope(user.subject, f"chat-{chat_id}")
-    new = head[-1]
-    content = new["content"]
     urls = (
         [p["image_url"]["url"] for p in content if p["type"] == "image_url"]
         if isinstance(content, list)
