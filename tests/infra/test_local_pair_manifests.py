@@ -12,6 +12,7 @@ import yaml
 
 from chatapp.settings import DEFAULTS as APP_DEFAULTS
 from chatapp.settings import listen_address
+from scripts.run import services
 from sidecar.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +94,23 @@ def test_compose_app_measures_passages_with_the_sidecars_own_encoder_tokenizer(
     assert volume in compose["volumes"]
     check = " ".join(sidecar["healthcheck"]["test"][3:])
     compile(check, "healthcheck", "exec")
-    assert "['embeddings']['phase'] in ('off', 'ready', 'failed')" in check
+    assert "SystemExit(r['embeddings']['phase'] not in ('off', 'ready', 'failed'))" in check
+
+
+def test_compose_sidecar_healthcheck_passes_once_the_encoder_is_ready(
+    compose: dict[str, Any], encoder_sidecar: services.Service
+) -> None:
+    """The healthcheck's own command, pointed at a real sidecar with its encoder ready: it
+    passes; at a port where nothing answers: it fails."""
+    import subprocess
+    import sys
+
+    check = compose["services"]["sidecar"]["healthcheck"]["test"][3]
+    ours = f"http://127.0.0.1:{SIDECAR_PORT}"
+    assert ours in check
+    for url, status in ((encoder_sidecar.url, 0), (f"http://127.0.0.1:{services.free_port()}", 1)):
+        command = [sys.executable, "-c", check.replace(ours, url)]
+        assert subprocess.run(command, capture_output=True, timeout=30).returncode == status, url
 
 
 def test_compose_builds_the_real_dockerfiles(compose: dict[str, Any]) -> None:
