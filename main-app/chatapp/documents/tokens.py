@@ -7,7 +7,10 @@ embedded, so it cannot be found), hence every passage is measured before it is k
   usually the sidecar's `EMBED_MODEL_PATH`), read with the `tokenizers` library: the exact
   count, special tokens ([CLS], [SEP]) included. Read at the first count, not at start: on
   App Service the app may start before its sidecar has downloaded the encoder into the /home
-  they share; until the file is there each count is the bound below (logged once).
+  they share; until the file is there each count is the bound below (logged once). No
+  document is cut one way and resumed the other: while the file is missing the sidecar's
+  encoder, which loads from it, is not serving either, so such a document fails
+  `embeddings_failed` (its passages dropped) and a retry cuts it again with the tokenizer.
 - `ByteBound()`: without the tokenizer, the text's UTF-8 bytes plus 2. No tokenizer an encoder
   uses makes more than one token per byte (WordPiece makes at most one per character, and a
   word it cannot split is one [UNK]; byte-level BPE at most one per byte), plus two special
