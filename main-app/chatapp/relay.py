@@ -262,7 +262,10 @@ def _turn_and_grounding(
     if chat_id is None:
         if user is not None:
             payload["cache_scope"] = turns.scope(user.subject, payload["cache_scope"])
-        return None, _ground(body, payload["messages"], stored=False)
+        grounding = _ground(body, payload["messages"], stored=False)
+        if grounding is not None:  # the passages must fit in the bound the page kept
+            payload["messages"] = turns.fit_conversation(payload["messages"], current_app.config)
+        return None, grounding
     found: list[Grounding | None] = [None]
 
     def ground_new(message: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,16 +64,38 @@ def fit(
 ) -> list[dict[str, Any]]:
     """The newest stored turns that fit with `head` (the system message, if any, and the new
     user message) in MAX_MESSAGES, MAX_REQUEST_BYTES of text and MAX_IMAGES images."""
+    return _newest_that_fit(
+        (_as_sent(m) for m in reversed(stored) if m.role != "system"), head, config
+    )
+
+
+def _as_sent(message: AnyRow) -> dict[str, Any]:
+    turn = convert.wire_message(message)
+    if message.grounding is not None:  # a grounded turn, as it was sent
+        turn["content"] = with_block(turn["content"], message.grounding)
+    return turn
+
+
+def fit_conversation(
+    messages: list[dict[str, Any]], config: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """A conversation the client sent whole, after its newest turn grew (a grounded turn's
+    passages): its system message and newest turn, and the newest earlier turns that still fit
+    by `fit`'s rules; the oldest are left out first, as the page leaves them out itself."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    head = [*system, messages[-1]]
+    earlier = messages[len(system) : -1]
+    return [*system, *_newest_that_fit(reversed(earlier), head, config), messages[-1]]
+
+
+def _newest_that_fit(
+    newest_first: Iterable[dict[str, Any]], head: list[dict[str, Any]], config: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     messages_left = config["MAX_MESSAGES"] - len(head)
     bytes_left = config["MAX_CONTENT_LENGTH"] - sum(_size(m)[0] for m in head) - 200
     images_left = config["MAX_IMAGES"] - sum(_size(m)[1] for m in head)
     kept: list[dict[str, Any]] = []
-    for message in reversed(stored):
-        if message.role == "system":
-            continue  # only the request's system message goes first
-        turn = convert.wire_message(message)
-        if message.grounding is not None:  # a grounded turn, as it was sent
-            turn["content"] = with_block(turn["content"], message.grounding)
+    for turn in newest_first:
         size, pictures = _size(turn)
         if messages_left < 1 or size > bytes_left or pictures > images_left:
             break
