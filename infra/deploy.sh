@@ -28,6 +28,9 @@ scripts/run/smoke_test.py against it.
                              downloads the model into /home on its first start
       --app-insights         create Application Insights and send both containers' traces
                              to it (docs/operations.md)
+      --postgres             create an Azure Database for PostgreSQL flexible server
+                             (pgvector) for the app's users, chats and documents, shared by
+                             every instance; its password from \$POSTGRES_ADMIN_PASSWORD
       --no-smoke             do not run the smoke test
   -h, --help                 this message
 EOF
@@ -65,15 +68,33 @@ build_images() {
     "$cli" push "$image"
 }
 
+# The database password goes to az in a parameters file only this user can read, never on a
+# command line (which every user of the machine may list).
+secret_parameters() {
+    local file=$1 password=${POSTGRES_ADMIN_PASSWORD:?}
+    password=${password//\\/\\\\}
+    password=${password//\"/\\\"}
+    (umask 077 && printf '{"postgresAdminPassword": {"value": "%s"}}\n' "$password" >"$file")
+}
+
 deploy_infra() {
     local group=$1 location=$2 env_name=$3 tag=$4 sku=$5 instances=$6 model_source=$7
-    local insights=$8
+    local insights=$8 postgres=$9
+    local -a secrets=()
+    if [ "$postgres" = true ]; then
+        SECRETS_FILE=$(mktemp)
+        trap 'rm -f "$SECRETS_FILE"' EXIT
+        secret_parameters "$SECRETS_FILE"
+        secrets=(--parameters "@$SECRETS_FILE")
+    fi
     echo "deploying infra/main.bicep to $group (images :$tag, model: $model_source)"
     az deployment group create --resource-group "$group" --name "$DEPLOYMENT" \
         --template-file "$ROOT/infra/main.bicep" \
         --parameters environmentName="$env_name" location="$location" imageTag="$tag" \
         planSku="$sku" instanceCount="$instances" modelSource="$model_source" \
-        useApplicationInsights="$insights" --output none
+        useApplicationInsights="$insights" usePostgres="$postgres" \
+        ${secrets[@]+"${secrets[@]}"} --output none
+    if [ "$postgres" = true ]; then rm -f "$SECRETS_FILE"; fi
 }
 
 output() {
@@ -100,7 +121,7 @@ azd_postprovision() {
 
 main() {
     local group="" location=${AZURE_LOCATION:-} env_name=phi3chat tag="" sku=P1v3
-    local instances=1 model_dir="" smoke=1 insights=false
+    local instances=1 model_dir="" smoke=1 insights=false postgres=false
     while [ $# -gt 0 ]; do
         case "$1" in
             -g | --resource-group) group=${2:?}; shift 2 ;;
@@ -111,6 +132,7 @@ main() {
             --instances) instances=${2:?}; shift 2 ;;
             --model-dir) model_dir=${2:?}; shift 2 ;;
             --app-insights) insights=true; shift ;;
+            --postgres) postgres=true; shift ;;
             --no-smoke) smoke=0; shift ;;
             --azd-postprovision) azd_postprovision; return ;;
             -h | --help) usage; return 0 ;;
@@ -119,6 +141,12 @@ main() {
     done
     [ -n "$group" ] || { usage; echo "$0: -g RESOURCE_GROUP is required" >&2; return 2; }
     case "$instances" in '' | *[!0-9]*) die "--instances must be a whole number" ;; esac
+    if [ "$postgres" = true ]; then
+        [ -n "${POSTGRES_ADMIN_PASSWORD:-}" ] || die "--postgres needs POSTGRES_ADMIN_PASSWORD set"
+        case "$POSTGRES_ADMIN_PASSWORD" in
+            *[[:cntrl:]]*) die "POSTGRES_ADMIN_PASSWORD holds a control character" ;;
+        esac
+    fi
     if [ -n "$model_dir" ]; then
         [ -f "$model_dir/genai_config.json" ] || die "$model_dir has no genai_config.json"
     fi
@@ -143,7 +171,7 @@ main() {
         # at the new tag a few minutes before the images are there, and is restarted after.
         first=1
         deploy_infra "$group" "$location" "$env_name" "$tag" "$sku" "$instances" "$model_source" \
-            "$insights"
+            "$insights" "$postgres"
         registry=$(output "$group" AZURE_CONTAINER_REGISTRY_NAME)
     fi
     build_images "$registry" "$tag" "$model_dir"
@@ -154,7 +182,7 @@ main() {
     else
         # Images first, then the site: it never points at a tag that is not built yet.
         deploy_infra "$group" "$location" "$env_name" "$tag" "$sku" "$instances" "$model_source" \
-            "$insights"
+            "$insights" "$postgres"
     fi
     local url
     url=$(output "$group" WEBAPP_URL)

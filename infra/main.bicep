@@ -105,6 +105,36 @@ param easyAuthClientSecret string = ''
 @description('DATABASE_URL for the app (PostgreSQL, shared by all instances); empty: SQLite per instance.')
 param databaseUrl string = ''
 
+// Or let this template make that PostgreSQL: an Azure Database for PostgreSQL flexible server
+// (version 16) and its database, with pgvector's `vector` allow-listed in azure.extensions (the
+// app runs CREATE EXTENSION vector itself, as the server's admin), and the app's DATABASE_URL
+// built from it (sslmode=require). For several instances (each keeps its own SQLite file
+// otherwise, so a chat or a document would exist on one instance only). Off: as above.
+@description('Create an Azure Database for PostgreSQL flexible server (pgvector) for the users, chats and documents of the app, shared by every instance; databaseUrl is then ignored.')
+param usePostgres bool = false
+
+@description('With usePostgres: the administrator login of the server, the user the app connects as.')
+param postgresAdminLogin string = 'phi3chat'
+
+// Never in an output. In the app it is part of the DATABASE_URL app setting (readable by whoever
+// may read the site's configuration); pass databaseUrl as a Key Vault reference instead to keep
+// it there too.
+@secure()
+@description('With usePostgres: the administrator password (8 to 128 characters of three of: upper case, lower case, digits, symbols).')
+param postgresAdminPassword string = ''
+
+// B2s (2 vCores, 4 GiB) allows 429 connections: each instance opens at most 45 (2 workers and
+// the indexer, a pool of 5 + 10 each). B1ms allows 50, a single instance's worst case.
+@description('With usePostgres: the compute of the server (Burstable B2s: 2 vCores, 4 GiB).')
+@allowed([
+  'Standard_B1ms'
+  'Standard_B2s'
+  'Standard_B2ms'
+  'Standard_D2ds_v5'
+  'Standard_D4ds_v5'
+])
+param postgresSku string = 'Standard_B2s'
+
 // Autoscale of the plan: out on CPU or on requests waiting in the front end's queue, in
 // when both are low. Each new instance starts its own sidecar and loads the model (minutes).
 @description('Scale the plan out and in by CPU and HTTP queue length, between instanceCount and autoscaleMaxInstances.')
@@ -118,6 +148,8 @@ var tags = {
   'azd-env-name': environmentName
 }
 var appPort = '8080'
+// The catalog encoder (phi3-sidecar/sidecar/embeddings/catalog.py) and its folder's name.
+var encoderName = 'all-minilm-l6-v2'
 // How long App Service waits for the containers to start before it restarts them (its default
 // 230 s, at most 1800). The sidecar took at most 34 s from `podman run` to /readyz ready with
 // the Phi-3-mini-shaped model baked in or on a mounted folder, read from disk (AMD EPYC Zen 4,
@@ -131,6 +163,8 @@ var containerStartTimeLimit = '360'
 // an instance that cannot serve for three minutes (a model that failed to load, a worker that
 // keeps dying) stops getting chats then, not after ten. With one instance nothing is removed.
 var healthCheckMaxPingFailures = '3'
+// The database the app keeps its users, chats and documents in, on the server of usePostgres.
+var postgresDatabaseName = 'phi3chat'
 // Built-in role "AcrPull".
 var acrPullRoleId = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
 
@@ -185,6 +219,77 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = if (useApplica
   }
 }
 
+resource postgres 'Microsoft.DBforPostgreSQL/flexibleServers@2024-08-01' = if (usePostgres) {
+  name: 'psql-${environmentName}-${resourceToken}'
+  location: location
+  tags: tags
+  sku: {
+    name: postgresSku
+    tier: startsWith(postgresSku, 'Standard_B') ? 'Burstable' : 'GeneralPurpose'
+  }
+  properties: {
+    version: '16'
+    administratorLogin: postgresAdminLogin
+    administratorLoginPassword: postgresAdminPassword
+    authConfig: {
+      activeDirectoryAuth: 'Disabled'
+      passwordAuth: 'Enabled'
+    }
+    storage: {
+      storageSizeGB: 32
+      autoGrow: 'Enabled'
+    }
+    backup: {
+      backupRetentionDays: 7
+      geoRedundantBackup: 'Disabled'
+    }
+    highAvailability: {
+      mode: 'Disabled'
+    }
+    network: {
+      publicNetworkAccess: 'Enabled'
+    }
+  }
+}
+
+// pgvector's extension is named `vector`; a flexible server creates only allow-listed ones.
+// The server's children are made one after another (dependsOn): it refuses concurrent changes.
+resource postgresExtensions 'Microsoft.DBforPostgreSQL/flexibleServers/configurations@2024-08-01' = if (usePostgres) {
+  parent: postgres
+  name: 'azure.extensions'
+  properties: {
+    value: 'VECTOR'
+    source: 'user-override'
+  }
+}
+
+resource postgresDatabase 'Microsoft.DBforPostgreSQL/flexibleServers/databases@2024-08-01' = if (usePostgres) {
+  parent: postgres
+  name: postgresDatabaseName
+  properties: {
+    charset: 'UTF8'
+    collation: 'en_US.utf8'
+  }
+  dependsOn: [
+    postgresExtensions
+  ]
+}
+
+// App Service's outbound addresses are Azure's: this rule (0.0.0.0) lets connections from
+// Azure services in. A private network (VNet integration and private access) is the tighter
+// choice; docs/deploy.md says so.
+resource postgresFirewall 'Microsoft.DBforPostgreSQL/flexibleServers/firewallRules@2024-08-01' = if (usePostgres) {
+  parent: postgres
+  name: 'AllowAllAzureServicesAndResourcesWithinAzureIps'
+  properties: {
+    startIpAddress: '0.0.0.0'
+    endIpAddress: '0.0.0.0'
+  }
+  dependsOn: [
+    postgresDatabase
+  ]
+}
+
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   name: 'plan-${environmentName}-${resourceToken}'
   location: location
@@ -208,7 +313,18 @@ var downloadSettings = [
   { name: 'MODEL_DOWNLOAD', value: '1' }
   { name: 'MODEL_REPO_ID', value: modelRepoId }
   { name: 'MODEL_SUBFOLDER', value: modelSubfolder }
+  // The encoder of /v1/embeddings (documents), downloaded the same way: /home/models/<name>.
+  { name: 'EMBED_MODEL_ID', value: encoderName }
 ]
+// The app measures passages with that encoder's own tokenizer.json, read from the same /home
+// (both containers mount it); until the sidecar has downloaded it, with a safe byte bound.
+var appEncoderSettings = [
+  { name: 'EMBED_TOKENIZER', value: '/home/models/${encoderName}' }
+]
+var appEncoderVariables = [for setting in appEncoderSettings: {
+  name: setting.name
+  value: setting.name
+}]
 // The conversation cache's disk tier (docs/conversation-cache.md): conversations pushed out of
 // the sidecar's RAM are written to the container's local /tmp (instance-local disk, not the
 // /home share, which is network storage) and read back when their users return.
@@ -226,7 +342,11 @@ var telemetrySettings = useApplicationInsights
     ]
   : []
 var authMode = enableEasyAuth ? 'appservice' : 'none'
-var databaseSettings = empty(databaseUrl) ? [] : [{ name: 'DATABASE_URL', value: databaseUrl }]
+// ARM's if() evaluates only the branch taken: the server is read only when it exists.
+var appDatabaseUrl = usePostgres
+  ? 'postgresql+psycopg://${postgresAdminLogin}:${uriComponent(postgresAdminPassword)}@${postgres.properties.fullyQualifiedDomainName}:5432/${postgresDatabaseName}?sslmode=require'
+  : databaseUrl
+var databaseSettings = empty(appDatabaseUrl) ? [] : [{ name: 'DATABASE_URL', value: appDatabaseUrl }]
 var databaseVariables = [for setting in databaseSettings: {
   name: setting.name
   value: setting.name
@@ -248,7 +368,7 @@ var appSettings = concat(
   ],
   databaseSettings,
   easyAuthSettings,
-  modelSource == 'download' ? downloadSettings : [],
+  modelSource == 'download' ? concat(downloadSettings, appEncoderSettings) : [],
   kvCacheSettings,
   telemetrySettings
 )
@@ -300,6 +420,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   }
   dependsOn: [
     acrPull
+    postgresFirewall // the app migrates its database when it starts
   ]
 }
 
@@ -321,6 +442,7 @@ resource mainContainer 'Microsoft.Web/sites/sitecontainers@2024-04-01' = {
         { name: 'AUTH_MODE', value: 'AUTH_MODE' }
       ],
       databaseVariables,
+      modelSource == 'download' ? appEncoderVariables : [],
       telemetryVariables
     )
   }

@@ -252,20 +252,37 @@ def json_body(text_limit: int) -> Any:
     return body
 
 
-def _stored_turn(body: Any, payload: dict[str, Any], user: CurrentUser | None) -> StoredTurn | None:
-    """With a `chat_id`, the stored chat's turns go first (chatapp/chats/turns.py). A signed-in
-    user's conversation gets a cache scope of its own, whatever id the page sent."""
+def _turn_and_grounding(
+    body: Any, payload: dict[str, Any], user: CurrentUser | None
+) -> tuple[StoredTurn | None, Grounding | None]:
+    """With a `chat_id`, the stored chat's turns go first (chatapp/chats/turns.py), chosen with
+    a grounded question's passages already before it. A signed-in user's conversation gets a
+    cache scope of its own, whatever id the page sent."""
     chat_id = body.get("chat_id") if isinstance(body, dict) else None
-    if chat_id is not None:
-        return turns.start(
-            current_store(), user or current_user(), chat_id, payload, current_app.config
-        )
-    if user is not None:
-        payload["cache_scope"] = turns.scope(user.subject, payload["cache_scope"])
-    return None
+    if chat_id is None:
+        if user is not None:
+            payload["cache_scope"] = turns.scope(user.subject, payload["cache_scope"])
+        grounding = _ground(body, payload["messages"], stored=False)
+        if grounding is not None:  # the passages must fit in the bound the page kept
+            payload["messages"] = turns.fit_conversation(payload["messages"], current_app.config)
+        return None, grounding
+    found: list[Grounding | None] = [None]
+
+    def ground_new(message: dict[str, Any]) -> None:
+        found[0] = _ground(body, [message], stored=True)
+
+    turn = turns.start(
+        current_store(), user or current_user(), chat_id, payload, current_app.config, ground_new
+    )
+    grounding = found[0]
+    if grounding is not None:
+        turn.ground(grounding.block, lambda reply: list(grounding.done_fields(reply)["citations"]))
+    return turn, grounding
 
 
-def _ground(body: dict[str, Any], payload: dict[str, Any], *, stored: bool) -> Grounding | None:
+def _ground(
+    body: dict[str, Any], messages: list[dict[str, Any]], *, stored: bool
+) -> Grounding | None:
     """`"documents": true`: the newest turn answered from the caller's library; earlier turns
     keep the passages they were sent with (chatapp/documents/grounding.py). A stored chat's
     earlier turns come from the server (`stored`), never from the request's `grounding`."""
@@ -273,7 +290,6 @@ def _ground(body: dict[str, Any], payload: dict[str, Any], *, stored: bool) -> G
     from chatapp.documents.embedder import EmbeddingsFailed
     from chatapp.documents.owner import current_owner_id
 
-    messages = payload["messages"]
     if not stored:
         grounding.restore_earlier(body, messages)
     if body.get("documents") is not True:
@@ -316,11 +332,7 @@ def chat() -> Response:
         max_images=config["MAX_IMAGES"],
         max_image_bytes=config["MAX_IMAGE_BYTES"],
     )
-    turn = _stored_turn(body, payload, user)
-    grounding = _ground(body, payload, stored=turn is not None)
-    if turn is not None and grounding is not None:
-        found = grounding
-        turn.ground(found.block, lambda reply: list(found.done_fields(reply)["citations"]))
+    turn, grounding = _turn_and_grounding(body, payload, user)
     record.messages = len(payload["messages"])
     record.images = images.count(payload["messages"]) or None
     default = config["MAX_NEW_TOKENS"]

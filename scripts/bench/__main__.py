@@ -82,8 +82,9 @@ COMMANDS = (
             "dense, fusion, beside Open WebUI's"),
     Command("rag-scale", "rag_scale", "the documents library at 100,000 passages: search p50/p95 "
             "(dense, keyword) and write rate, SQLite and PostgreSQL"),
-    Command("rag-turn", "rag_turn", "what grounding costs a chat turn: TTFT bare and with "
-            "\"documents\": true, and the follow-up's cached tokens"),
+    Command("rag-turn", "rag_turn", "what grounding costs a chat turn: TTFT bare, with "
+            "\"documents\": true, and bare with the grounded turn's own prompt (issue 44's "
+            "target), and the follow-up's cached tokens"),
     Command("kv-memory", "kv_memory", "the sidecar's peak memory under a container's memory "
             "limit with more KV wanted than fits (root)"),
 )  # fmt: skip

@@ -133,7 +133,7 @@ def name_value_pairs(text: str) -> list[tuple[str, str]]:
 def app_settings() -> dict[str, str]:
     start = SOURCE.index("var appSettings = ")
     settings = dict(name_value_pairs(block(SOURCE, SOURCE.index("(", start))))
-    for listed in ("downloadSettings", "kvCacheSettings"):  # concatenated into appSettings
+    for listed in ("downloadSettings", "appEncoderSettings", "kvCacheSettings"):  # in appSettings
         start = SOURCE.index(f"var {listed} = ")
         settings.update(name_value_pairs(block(SOURCE, SOURCE.index("[", start))))
     return settings
@@ -430,3 +430,152 @@ def test_autoscale_is_an_option_on_cpu_and_http_queue_length() -> None:
     assert value(body, "targetResourceUri") == "plan.id"
     # ARR affinity stays on: the conversation cache lives in each instance's sidecar.
     assert value(of_type("Microsoft.Web/sites")[0]["body"], "clientAffinityEnabled") == "true"
+
+
+POSTGRES_TYPES = {
+    "Microsoft.DBforPostgreSQL/flexibleServers",
+    "Microsoft.DBforPostgreSQL/flexibleServers/configurations",
+    "Microsoft.DBforPostgreSQL/flexibleServers/databases",
+    "Microsoft.DBforPostgreSQL/flexibleServers/firewallRules",
+}
+
+
+def postgres_resources() -> dict[str, dict[str, str]]:
+    return {r["type"]: r for r in resources() if r["type"] in POSTGRES_TYPES}
+
+
+def test_postgres_is_an_option_off_by_default() -> None:
+    """usePostgres (default off, azd's USE_POSTGRES): every PostgreSQL resource exists only
+    with it, at the GA API version of Microsoft's reference (2024-08-01); off, the app gets no
+    DATABASE_URL from it and keeps SQLite (or databaseUrl, as before)."""
+    assert params()["usePostgres"] == "false"
+    given = json.loads((REPO / "infra" / "main.parameters.json").read_text())["parameters"]
+    assert given["usePostgres"]["value"] == "${USE_POSTGRES=false}"
+    found = postgres_resources()
+    assert set(found) == POSTGRES_TYPES
+    for resource in found.values():
+        assert resource["api"] == "2024-08-01", resource["type"]
+        assert re.search(
+            rf"^resource {resource['symbol']} '[^']+' = if \(usePostgres\) \{{", SOURCE, re.M
+        ), resource["symbol"]
+    assert "var appDatabaseUrl = usePostgres\n" in SOURCE
+    assert SOURCE.count(": databaseUrl\n") == 1  # the else branch: the URL given, if any
+    assert (
+        "var databaseSettings = empty(appDatabaseUrl) ? [] : "
+        "[{ name: 'DATABASE_URL', value: appDatabaseUrl }]" in SOURCE
+    )
+
+
+def test_postgres_allow_lists_pgvector_and_children_are_made_one_at_a_time() -> None:
+    """The extension the app creates (`CREATE EXTENSION ... vector`, index_postgres.py) is
+    allow-listed in azure.extensions; the server refuses concurrent changes to its children,
+    so each waits for the one before."""
+    found = postgres_resources()
+    server = found["Microsoft.DBforPostgreSQL/flexibleServers"]
+    extensions = found["Microsoft.DBforPostgreSQL/flexibleServers/configurations"]
+    assert resolve(value(extensions["body"], "name")) == "azure.extensions"
+    allowed = resolve(value(extensions["body"], "value")).lower().split(",")
+    assert "vector" in allowed
+    index_code = REPO / "main-app" / "chatapp" / "documents" / "index_postgres.py"
+    assert "CREATE EXTENSION IF NOT EXISTS vector" in index_code.read_text()
+    assert resolve(value(extensions["body"], "source")) == "user-override"
+    database = found["Microsoft.DBforPostgreSQL/flexibleServers/databases"]
+    firewall = found["Microsoft.DBforPostgreSQL/flexibleServers/firewallRules"]
+    for child in (extensions, database, firewall):
+        assert value(child["body"], "parent") == server["symbol"]
+    assert extensions["symbol"] in block(
+        database["body"], database["body"].index("dependsOn: ") + 11
+    )
+    assert database["symbol"] in block(firewall["body"], firewall["body"].index("dependsOn: ") + 11)
+    # The site starts (and the app migrates) once the server takes connections from it.
+    (site,) = of_type("Microsoft.Web/sites")
+    depends = block(site["body"], site["body"].index("dependsOn: ") + 11)
+    assert firewall["symbol"] in depends
+    assert resolve(value(firewall["body"], "startIpAddress")) == "0.0.0.0"
+    body = server["body"]
+    assert resolve(value(body, "version")) >= "13"  # docs/deploy.md: 13 or later
+    assert value(body, "administratorLoginPassword") == "postgresAdminPassword"
+    assert resolve(value(body, "passwordAuth")) == "Enabled"
+
+
+def test_postgres_password_is_secure_and_in_no_output() -> None:
+    assert re.search(
+        r"@secure\(\)\n(@description\(.*\)\n)?param postgresAdminPassword string = ''", SOURCE
+    )
+    outputs = re.findall(r"^output .*$", SOURCE, re.M)
+    assert outputs and not any("postgres" in line.lower() for line in outputs)
+    assert not any("databaseurl" in line.lower() for line in outputs)
+    # Given to the app alone, through the same DATABASE_URL setting as databaseUrl.
+    assert "databaseVariables" not in containers()["phi3"]["body"]
+
+
+def test_the_postgres_url_is_one_the_app_takes_with_tls_required() -> None:
+    """The DATABASE_URL the template builds, with a password full of URL syntax: the app's
+    settings take it, SQLAlchemy reads back the same password (uriComponent), the psycopg
+    driver, the database made, sslmode=require."""
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import make_url
+
+    start = SOURCE.index("var appDatabaseUrl = usePostgres\n")
+    template = re.search(r"\? '([^']+)'\n", SOURCE[start:])
+    assert template
+    password = "p@ss:w/rd?#%&="
+    url = (
+        template[1]
+        .replace("${postgresAdminLogin}", "phi3chat")
+        .replace("${uriComponent(postgresAdminPassword)}", quote(password, safe="-_.!~*'()"))
+        .replace(
+            "${postgres.properties.fullyQualifiedDomainName}", "psql-x.postgres.database.azure.com"
+        )
+        .replace("${postgresDatabaseName}", variables()["postgresDatabaseName"])
+    )
+    assert "${" not in url
+    assert from_environ({"DATABASE_URL": url})["DATABASE_URL"] == url
+    parsed = make_url(url)
+    assert parsed.drivername == "postgresql+psycopg"
+    assert parsed.password == password
+    assert parsed.database == variables()["postgresDatabaseName"]
+    assert parsed.port == 5432
+    assert parsed.query == {"sslmode": "require"}
+    database = postgres_resources()["Microsoft.DBforPostgreSQL/flexibleServers/databases"]
+    assert value(database["body"], "name") == "postgresDatabaseName"
+
+
+def test_postgres_compute_holds_the_apps_connections_and_is_documented() -> None:
+    """The default SKU is burstable, its tier follows the name, and docs/deploy.md says what
+    the option costs and when to turn it on."""
+    assert params()["postgresSku"] == "'Standard_B2s'"
+    server = postgres_resources()["Microsoft.DBforPostgreSQL/flexibleServers"]
+    tier = value(server["body"], "tier")
+    assert tier == "startsWith(postgresSku, 'Standard_B') ? 'Burstable' : 'GeneralPurpose'"
+    allowed = block(
+        SOURCE, SOURCE.index("[", SOURCE.rindex("@allowed([", 0, SOURCE.index("param postgresSku")))
+    )
+    assert all(
+        re.fullmatch(r"Standard_(B\d+m?s|D\d+ds_v5)", sku)
+        for sku in re.findall(r"'(\w+)'", allowed)
+    )
+    deploy = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    assert "`usePostgres=true`" in deploy and "USE_POSTGRES" in deploy
+    assert "Standard_B2s" in deploy and "a month" in deploy
+
+
+def test_the_app_measures_passages_with_the_sidecars_encoder_tokenizer() -> None:
+    """With modelSource=download the sidecar downloads a catalog encoder into /home/models and
+    the app (which sees the same /home) names that folder in EMBED_TOKENIZER: its passages are
+    cut by the very tokenizer.json the sidecar encodes with."""
+    from sidecar.embeddings import catalog
+
+    settings = app_settings()
+    encoder = variables()["encoderName"]
+    assert settings["EMBED_MODEL_ID"] == "encoderName" and encoder in catalog.ENTRIES
+    folder = Settings(embed_model_id=encoder).embed_model_path
+    assert folder is not None and str(folder).startswith("/home/")
+    assert resolve(settings["EMBED_TOKENIZER"]) == str(folder)
+    assert from_environ({"EMBED_TOKENIZER": str(folder)})["EMBED_TOKENIZER"] == str(folder)
+    main, sidecar = containers()["main"]["body"], containers()["phi3"]["body"]
+    assert "modelSource == 'download' ? appEncoderVariables : []" in main
+    assert "appEncoderVariables" not in sidecar and "EMBED_TOKENIZER" not in sidecar
+    assert "var appEncoderVariables = [for setting in appEncoderSettings: {" in SOURCE
+    assert "modelSource == 'download' ? concat(downloadSettings, appEncoderSettings) : []" in SOURCE

@@ -27,6 +27,11 @@ FAKE_AZ = textwrap.dedent(
     state = json.load(open(state_file)) if os.path.exists(state_file) else {{}}
     with open(os.environ["FAKE_AZ_LOG"], "a") as log:
         log.write(json.dumps(args) + "\\n")
+    for a in args:  # a parameters file: what it held when az read it, and its mode
+        if a.startswith("@"):
+            with open(os.environ["FAKE_AZ_LOG"] + ".files", "a") as log:
+                mode = os.stat(a[1:]).st_mode & 0o777
+                log.write(json.dumps([a[1:], mode, json.load(open(a[1:]))]) + "\\n")
     def arg(name):
         return args[args.index(name) + 1]
     def save():
@@ -144,6 +149,32 @@ def test_later_runs_build_the_images_before_pointing_the_site_at_them(
     Path(env["FAKE_AZ_LOG"]).unlink()
     assert deploy(env, "-g", "rg", "--app-insights", "--no-smoke").returncode == 0
     assert parameters(env)["useApplicationInsights"] == "true"
+
+
+def test_postgres_gets_its_password_from_the_environment_never_on_a_command_line(
+    env: dict[str, str],
+) -> None:
+    """--postgres: usePostgres=true, and the password (from POSTGRES_ADMIN_PASSWORD, JSON's
+    special characters and all) in a parameters file only this user may read, removed after;
+    no az call's arguments hold it. Without the variable: one clear line."""
+    password = 'p"a\\ss w0rd$%!'
+    result = deploy(env, "-g", "rg", "-l", "westeurope", "--postgres", "--no-smoke")
+    assert result.returncode == 1
+    assert "--postgres needs POSTGRES_ADMIN_PASSWORD set" in result.stderr.splitlines()[-1]
+    result = deploy(
+        env, "-g", "rg", "-l", "westeurope", "--postgres", "--no-smoke",
+        POSTGRES_ADMIN_PASSWORD=password,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert parameters(env)["usePostgres"] == "true"
+    assert all(password not in " ".join(call) for call in calls(env))
+    lines = Path(env["FAKE_AZ_LOG"] + ".files").read_text().splitlines()
+    (path, mode, given) = json.loads(lines[-1])
+    assert given == {"postgresAdminPassword": {"value": password}}
+    assert mode & 0o077 == 0 and not Path(path).exists()
+    Path(env["FAKE_AZ_LOG"]).unlink()
+    assert deploy(env, "-g", "rg", "--no-smoke").returncode == 0
+    assert parameters(env)["usePostgres"] == "false"
 
 
 def test_model_dir_bakes_the_model_in_with_a_local_build(

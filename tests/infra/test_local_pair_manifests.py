@@ -12,6 +12,7 @@ import yaml
 
 from chatapp.settings import DEFAULTS as APP_DEFAULTS
 from chatapp.settings import listen_address
+from scripts.run import services
 from sidecar.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,6 +20,7 @@ INFRA = REPO / "infra"
 APP_PORT = listen_address({})[1]
 SIDECAR_PORT = Settings.model_fields["port"].default
 SIDECAR_URL = APP_DEFAULTS["SIDECAR_URL"]
+FIELDS = set(Settings.model_fields)
 
 
 def load(path: Path) -> Any:
@@ -64,6 +66,51 @@ def test_compose_app_waits_for_the_sidecars_readiness(compose: dict[str, Any]) -
     assert services["app"]["depends_on"]["sidecar"]["condition"] == "service_healthy"
     check = " ".join(services["sidecar"]["healthcheck"]["test"])
     assert f"127.0.0.1:{SIDECAR_PORT}/readyz" in check
+
+
+def test_compose_app_measures_passages_with_the_sidecars_own_encoder_tokenizer(
+    compose: dict[str, Any],
+) -> None:
+    """The sidecar downloads a catalog encoder into its models volume; the app mounts that same
+    volume read-only at the same path and names the encoder's folder in EMBED_TOKENIZER, so its
+    passages are cut by the very tokenizer.json the sidecar encodes with (without it they come
+    out a quarter of the encoder's limit). The app starts once the encoder has settled."""
+    from chatapp.settings import from_environ
+
+    sidecar, app = compose["services"]["sidecar"], compose["services"]["app"]
+    sidecar_settings = Settings(
+        **{k.lower(): v for k, v in sidecar["environment"].items() if k.lower() in FIELDS}
+    )
+    assert sidecar_settings.embed_model_id and sidecar_settings.model_download
+    folder = sidecar_settings.embed_model_path
+    assert folder is not None
+    tokenizer = from_environ({k: str(v) for k, v in app["environment"].items()})["EMBED_TOKENIZER"]
+    assert Path(tokenizer) == folder
+    mounts = {m.split(":")[1]: m.split(":") for m in sidecar["volumes"]}
+    app_mounts = {m.split(":")[1]: m.split(":") for m in app["volumes"]}
+    (where,) = [path for path in mounts if folder.is_relative_to(path)]
+    volume = mounts[where][0]
+    assert app_mounts[where][0] == volume and app_mounts[where][2:] == ["ro"]
+    assert volume in compose["volumes"]
+    check = " ".join(sidecar["healthcheck"]["test"][3:])
+    compile(check, "healthcheck", "exec")
+    assert "SystemExit(r['embeddings']['phase'] not in ('off', 'ready', 'failed'))" in check
+
+
+def test_compose_sidecar_healthcheck_passes_once_the_encoder_is_ready(
+    compose: dict[str, Any], encoder_sidecar: services.Service
+) -> None:
+    """The healthcheck's own command, pointed at a real sidecar with its encoder ready: it
+    passes; at a port where nothing answers: it fails."""
+    import subprocess
+    import sys
+
+    check = compose["services"]["sidecar"]["healthcheck"]["test"][3]
+    ours = f"http://127.0.0.1:{SIDECAR_PORT}"
+    assert ours in check
+    for url, status in ((encoder_sidecar.url, 0), (f"http://127.0.0.1:{services.free_port()}", 1)):
+        command = [sys.executable, "-c", check.replace(ours, url)]
+        assert subprocess.run(command, capture_output=True, timeout=30).returncode == status, url
 
 
 def test_compose_builds_the_real_dockerfiles(compose: dict[str, Any]) -> None:
@@ -297,3 +344,6 @@ def test_compose_ollama_override_puts_the_app_in_front_of_ollama(compose: dict[s
     assert pull["depends_on"]["sidecar"]["condition"] == "service_healthy"
     assert app["depends_on"]["ollama-pull"]["condition"] == "service_completed_successfully"
     assert "ollama" in compose_merge(compose, override)["volumes"]
+    # Ollama's encoder is not our sidecar's: the app mounts no models and counts by the bound.
+    assert settings.get("EMBED_TOKENIZER") is None
+    assert app["volumes"] == ["app-data:/data"]

@@ -106,7 +106,14 @@ def test_turn_run_grounds_and_reuses_the_cache(
     assert result["turns"] == 1 and result["documents"] == 3
     assert result["passage_prompt_tokens_p50"] > 0  # the passages went into the turn
     assert result["follow_up_cached_tokens_p50"] > 0  # and the follow-up read them from cache
-    assert "| grounded |" in capsys.readouterr().out
+    # Issue 44's comparison: the grounded turn against its own prompt sent bare, same tokens,
+    # nothing of the one read from the other's cache.
+    assert result["same_prompt_tokens_equal"] is True
+    assert result["same_prompt_cached_tokens_max"] == 0
+    assert result["grounding_overhead_p95_ms"] >= result["grounding_overhead_p50_ms"]
+    out = capsys.readouterr().out
+    assert "| grounded |" in out and "| bare, the grounded turn's prompt |" in out
+    assert "grounded minus bare with the same prompt (issue 44: at most 150 ms)" in out
 
 
 def test_the_baseline_splitter_cuts_as_open_webui_does() -> None:

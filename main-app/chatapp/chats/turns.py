@@ -16,14 +16,17 @@ A grounded turn (`"documents": true`, chatapp/documents/grounding.py) is stored 
 of passages it was sent with (`messages.grounding`) and its reply with the passages it cites
 (`citations`, checked against that block, as the done line's). Later turns put each stored
 block back before its question, from the database: the prompt begins as before (the model
-service's cache reads it) and no client can write an earlier turn's passages.
+service's cache reads it) and no client can write an earlier turn's passages. The new turn's
+own passages go before its question before `fit` chooses the stored turns (`start`'s
+`ground`), so they are counted: else a chat whose turns just fit beside the bare question
+went over MAX_REQUEST_BYTES with them, and the model service refused it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,16 +64,38 @@ def fit(
 ) -> list[dict[str, Any]]:
     """The newest stored turns that fit with `head` (the system message, if any, and the new
     user message) in MAX_MESSAGES, MAX_REQUEST_BYTES of text and MAX_IMAGES images."""
+    return _newest_that_fit(
+        (_as_sent(m) for m in reversed(stored) if m.role != "system"), head, config
+    )
+
+
+def _as_sent(message: AnyRow) -> dict[str, Any]:
+    turn = convert.wire_message(message)
+    if message.grounding is not None:  # a grounded turn, as it was sent
+        turn["content"] = with_block(turn["content"], message.grounding)
+    return turn
+
+
+def fit_conversation(
+    messages: list[dict[str, Any]], config: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """A conversation the client sent whole, after its newest turn grew (a grounded turn's
+    passages): its system message and newest turn, and the newest earlier turns that still fit
+    by `fit`'s rules; the oldest are left out first, as the page leaves them out itself."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    head = [*system, messages[-1]]
+    earlier = messages[len(system) : -1]
+    return [*system, *_newest_that_fit(reversed(earlier), head, config), messages[-1]]
+
+
+def _newest_that_fit(
+    newest_first: Iterable[dict[str, Any]], head: list[dict[str, Any]], config: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     messages_left = config["MAX_MESSAGES"] - len(head)
     bytes_left = config["MAX_CONTENT_LENGTH"] - sum(_size(m)[0] for m in head) - 200
     images_left = config["MAX_IMAGES"] - sum(_size(m)[1] for m in head)
     kept: list[dict[str, Any]] = []
-    for message in reversed(stored):
-        if message.role == "system":
-            continue  # only the request's system message goes first
-        turn = convert.wire_message(message)
-        if message.grounding is not None:  # a grounded turn, as it was sent
-            turn["content"] = with_block(turn["content"], message.grounding)
+    for turn in newest_first:
         size, pictures = _size(turn)
         if messages_left < 1 or size > bytes_left or pictures > images_left:
             break
@@ -131,9 +156,12 @@ def start(
     chat_id: Any,
     payload: dict[str, Any],
     config: Mapping[str, Any],
+    ground: Callable[[dict[str, Any]], object] | None = None,
 ) -> StoredTurn:
     """Put the stored chat's turns before the request's new message in `payload` (checked by
-    chatapp.wire), and its cache scope; raises 404 for a chat that is not the user's."""
+    chatapp.wire), and its cache scope; raises 404 for a chat that is not the user's. `ground`
+    (a grounded turn) puts the passages into the new message, once the chat is known to be
+    the user's and before the stored turns are fitted around it."""
     if not isinstance(chat_id, str) or not wire.CONVERSATION_ID.fullmatch(chat_id):
         raise ApiError("not_found", "There is no such chat.", status=404)
     head = payload["messages"]
@@ -155,10 +183,12 @@ def start(
             status=413,
         )
     system = head[:-1]
+    new = head[-1]
+    content = new["content"]  # the question as asked: what is stored
+    if ground is not None:
+        ground(new)
     payload["messages"] = system + fit(stored, head, config) + head[-1:]
     payload["cache_scope"] = scope(user.subject, f"chat-{chat_id}")
-    new = head[-1]
-    content = new["content"]
     urls = (
         [p["image_url"]["url"] for p in content if p["type"] == "image_url"]
         if isinstance(content, list)

@@ -5,7 +5,12 @@ embedded, so it cannot be found), hence every passage is measured before it is k
 
 - `EncoderTokens(path)`: the encoder's `tokenizer.json` (the folder `EMBED_TOKENIZER` names,
   usually the sidecar's `EMBED_MODEL_PATH`), read with the `tokenizers` library: the exact
-  count, special tokens ([CLS], [SEP]) included.
+  count, special tokens ([CLS], [SEP]) included. Read at the first count, not at start: on
+  App Service the app may start before its sidecar has downloaded the encoder into the /home
+  they share; until the file is there each count is the bound below (logged once). No
+  document is cut one way and resumed the other: while the file is missing the sidecar's
+  encoder, which loads from it, is not serving either, so such a document fails
+  `embeddings_failed` (its passages dropped) and a retry cuts it again with the tokenizer.
 - `ByteBound()`: without the tokenizer, the text's UTF-8 bytes plus 2. No tokenizer an encoder
   uses makes more than one token per byte (WordPiece makes at most one per character, and a
   word it cannot split is one [UNK]; byte-level BPE at most one per byte), plus two special
@@ -16,8 +21,14 @@ embedded, so it cannot be found), hence every passage is measured before it is k
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class TokenCounter(Protocol):
@@ -33,19 +44,38 @@ class ByteBound:
 
 class EncoderTokens:
     def __init__(self, path: str | Path) -> None:
+        file = Path(path)
+        if file.is_dir() or file.suffix != ".json":  # the encoder's folder, there or not yet
+            file = file / "tokenizer.json"
+        self.file = file
+        self._tokenizer: Tokenizer | None = None
+        self._missing_logged = False
+
+    @property
+    def loaded(self) -> bool:
+        return self._tokenizer is not None
+
+    def _load(self) -> Tokenizer | None:
         from tokenizers import Tokenizer
 
-        file = Path(path)
-        if file.is_dir():
-            file = file / "tokenizer.json"
-        self._tokenizer = Tokenizer.from_file(str(file))
+        if not self.file.is_file():
+            if not self._missing_logged:
+                self._missing_logged = True
+                log.warning("encoder tokenizer not there yet", extra={"path": str(self.file)})
+            return None
+        tokenizer = Tokenizer.from_file(str(self.file))
         # A tokenizer.json may carry the encoder's truncation (256 for MiniLM): counting must see
         # the whole text, or a long passage would look short.
-        self._tokenizer.no_truncation()
-        self._tokenizer.no_padding()
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        self._tokenizer = tokenizer
+        return tokenizer
 
     def count(self, text: str) -> int:
-        return len(self._tokenizer.encode(text).ids)
+        tokenizer = self._tokenizer or self._load()
+        if tokenizer is None:
+            return ByteBound().count(text)
+        return len(tokenizer.encode(text).ids)
 
 
 def encoder_limit(path: str | Path) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,22 @@ def test_the_tokenizer_counts_whole_texts_with_special_tokens(wordpiece: Encoder
     assert wordpiece.count(long) > 100  # its truncation at 16 is undone
     assert isinstance(counter_for(None), ByteBound)
     assert ByteBound().count("é") == 4
+
+
+def test_the_tokenizer_is_read_when_it_arrives(wordpiece_dir: Path, tmp_path: Path) -> None:
+    """On App Service the app may start before its sidecar has downloaded the encoder into the
+    /home they share: EMBED_TOKENIZER naming a folder not there yet is no crash; counts are the
+    safe bound until tokenizer.json appears, then the encoder's own."""
+    folder = tmp_path / "all-minilm-l6-v2"
+    counter = counter_for(str(folder))
+    assert isinstance(counter, EncoderTokens) and not counter.loaded
+    text = "the kettle boils " * 10
+    assert counter.count(text) == ByteBound().count(text)
+    folder.mkdir()
+    shutil.copy(wordpiece_dir / "tokenizer.json", folder / "tokenizer.json")
+    assert counter.count(text) == EncoderTokens(wordpiece_dir).count(text) < ByteBound().count(text)
+    assert counter.loaded
+    assert EncoderTokens(folder / "tokenizer.json").count(text) == counter.count(text)
 
 
 @pytest.mark.parametrize("limit", [24, 64, 256])

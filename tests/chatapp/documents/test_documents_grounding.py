@@ -210,3 +210,97 @@ def test_a_stored_chat_keeps_its_grounding_and_citations_per_user(signed_in: Fla
         "/chat", json={"chat_id": chat_id, "messages": [question], "documents": True}, headers=BOB
     )
     assert refused.status_code == 404
+
+
+def test_a_stored_chats_earlier_turns_leave_room_for_the_new_passages(
+    signed_in: FlaskClient,
+) -> None:
+    """The stored turns that go before a grounded question are chosen with its passages
+    counted: a chat whose stored turns just fit beside the bare question keeps fewer of them,
+    so the request to the model service stays within MAX_REQUEST_BYTES (the real sidecar's own
+    limit, 64 KiB by default, refuses anything larger)."""
+    from chatapp.chats.turns import MESSAGE_OVERHEAD
+    from chatapp.store import chats
+    from chatapp.store.users import ensure_user
+
+    data = (FILES / "guide.md").read_bytes()
+    added = signed_in.post(
+        "/api/documents",
+        data={"file": [(io.BytesIO(data), "guide.md")]},
+        content_type="multipart/form-data",
+        headers=ALICE,
+    )
+    assert added.status_code == 202
+    deadline = time.monotonic() + 120
+    while signed_in.get("/api/documents", headers=ALICE).get_json()["documents"][0]["status"] != (
+        "ready"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    chat_id = signed_in.post("/api/chats", json={}, headers=ALICE).get_json()["id"]
+    question = "How long does the warranty last?"
+    app = signed_in.application
+    # Sixteen stored messages that fill the request beside the bare question to 20 bytes of
+    # fit's own margin: all of them fit without the passages, not with them.
+    room = app.config["MAX_CONTENT_LENGTH"] - (len(question) + MESSAGE_OVERHEAD) - 200 - 20
+    each = room // 16 - MESSAGE_OVERHEAD
+    sizes = [each] * 15 + [room - 15 * (each + MESSAGE_OVERHEAD) - MESSAGE_OVERHEAD]
+    store = app.extensions["store"]
+    with store.session(write=True) as session:
+        owner = ensure_user(session, "appservice:alice-oid").id
+        earlier = [
+            chats.NewMessage(("user", "assistant")[n % 2], (f"turn {n} " + "x" * size)[:size])
+            for n, size in enumerate(sizes)
+        ]
+        assert chats.append_messages(session, owner, chat_id, earlier) is not None
+    grounded = stored_turn(
+        signed_in,
+        ALICE,
+        chat_id=chat_id,
+        messages=[{"role": "user", "content": question}],
+        documents=True,
+    )
+    assert "The warranty lasts" in grounded["grounding"]
+    stored = signed_in.get(f"/api/chats/{chat_id}", headers=ALICE).get_json()["messages"]
+    assert len(stored) == 18 and stored[16]["content"] == question
+
+
+def test_a_browsers_long_conversation_leaves_room_for_the_new_passages(
+    client: FlaskClient,
+) -> None:
+    """A conversation the page sends whole, just within MAX_REQUEST_BYTES: with the question's
+    passages added the oldest turns are left out (as the page leaves them out itself), so the
+    model service gets a request within its bound instead of refusing it 413."""
+    data = (FILES / "guide.md").read_bytes()
+    added = client.post(
+        "/api/documents",
+        data={"file": [(io.BytesIO(data), "guide.md")]},
+        content_type="multipart/form-data",
+    )
+    assert added.status_code == 202
+    deadline = time.monotonic() + 120
+    while client.get("/api/documents").get_json()["documents"][0]["status"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    question = "How long does the warranty last?"
+    # Sixteen earlier messages: with the question, a body (as compact JSON) 100 bytes under
+    # the bound; the passages are more than that.
+    limit = client.application.config["MAX_CONTENT_LENGTH"]
+
+    def conversation(size: int) -> list[dict[str, Any]]:
+        earlier = [
+            {"role": ("user", "assistant")[n % 2], "content": (f"turn {n} " + "x" * size)[:size]}
+            for n in range(16)
+        ]
+        return [*earlier, {"role": "user", "content": question}]
+
+    def body_bytes(messages: list[dict[str, Any]]) -> int:
+        body = {"messages": messages, "documents": True, "conversation_id": "grounded-1"}
+        return len(json.dumps({**body, "max_new_tokens": 8}, separators=(",", ":")))
+
+    size = 1
+    while body_bytes(conversation(size + 1)) <= limit - 100:
+        size += 1 if body_bytes(conversation(size + 64)) > limit - 100 else 64
+    messages = conversation(size)
+    done = chat(client, messages)
+    assert "The warranty lasts" in done["grounding"]
