@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from chatapp.documents.ranking import keyword_words
-from chatapp.documents.vector_space import claim_dimensions
+from chatapp.documents.vector_space import claim_dimensions, dimensions
 
 EF_SEARCH = 100
 HNSW_INDEX = (
@@ -29,20 +29,27 @@ HNSW_INDEX = (
 
 
 class PostgresIndex:
-    def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:
-        if not rows:
+    def prepare(self, session: Session, width: int) -> None:
+        if dimensions(session) == width:
             return
-        if claim_dimensions(session, len(rows[0][1])):
-            width = len(rows[0][1])
+        # Two writers' first vectors: the second waits here until the first has made the
+        # table, then finds it made (or another width: DimensionsChanged).
+        session.execute(text("LOCK TABLE vector_space IN SHARE ROW EXCLUSIVE MODE"))
+        if claim_dimensions(session, width):
             session.execute(text("CREATE EXTENSION IF NOT EXISTS vector"))
             session.execute(
                 text(
                     "CREATE TABLE IF NOT EXISTS chunk_vectors ("
                     "chunk_id integer PRIMARY KEY REFERENCES chunks (id) ON DELETE CASCADE, "
-                    f"owner_id integer NOT NULL, embedding vector({width}) NOT NULL)"
+                    f"owner_id integer NOT NULL, embedding vector({int(width)}) NOT NULL)"
                 )
             )
             session.execute(text(HNSW_INDEX))
+
+    def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:
+        if not rows:
+            return
+        self.prepare(session, len(rows[0][1]))
         session.execute(
             text(
                 "INSERT INTO chunk_vectors (chunk_id, owner_id, embedding) "

@@ -25,11 +25,15 @@ from chatapp.documents.vector_space import claim_dimensions
 
 
 class SqliteIndex:
+    def prepare(self, session: Session, width: int) -> None:
+        # A SQLite write transaction holds the whole file: no other writer runs meanwhile.
+        if claim_dimensions(session, width):
+            self._make_table(session, width)
+
     def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:
         if not rows:
             return
-        if claim_dimensions(session, len(rows[0][1])):
-            self._make_table(session, len(rows[0][1]))
+        self.prepare(session, len(rows[0][1]))
         session.execute(
             text(
                 "INSERT INTO chunk_vectors (chunk_id, owner_id, embedding) "

@@ -24,7 +24,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from sqlalchemy import delete, or_, select, update
@@ -57,6 +57,7 @@ class Indexer:
     lease_s: float = 60.0
     poll_s: float = 1.0
     batch: int = 32  # passages embedded and written per transaction
+    _prepared: int | None = field(default=None, init=False)  # the vectors' width, once made
 
     def claim(self) -> int | None:
         """Take the oldest queued document, or one whose indexer's lease lapsed."""
@@ -136,6 +137,11 @@ class Indexer:
         vectors: np.ndarray,
         progress: float,
     ) -> bool:
+        width = int(vectors.shape[1])
+        if self._prepared != width:  # the vectors' table first, alone (search_index.prepare)
+            with self.store.session(write=True) as session:
+                self.index.prepare(session, width)
+            self._prepared = width
         with self.store.session(write=True) as session:
             document = session.get(Document, document_id)
             if document is None or document.status != "reading":

@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 
 
 class SearchIndex(Protocol):
+    def prepare(self, session: Session, width: int) -> None:
+        """Make the vectors' table for `width` if the library has none (raises
+        DimensionsChanged for another width). Writers call it in a transaction of its own
+        before they write passages: on PostgreSQL, making the table takes locks that a
+        concurrent writer's passages hold (indexer.py)."""
+        ...
+
     def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:
         """Store each (chunk id, unit vector) of the owner's passages."""
         ...
