@@ -188,6 +188,6 @@ def _pct(values: list[float], percent: int) -> float:
 
 
 def _embedded_postgres() -> str:
-    from tests.support import postgres
+    from scripts.run import postgres
 
     return postgres.fresh_database(postgres.start())
