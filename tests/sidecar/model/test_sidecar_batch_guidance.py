@@ -205,6 +205,43 @@ def test_forced_runs_are_read_in_one_call_as_on_the_generator_path(
     assert calls <= steps
 
 
+def test_beside_other_replies_forced_tokens_ride_in_their_call(engine: Engine) -> None:
+    """Beside replies that decode, a guided reply reads its forced tokens one a step in the
+    batch's own call (batch_scheduler._fed): the others lose no step to a call of its own;
+    its reply is the one it makes alone."""
+    assert engine.batch is not None
+    alone = greedy(engine, GUIDED, QUESTIONS[0])[0]
+    decoder = engine.batch.decoder
+    fed: list[list[int]] = []  # the ids of every call that read more than one token
+    run = decoder.run
+
+    def counted(first: int, ids: np.ndarray, lengths: Any, **kwargs: Any) -> np.ndarray:
+        fed.extend(row.tolist() for row in ids if ids.shape[1] > 1)
+        return run(first, ids, lengths, **kwargs)
+
+    questions = [*QUESTIONS, QUESTIONS[0]]
+    prompts = [
+        engine.prompts.fit(request(q, None).messages, 120, engine.max_length).ids for q in questions
+    ]
+    decoder.run = counted  # type: ignore[method-assign]
+    try:
+        others = [
+            engine.start(request(q, None, min_new_tokens=100), cached=False) for q in QUESTIONS
+        ]
+        while any(g not in engine.batch.decoding for g in others):  # the others decode first
+            engine.batch.step()
+        guided = engine.start(request(QUESTIONS[0], GUIDED), cached=False)
+        texts = run_together(engine, [guided, *others])
+    finally:
+        del decoder.run
+    assert texts[0] == alone
+    # Every call that read several tokens read a prompt's chunk, never a forced run
+    assert fed and all(
+        any(prompt[i : i + len(ids)] == ids for prompt in prompts for i in range(len(prompt)))
+        for ids in fed
+    )
+
+
 def test_forced_tokens_off_take_a_call_each(engine: Engine) -> None:
     forced, calls = model_calls(engine, GUIDED, QUESTIONS[0])
     one_by_one, calls_off = model_calls(engine, replace(GUIDED, ff_tokens=False), QUESTIONS[0])
