@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,7 @@ def test_the_baseline_splitter_cuts_as_open_webui_does() -> None:
     assert all(len(c) <= 1000 for c in chunks)
     # paragraphs are never cut while they fit, and neighbours share up to 100 characters
     assert all(c.startswith("Paragraph") for c in chunks)
-    for a, b in zip(chunks, chunks[1:]):
+    for a, b in itertools.pairwise(chunks):
         shared = [p for p in b.split("\n\n") if p in a.split("\n\n")]
         assert shared and sum(len(p) for p in shared) <= 100 + 2
     assert {p.strip() for c in chunks for p in c.split("\n\n")} == {p.strip() for p in paragraphs}
