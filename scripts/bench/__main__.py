@@ -96,6 +96,7 @@ LIBRARIES = {
     "quality_kv": "quality --kv-restore: a conversation restored through the batched path",
     "peers": "llama.cpp's server, the GGUF of our model, the peer tables (peers/)",
     "rag_faq": "rag: the Python FAQ's question and answer pairs, recall@k and MRR",
+    "rag_baseline": "rag: Open WebUI's default retrieval reproduced, run beside ours",
 }
 
 
