@@ -6,7 +6,8 @@
   → `{"chats": [{"id", "title", "created_at", "updated_at"}]}`, newest first.
 - `POST /api/chats` `{"title"?, "messages"?, "created_at"?, "updated_at"?}` → `201` with the
   chat as `GET` shows it. With `messages`, the chat is imported (the page's own chats, on first
-  sign-in): checked as `POST /chat` checks a conversation (`chatapp.chats.convert`).
+  sign-in): checked as `POST /chat` checks a conversation (`chatapp.chats.convert`), its text
+  up to `MAX_IMPORT_BYTES` (not one request's `MAX_REQUEST_BYTES`), else `413`.
 - `GET /api/chats/<id>` → `{"id", "title", "created_at", "updated_at", "messages": [...]}`.
 - `PATCH /api/chats/<id>` `{"title"}` renames it → the chat's summary.
 - `DELETE /api/chats/<id>` → `204`.
@@ -137,11 +138,12 @@ def _full(chat: Chat) -> dict[str, Any]:
 def create_chat() -> Response:
     user = current_user()
     # An import may carry images: the room /chat gives them (images.py); its text, the body
-    # less the images' data: URLs, keeps MAX_REQUEST_BYTES.
-    limit = images.body_limit(current_app.config)
+    # less the images' data: URLs, is a whole chat's, up to MAX_IMPORT_BYTES.
+    config = current_app.config
+    limit = images.body_limit(config, config["MAX_IMPORT_BYTES"])
     request.max_content_length = limit
     body = _object_body(limit)
-    if _import_text_bytes(body) > current_app.config["MAX_CONTENT_LENGTH"]:
+    if _import_text_bytes(body) > config["MAX_IMPORT_BYTES"]:
         raise RequestEntityTooLarge()
     title = convert.title(body.get("title"))
     messages = convert.imported_messages(body.get("messages"), current_app.config)
