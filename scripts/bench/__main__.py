@@ -95,6 +95,7 @@ LIBRARIES = {
     "quality_kv": "quality --kv-restore: a conversation restored through the batched path",
     "peers": "llama.cpp's server, the GGUF of our model, the peer tables (peers/)",
     "rag_faq": "rag: the Python FAQ's question and answer pairs, recall@k and MRR",
+    "store_chat": "store: what storing adds to TTFT, through POST /chat (gunicorn, a sidecar)",
 }
 
 
