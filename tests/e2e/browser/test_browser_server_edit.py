@@ -134,3 +134,35 @@ def test_a_page_older_than_the_server_cuts_nothing_and_says_so(
     expect(reply(page)).to_contain_text("changed elsewhere", timeout=15_000)
     expect(page.locator("#prompt")).to_have_value("Walrus facts, please")  # offered again
     assert stored(app, chat_id) == before
+
+
+def test_a_chat_with_a_system_message_the_page_does_not_show_is_cut_at_the_right_place(
+    alice: Page, signed_in_app: services.Service
+) -> None:
+    """An API client's chat may hold a system message the page leaves out: the page names its
+    messages by the server's positions all the same."""
+    app, page = signed_in_app, alice
+    turns = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Walrus facts, please"},
+        {"role": "assistant", "content": "They are big."},
+    ]
+    made = httpx.post(f"{app.url}/api/chats", json={"messages": turns}, headers=ALICE)
+    assert made.status_code == 201
+    chat_id = made.json()["id"]
+    page.goto(app.url)
+    expect(page.locator(".message")).to_have_count(2)
+    _, regenerated = streamed(page, lambda: reply(page).locator(".regenerate").click())
+    assert stored(app, chat_id) == [
+        ("system", "Be brief."),
+        ("user", "Walrus facts, please"),
+        ("assistant", regenerated),
+    ]
+    page.locator(".message.user .edit").click()
+    page.locator("#edit-box").fill("Seal facts")
+    _, edited = streamed(page, lambda: page.locator("#edit-box").press("Enter"))
+    assert stored(app, chat_id) == [
+        ("system", "Be brief."),
+        ("user", "Seal facts"),
+        ("assistant", edited),
+    ]
