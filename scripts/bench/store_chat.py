@@ -120,6 +120,18 @@ def ttft(client: httpx.Client, body: dict[str, Any]) -> tuple[float, dict[str, A
     return (first - started) * 1000, last
 
 
+def written(client: httpx.Client, chat_id: str, length: int) -> None:
+    """Wait until the stored chat's turn is written (`StoredTurn.end`, when the server closes
+    the reply, which may be after the client read its end), so that no timed request waits
+    for the write of the one before it, whichever side came first."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if len(client.get(f"/api/chats/{chat_id}").json()["messages"]) >= length:
+            return
+        time.sleep(0.005)
+    raise RuntimeError("the stored chat's turn was not written within 30 s")
+
+
 def same_work(by_id: dict[str, Any], whole: dict[str, Any]) -> None:
     """Both sides read the same prompt, none of it from the conversation cache, else the pair
     does not measure what storing adds."""
@@ -165,10 +177,12 @@ def measure(
                 }
                 if run % 2 == 0:
                     by_id_ms, by_id_done = ttft(client, by_id)
+                    written(client, chat_id, size + 2)
                     whole_ms, whole_done = ttft(client, whole)
                 else:
                     whole_ms, whole_done = ttft(client, whole)
                     by_id_ms, by_id_done = ttft(client, by_id)
+                    written(client, chat_id, size + 2)
                 same_work(by_id_done, whole_done)
                 if run > 0:  # the first pair warms the app's worker and the model
                     stored.append(by_id_ms)
