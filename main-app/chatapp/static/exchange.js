@@ -148,7 +148,7 @@ async function run(exchange) {
   try {
     await exchange.cut;
   } catch {
-    finish(exchange, { kind: "error", message: CHANGED_ELSEWHERE });
+    finish(exchange, exchange.stopped ? { kind: "stopped" } : { kind: "error", message: CHANGED_ELSEWHERE });
     return;
   }
   if (exchange.finished) return; // stopped while the server cut the chat

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from scripts.run import services
 from tests.e2e.browser.support import reply, send
@@ -45,14 +45,25 @@ def alice(browser: Browser) -> Iterator[Page]:
 
 
 def streamed(page: Page, action: Callable[[], Any]) -> tuple[dict[str, Any], str]:
-    """The POST /chat `action()` makes the page send, and the reply text its stream carried."""
-    with page.expect_response("**/chat") as response_info:
+    """The POST /chat `action()` makes the page send, and the reply text its answer carried.
+    The request goes to the app as it is (`route.fetch`) and its answer back to the page whole:
+    Chromium does not keep the body of a stream the page reads for the test to read after."""
+    seen: dict[str, Any] = {}
+
+    def relay(route: Route) -> None:
+        answer = route.fetch(timeout=60_000)
+        seen["request"] = json.loads(route.request.post_data or "")
+        seen["body"] = answer.body()
+        route.fulfill(response=answer)
+
+    page.route("**/chat", relay)
+    try:
         action()
-    expect(reply(page)).to_have_attribute("data-state", "done", timeout=60_000)
-    response = response_info.value
-    lines = [json.loads(line) for line in response.body().splitlines() if line.strip()]
-    body: dict[str, Any] = json.loads(response.request.post_data or "")
-    return body, "".join(line["delta"] for line in lines if "delta" in line)
+        expect(reply(page)).to_have_attribute("data-state", "done", timeout=60_000)
+    finally:
+        page.unroute("**/chat", relay)
+    lines = [json.loads(line) for line in seen["body"].splitlines() if line.strip()]
+    return seen["request"], "".join(line["delta"] for line in lines if "delta" in line)
 
 
 def stored(app: services.Service, chat_id: str) -> list[tuple[str, str]]:
