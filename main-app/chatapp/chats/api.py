@@ -15,8 +15,8 @@
   message `N` (0-based, as `GET` lists them), which must be one of the person's messages (else
   `400`); the next `POST /chat` with its `chat_id` continues from there (the page's edit and
   regenerate). `M` is how many messages the client saw the chat hold: if it holds another
-  number now (another tab went on, or a turn is still being stored), nothing is cut and the
-  answer is `409 conflict`; read the chat again.
+  number now (another tab went on, or a reply stopped a moment ago is still being stored),
+  nothing is cut and the answer is `409 conflict`; read the chat again.
 
 Another user's chat, or one that does not exist, is `404 not_found` on every route: nobody
 learns that an id exists. Each answer is `Cache-Control: no-store`. Each request logs one

@@ -154,8 +154,9 @@ export class ServerStore {
   /** Cut the stored `chat` back to before its message `index` (one of the person's), as the
    * page is about to (edit, regenerate): DELETE /api/chats/<id>/messages with the length the
    * page holds, so a chat changed elsewhere is never cut blindly (409). Called before the page
-   * changes `chat.messages`. A 409 is tried again for a moment: the turn whose reply just
-   * ended may still be being stored. Resolves when the server has cut; rejects otherwise. */
+   * changes `chat.messages`. A 409 is tried again for a moment: a reply the person stopped is
+   * stored when the server notices, a moment later. Resolves when the server has cut; rejects
+   * otherwise. */
   async cut(chat, index) {
     const hidden = this.hidden.get(chat.id) || [];
     let from = index;

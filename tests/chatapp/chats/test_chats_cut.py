@@ -165,3 +165,23 @@ def test_the_next_turn_goes_on_from_the_cut(client: FlaskClient, fake: FakeSidec
         "three, again",
         "a new reply",
     ]
+
+
+def test_a_turn_is_stored_before_its_done_line_so_a_cut_right_after_it_is_not_stale(
+    client: FlaskClient, fake: FakeSidecar
+) -> None:
+    """The page regenerates as soon as it reads the done line: the turn must be in the chat by
+    then (not only once the server closes the response), or the cut would be a 409."""
+    chat_id = _chat(client)
+    fake.predict = lambda h: fs.reply(h, ["four"])
+    ask = {"chat_id": chat_id, "messages": [{"role": "user", "content": "four?"}]}
+    response = client.post("/chat", json=ask, headers=ALICE)
+    try:
+        lines = [json.loads(line) for line in response.get_data().splitlines()]
+        assert lines[-1]["done"] is True  # read to its end, not closed yet
+        assert _contents(client, chat_id)[-2:] == ["four?", "four"]
+        cut = client.delete(f"/api/chats/{chat_id}/messages?from=6&length=8", headers=ALICE)
+        assert cut.status_code == 204
+    finally:
+        response.close()
+    assert len(_contents(client, chat_id)) == 6  # closing stored nothing more
