@@ -51,8 +51,13 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["documents"] = Documents(store, app.config)
     # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py); one with
     # images may be larger than a text's (images.py), a few at once (uploads.py).
+    largest = images.body_limit(
+        app.config, max(app.config["MAX_CONTENT_LENGTH"], app.config["MAX_IMPORT_BYTES"])
+    )
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
-        app.wsgi_app, app.config["REQUEST_BODY_TIMEOUT"], images.body_limit(app.config)
+        app.wsgi_app,
+        app.config["REQUEST_BODY_TIMEOUT"],
+        largest,  # a chat's, or an import's
     )
     app.wsgi_app = LargeBodies(  # type: ignore[method-assign]
         app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], app.config["MAX_IMAGE_CHATS"]

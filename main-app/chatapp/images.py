@@ -40,10 +40,12 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 PART_OVERHEAD = 128
 
 
-def body_limit(config: Mapping[str, Any]) -> int:
-    """The most bytes `POST /chat` reads: the text's bound plus `MAX_IMAGES` images' worth."""
+def body_limit(config: Mapping[str, Any], text: int | None = None) -> int:
+    """The most bytes `POST /chat` reads: the text's bound (`text`, else MAX_REQUEST_BYTES)
+    plus `MAX_IMAGES` images' worth."""
     per_image = 4 * -(-config["MAX_IMAGE_BYTES"] // 3) + len("data:image/jpeg;base64,")
-    return config["MAX_CONTENT_LENGTH"] + config["MAX_IMAGES"] * (per_image + PART_OVERHEAD)
+    text = config["MAX_CONTENT_LENGTH"] if text is None else text
+    return text + config["MAX_IMAGES"] * (per_image + PART_OVERHEAD)
 
 
 def image_urls(body: Any) -> Iterator[str]:

@@ -64,7 +64,7 @@ class Relay:
         self._outcome = "client_gone"  # unless the relay reaches an end of its own
         self._lines = self._relay(heartbeat, stall, record.started + time_limit)
         # A stored chat's turn (chatapp/chats/turns.py): the reply's text, how it ended, and
-        # whether anything came, once the response is closed.
+        # whether anything came, before the done line or once the response is closed.
         self._on_end = on_end
         self._text: list[str] = []
 
@@ -77,6 +77,12 @@ class Relay:
         self._lines.close()
         self._reply.close()
         self._record.finish(200, self._outcome)
+        self._end_turn()
+
+    def _end_turn(self) -> None:
+        """Hand the reply to `on_end` once: before the done line (a stored chat's turn is kept
+        by the time its client reads the end, so the chat it reads next holds it), or at
+        close for a reply that ended otherwise."""
         on_end, self._on_end = self._on_end, None
         if on_end is not None:
             done = self._outcome == "done"
@@ -120,6 +126,7 @@ class Relay:
                     if event.dropped_messages is not None:
                         record.dropped_messages = event.dropped_messages
                     record.generated_tokens = event.generated_tokens
+                    self._end_turn()
                     tokens = record.tokens
                     yield wire.done(
                         tokens,

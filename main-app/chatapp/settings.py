@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_IMAGE_BYTES": 5 * 1024 * 1024,
     "MAX_IMAGES": 4,
     "MAX_IMAGE_CHATS": 4,
+    "MAX_IMPORT_BYTES": 8 * 1024 * 1024,
     "MAX_MESSAGES": 200,
     "MAX_NEW_TOKENS": None,
     "MAX_NEW_TOKENS_LIMIT": 4096,
@@ -123,6 +124,12 @@ DESCRIPTIONS: dict[str, str] = {
     "process relays at once, each holding its body in memory until its reply ends; one more "
     "is answered 503 `busy` with `Retry-After` without being read (the page waits and sends "
     "it again). Text-only chats are not counted.",
+    "MAX_IMPORT_BYTES": "The largest text of a chat imported with `POST /api/chats` (the "
+    "page's own chats, on first sign-in): the body less its images' data URLs, else 413. Its "
+    "images have the room `POST /chat` gives them (`MAX_IMAGES`, each at most "
+    "`MAX_IMAGE_BYTES`), so the largest import body is this plus about 28 MiB by default. A "
+    "long chat's text (2,000 messages at most) is larger than one request's "
+    "(`MAX_REQUEST_BYTES`): the model sees only its newest turns that fit.",
     "REQUEST_BODY_TIMEOUT": "Seconds a client has to send a request's whole body, from the end "
     "of its headers; then `POST /chat` answers 408 `request_timeout` and the connection is "
     "closed, so a stalled or endless body cannot hold a socket (`chatapp.body_deadline`; under "
@@ -418,6 +425,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_IMAGE_BYTES": ("MAX_IMAGE_BYTES", _positive_int),
     "MAX_IMAGES": ("MAX_IMAGES", _whole),
     "MAX_IMAGE_CHATS": ("MAX_IMAGE_CHATS", _positive_int),
+    "MAX_IMPORT_BYTES": ("MAX_IMPORT_BYTES", _positive_int),
     "MAX_MESSAGES": ("MAX_MESSAGES", _positive_int),
     "MAX_NEW_TOKENS": ("MAX_NEW_TOKENS", _positive_int),
     "MAX_NEW_TOKENS_LIMIT": ("MAX_NEW_TOKENS_LIMIT", _positive_int),

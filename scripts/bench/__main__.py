@@ -97,6 +97,7 @@ LIBRARIES = {
     "peers": "llama.cpp's server, the GGUF of our model, the peer tables (peers/)",
     "rag_faq": "rag: the Python FAQ's question and answer pairs, recall@k and MRR",
     "rag_baseline": "rag: Open WebUI's default retrieval reproduced, run beside ours",
+    "store_chat": "store: what storing adds to TTFT, through POST /chat (gunicorn, a sidecar)",
 }
 
 

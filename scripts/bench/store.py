@@ -8,10 +8,15 @@
   the turn is written after the reply ends (`StoredTurn.end`, shown, not on the TTFT path).
 
 The routes run in the app itself (Flask's test client: no network, no model), against a
-SQLite file and the embedded PostgreSQL 18 (scripts/run/postgres.py, as the tests use).
+SQLite file and the embedded PostgreSQL 18 (scripts/run/postgres.py, as the tests use). Then,
+unless `--chat-runs 0`, the same target through `POST /chat` over HTTP (store_chat.py):
+gunicorn in front of a sidecar on a generated model (`--preset tiny` by default, or
+`--model DIR`), a turn of a stored chat (`chat_id`) against the same turn with its whole
+history in the request, interleaved pairs, each on a fresh cache scope.
 
     python -m scripts.bench store [--engines sqlite,postgresql] [--users 100] [--chats 50]
-        [--messages 20] [--long 200] [--runs 200]
+        [--messages 20] [--long 200] [--runs 200] [--chat-runs 30] [--preset tiny]
+        [--model DIR] [--max-new-tokens 2]
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scripts.bench.common import BadArguments
+from scripts.bench.common import PRESET_DIRS, BadArguments
 
 TARGETS_MS = {
     "open 200-message chat": 50.0,  # the targets hold at the default sizes
@@ -52,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=int, default=20, help="messages per chat")
     parser.add_argument("--long", type=int, default=200, help="messages of the chat opened")
     parser.add_argument("--runs", type=int, default=200, help="timed requests per figure")
+    parser.add_argument(
+        "--chat-runs", type=int, default=30, help="timed pairs through POST /chat (0: none)"
+    )
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESET_DIRS))
+    parser.add_argument("--model", help="model folder (default: generated, see --preset)")
+    parser.add_argument("--max-new-tokens", type=int, default=2)
 
 
 def _sentence(rng: random.Random) -> str:
@@ -129,6 +140,8 @@ def timed(action: Callable[[], Any], runs: int) -> list[float]:
 
 
 def p95(values: list[float]) -> float:
+    if len(values) < 2:
+        return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[94]
 
 
@@ -194,6 +207,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         raise BadArguments("--engines takes sqlite and/or postgresql")
     if min(args.users, args.chats, args.messages, args.long, args.runs) < 1:
         raise BadArguments("--users, --chats, --messages, --long and --runs must be >= 1")
+    if args.chat_runs < 0 or args.max_new_tokens < 1:
+        raise BadArguments("--chat-runs must be >= 0 and --max-new-tokens >= 1")
     out: dict[str, Any] = {"targets_ms": TARGETS_MS, "engines": {}}
     print(
         f"{args.users} users x {args.chats} chats x {args.messages} messages, one chat of "
@@ -202,13 +217,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{'engine':<11} {'figure':<30} {'p50':>7} {'p95':>7} {'target':>7}  ")
     for engine in engines:
         with tempfile.TemporaryDirectory(prefix="bench-store-") as scratch:
-            if engine == "sqlite":
-                url = f"sqlite:///{Path(scratch) / 'chats.db'}"
-            else:
-                from scripts.run import postgres
-
-                url = postgres.fresh_database(postgres.start())
-            results = measure(url, args)
+            results = measure(_database(engine, scratch), args)
         out["engines"][engine] = {}
         for figure, values in results.items():
             target = TARGETS_MS.get(figure)
@@ -217,4 +226,38 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             verdict = "" if target is None else ("ok" if high <= target else "OVER")
             shown = "-" if target is None else f"{target:.0f}"
             print(f"{engine:<11} {figure:<30} {middle:>7.1f} {high:>7.1f} {shown:>7}  {verdict}")
+    if args.chat_runs:
+        out["through_chat"] = through_chat(engines, args)
+    return out
+
+
+def _database(engine: str, scratch: str) -> str:
+    if engine == "sqlite":
+        return f"sqlite:///{Path(scratch) / 'chats.db'}"
+    from scripts.run import postgres
+
+    return postgres.fresh_database(postgres.start())
+
+
+def through_chat(engines: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """What storing adds to TTFT through POST /chat over HTTP (store_chat.py), per engine."""
+    from scripts.bench import store_chat
+    from scripts.bench.common import ensure_model
+    from scripts.run import services
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-store-chat-") as scratch:
+        model = ensure_model(args, Path(scratch))
+        with services.sidecar(model, Path(scratch) / "sidecar.log") as sidecar:
+            print(
+                f"\nthrough POST /chat (gunicorn, a sidecar on {model.name}), "
+                f"{args.chat_runs} interleaved pairs, the client's time to first token (ms): "
+                "a turn with chat_id against the same turn with its history sent"
+            )
+            print(store_chat.HEADER)
+            for engine in engines:
+                with tempfile.TemporaryDirectory(prefix="bench-store-db-") as db_scratch:
+                    url = _database(engine, db_scratch)
+                    results = store_chat.measure(url, sidecar.url, Path(scratch), args, WORDS)
+                out[engine] = store_chat.report(engine, results)
     return out

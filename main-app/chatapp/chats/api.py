@@ -6,10 +6,17 @@
   → `{"chats": [{"id", "title", "created_at", "updated_at"}]}`, newest first.
 - `POST /api/chats` `{"title"?, "messages"?, "created_at"?, "updated_at"?}` → `201` with the
   chat as `GET` shows it. With `messages`, the chat is imported (the page's own chats, on first
-  sign-in): checked as `POST /chat` checks a conversation (`chatapp.chats.convert`).
+  sign-in): checked as `POST /chat` checks a conversation (`chatapp.chats.convert`), its text
+  up to `MAX_IMPORT_BYTES` (not one request's `MAX_REQUEST_BYTES`), else `413`.
 - `GET /api/chats/<id>` → `{"id", "title", "created_at", "updated_at", "messages": [...]}`.
 - `PATCH /api/chats/<id>` `{"title"}` renames it → the chat's summary.
 - `DELETE /api/chats/<id>` → `204`.
+- `DELETE /api/chats/<id>/messages?from=N&length=M` → `204`: the chat goes back to before its
+  message `N` (0-based, as `GET` lists them), which must be one of the person's messages (else
+  `400`); the next `POST /chat` with its `chat_id` continues from there (the page's edit and
+  regenerate). `M` is how many messages the client saw the chat hold: if it holds another
+  number now (another tab went on, or a reply stopped a moment ago is still being stored),
+  nothing is cut and the answer is `409 conflict`; read the chat again.
 
 Another user's chat, or one that does not exist, is `404 not_found` on every route: nobody
 learns that an id exists. Each answer is `Cache-Control: no-store`. Each request logs one
@@ -131,11 +138,12 @@ def _full(chat: Chat) -> dict[str, Any]:
 def create_chat() -> Response:
     user = current_user()
     # An import may carry images: the room /chat gives them (images.py); its text, the body
-    # less the images' data: URLs, keeps MAX_REQUEST_BYTES.
-    limit = images.body_limit(current_app.config)
+    # less the images' data: URLs, is a whole chat's, up to MAX_IMPORT_BYTES.
+    config = current_app.config
+    limit = images.body_limit(config, config["MAX_IMPORT_BYTES"])
     request.max_content_length = limit
     body = _object_body(limit)
-    if _import_text_bytes(body) > current_app.config["MAX_CONTENT_LENGTH"]:
+    if _import_text_bytes(body) > config["MAX_IMPORT_BYTES"]:
         raise RequestEntityTooLarge()
     title = convert.title(body.get("title"))
     messages = convert.imported_messages(body.get("messages"), current_app.config)
@@ -182,6 +190,39 @@ def rename_chat(chat_id: str) -> Response:
         if chat is None:
             raise no_such_chat()
         return _answer(convert.summary(chat))
+
+
+def _whole_arg(name: str) -> int:
+    raw = request.args.get(name, "")
+    if not raw.isdigit() or len(raw) > 9:
+        raise convert.invalid(f"Say {name}=N, a whole number (0 or more).")
+    return int(raw)
+
+
+@bp.delete("/chats/<chat_id>/messages")
+def cut_chat(chat_id: str) -> Response:
+    user = current_user()
+    start, seen = _whole_arg("from"), _whole_arg("length")
+    if start > seen:
+        raise convert.invalid(
+            "from must be at most length: a chat of length N has messages 0 to N-1."
+        )
+    with current_store().session(write=True) as session:
+        outcome = chats.cut_messages(session, user.id, chat_id, start, seen)
+    if outcome == "missing":
+        raise no_such_chat()
+    if outcome == "stale":
+        raise ApiError(
+            "conflict",
+            "The chat has changed since you read it (it holds another number of messages); "
+            "read it again.",
+            status=409,
+        )
+    if outcome == "not_a_question":
+        raise convert.invalid("Cut a chat at one of your own messages, not at a reply.")
+    response = Response(status=204)
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 @bp.delete("/chats/<chat_id>")

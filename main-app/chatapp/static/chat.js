@@ -4,8 +4,8 @@
 // inserted as text, never as HTML. Chats and settings are kept in this browser (store.js), or,
 // for a signed-in user, chats on the server (server-chats.js; import-chats.js offers this
 // browser's own chats once). In a chat the server keeps, each turn sends only the new message
-// with the chat's id, and the server stores the turn; editing and regenerating are not offered
-// there (a stored turn stays as it was sent).
+// with the chat's id, and the server stores the turn; editing and regenerating cut the stored
+// chat back first (DELETE /api/chats/<id>/messages), then send the turn again.
 //
 // This module wires the page's events to the modules that do the work: views.js (a message),
 // exchange.js (POST /chat and its stream), chats.js and open-chat.js (saved chats), edit.js,

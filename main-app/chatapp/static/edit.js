@@ -2,7 +2,7 @@
 import { persist } from "./chats.js";
 import { start } from "./exchange.js";
 import { clean, input } from "./page.js";
-import { state } from "./state.js";
+import { state, store } from "./state.js";
 import { addView, messageView, refreshActions } from "./views.js";
 
 let editing = null;
@@ -82,11 +82,13 @@ function resend(view, text) {
   const index = state.views.indexOf(view);
   if (index < 0) return;
   closeEdit();
+  // A chat the server keeps is cut there too (server-chats.js), before the message is sent.
+  const cut = store.server && state.chat.onServer ? store.cut(state.chat, index) : null;
   for (const old of state.views.splice(index)) old.node.remove();
   state.chat.messages.splice(index);
   persist(state.chat);
   input.focus();
   const images = view.images;
   const turn = images.length ? { role: "user", content: text, images } : { role: "user", content: text };
-  start(turn, addView(messageView("user", text, images)));
+  start(turn, addView(messageView("user", text, images)), cut);
 }

@@ -24,6 +24,8 @@ import { showModelStatus } from "./status.js";
 import { addView, clearTransient, messageView, refreshActions } from "./views.js";
 
 const useDocuments = $("use-documents");
+const CHANGED_ELSEWHERE =
+  "The chat could not be changed on the server: it changed elsewhere (another tab?). Reload the page to see it as kept.";
 
 function requestBody(messages, chat) {
   // A chat the server keeps goes on from its stored turns: only the new message is sent.
@@ -106,8 +108,9 @@ export function setBusy(busy) {
 }
 
 /** Send `turn` (the user's message: {role, content, images?}) after the open chat's history;
- * `question` shows it. Its images are kept with the chat from now on (image-store.js). */
-export function start(turn, question) {
+ * `question` shows it. Its images are kept with the chat from now on (image-store.js). `cut`:
+ * the server cutting its copy of the chat back (edit, regenerate), awaited before sending. */
+export function start(turn, question, cut = null) {
   clearTransient();
   const chat = state.chat;
   for (const meta of turn.images || []) {
@@ -124,6 +127,7 @@ export function start(turn, question) {
     timer: null,
     stopped: false,
     finished: false,
+    cut,
   };
   state.active = exchange;
   setBusy(true);
@@ -141,6 +145,13 @@ async function run(exchange) {
     finish(exchange, { kind: "error", message: "The chat could not be kept on the server; try again." });
     return;
   }
+  try {
+    await exchange.cut;
+  } catch {
+    finish(exchange, exchange.stopped ? { kind: "stopped" } : { kind: "error", message: CHANGED_ELSEWHERE });
+    return;
+  }
+  if (exchange.finished) return; // stopped while the server cut the chat
   const history = exchange.chat.onServer ? [exchange.turn] : exchange.history;
   try {
     exchange.body ??= JSON.stringify(await fittedBody(history, exchange.chat));
@@ -361,6 +372,8 @@ export function stop() {
 /** Send the last message again for a new reply (the old reply goes). */
 export function regenerate() {
   if (state.active || state.chat.messages.length < 2) return;
+  // A chat the server keeps is cut there too (server-chats.js), before the question is sent again.
+  const cut = store.server && state.chat.onServer ? store.cut(state.chat, state.chat.messages.length - 2) : null;
   const reply = state.views.pop();
   const question = state.views.pop();
   state.chat.messages.pop();
@@ -368,7 +381,7 @@ export function regenerate() {
   reply.node.remove();
   question.setState("", "");
   persist(state.chat);
-  start(turn, question);
+  start(turn, question, cut);
 }
 
 /** A message that was not sent: its images go back to the composer with its text. */

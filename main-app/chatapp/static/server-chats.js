@@ -25,7 +25,7 @@ async function call(method, path, body) {
     init.body = JSON.stringify(body);
   }
   const response = await fetch(path, init);
-  if (!response.ok) throw new Error(`HTTP ${response.status}`);
+  if (!response.ok) throw Object.assign(new Error(`HTTP ${response.status}`), { status: response.status });
   return response.status === 204 ? null : response.json();
 }
 
@@ -52,9 +52,20 @@ function endingOf(finish) {
   return { state: "cut-off", note: "The reply broke off before it was complete.", badge: "Cut off" };
 }
 
+const ROLES_SHOWN = new Set(["user", "assistant"]);
+const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** The server's positions of the messages the page does not show (an API client's system
+ * messages), so the page's message i can be named by the server's position. */
+function hiddenPositions(chat) {
+  const messages = Array.isArray(chat.messages) ? chat.messages : [];
+  return messages.flatMap((message, position) => (ROLES_SHOWN.has(message?.role) ? [] : [position]));
+}
+
 /** The server's chat in the page's own form. */
 function pageChat(chat) {
-  const messages = (Array.isArray(chat.messages) ? chat.messages : []).map((message) => {
+  const shown = (Array.isArray(chat.messages) ? chat.messages : []).filter((message) => ROLES_SHOWN.has(message?.role));
+  const messages = shown.map((message) => {
     const out = { role: message.role, content: message.content };
     if (message.role === "assistant") out.ending = endingOf(message.finish);
     // A grounded reply's sources, as stored with it (its [n] chips on the page).
@@ -84,6 +95,7 @@ export class ServerStore {
     this.index = [];
     this.chats = new Map();
     this.titles = new Map(); // each chat's title as the server has it
+    this.hidden = new Map(); // each chat's positions the page does not show (hiddenPositions)
     this.query = "";
   }
 
@@ -118,8 +130,12 @@ export class ServerStore {
   /** The chat `id` from the server (null when it is gone, or not this user's). */
   async fetch(id) {
     try {
-      const chat = pageChat(await call("GET", `/api/chats/${encodeURIComponent(id)}`));
-      if (chat) this.chats.set(chat.id, chat);
+      const body = await call("GET", `/api/chats/${encodeURIComponent(id)}`);
+      const chat = pageChat(body);
+      if (chat) {
+        this.chats.set(chat.id, chat);
+        this.hidden.set(chat.id, hiddenPositions(body));
+      }
       return chat;
     } catch {
       return null;
@@ -133,6 +149,30 @@ export class ServerStore {
     chat.onServer = true;
     this.chats.set(chat.id, chat);
     this.titles.set(chat.id, made.title);
+  }
+
+  /** Cut the stored `chat` back to before its message `index` (one of the person's), as the
+   * page is about to (edit, regenerate): DELETE /api/chats/<id>/messages with the length the
+   * page holds, so a chat changed elsewhere is never cut blindly (409). Called before the page
+   * changes `chat.messages`. A 409 is tried again for a moment: a reply the person stopped is
+   * stored when the server notices, a moment later. Resolves when the server has cut; rejects
+   * otherwise. */
+  async cut(chat, index) {
+    const hidden = this.hidden.get(chat.id) || [];
+    let from = index;
+    for (const position of hidden) if (position <= from) from += 1;
+    const length = chat.messages.length + hidden.length;
+    const path = `/api/chats/${encodeURIComponent(chat.id)}/messages?from=${from}&length=${length}`;
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        await call("DELETE", path);
+        break;
+      } catch (error) {
+        if (error.status !== 409 || attempt >= 4) throw error;
+        await pause(250 * 2 ** attempt);
+      }
+    }
+    this.hidden.set(chat.id, hidden.filter((position) => position < from));
   }
 
   save(chat) {

@@ -4,7 +4,7 @@ import { imageName, imageUrl } from "./images.js";
 import { loadImage } from "./image-store.js";
 import { MarkdownStream, readableText, renderMarkdown } from "./markdown.js";
 import { empty, log, nearBottom, scrollToEnd, template } from "./page.js";
-import { assistantName, state, store, viewOf } from "./state.js";
+import { assistantName, state, viewOf } from "./state.js";
 
 export const MISSING_IMAGE = "Image not kept in this browser: the model no longer sees it. Attach it again.";
 
@@ -146,10 +146,10 @@ function actionButton(className, label, name) {
   return button;
 }
 
-/** Copy on every reply; regenerate the last reply and edit your last message when idle (not in
- * a chat the server keeps: its turns are stored as they were sent). */
+/** Copy on every reply; regenerate the last reply and edit your last message when idle (in a
+ * chat the server keeps too: the server's copy is cut back first, server-chats.js). */
 export function refreshActions() {
-  const last = store.server ? -2 : state.chat.messages.length - 1;
+  const last = state.chat.messages.length - 1;
   state.views.forEach((view, index) => {
     if (view.editing) return;
     const buttons = [];

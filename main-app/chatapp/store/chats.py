@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Row, delete, func, select
 from sqlalchemy.orm import Session, selectinload
@@ -135,6 +135,46 @@ def append_messages(
     chat.updated_at = max(utcnow(), chat.updated_at)
     session.flush()
     return added
+
+
+# What `cut_messages` did: cut (or nothing to cut), no such chat of the owner's, the chat holds
+# another number of messages than the caller saw, or `start` is not one of the person's turns.
+CutOutcome = Literal["cut", "missing", "stale", "not_a_question"]
+
+
+def cut_messages(
+    session: Session, owner_id: int, chat_id: str, start: int, seen: int
+) -> CutOutcome:
+    """Delete the owner's chat's messages from position `start` on, so the chat continues from
+    there (the page's edit or regenerate), if the chat still holds `seen` messages, as the
+    caller last saw it, and `start` is a user message (or the end). Under the chat's row lock,
+    as `append_messages`, so a turn being stored lands wholly before or after the check."""
+    chat = get_chat(session, owner_id, chat_id, lock=True)
+    if chat is None:
+        return "missing"
+    held = session.scalar(
+        select(func.count())
+        .select_from(Message)
+        .where(Message.chat_id == chat_id, Message.owner_id == owner_id)
+    )
+    if held != seen:
+        return "stale"
+    if start == seen:
+        return "cut"  # nothing after the end
+    role = session.scalar(
+        select(Message.role).where(
+            Message.chat_id == chat_id, Message.owner_id == owner_id, Message.position == start
+        )
+    )
+    if role != "user":
+        return "not_a_question"
+    session.execute(
+        delete(Message).where(
+            Message.chat_id == chat_id, Message.owner_id == owner_id, Message.position >= start
+        )
+    )
+    chat.updated_at = max(utcnow(), chat.updated_at)
+    return "cut"
 
 
 def open_chat(

@@ -83,9 +83,14 @@ def test_an_imported_chat_keeps_its_messages_images_and_times(client: FlaskClien
     assert reply["finish"] == "length"
 
 
-def test_an_import_takes_images_larger_than_the_text_bound(client: FlaskClient) -> None:
-    """An image of 300 KB (the text of a body keeps MAX_REQUEST_BYTES, 64 KiB; images have
-    room of their own, as in POST /chat)."""
+def test_an_import_takes_images_larger_than_the_text_bound(
+    make_app: Callable[..., Flask], database_url: str
+) -> None:
+    """An image of 300 KB (the text of an import keeps MAX_IMPORT_BYTES, here 64 KiB; images
+    have room of their own, as in POST /chat)."""
+    client = make_app(
+        DATABASE_URL=database_url, AUTH_MODE="appservice", MAX_IMPORT_BYTES=64 * 1024
+    ).test_client()
     big = (
         "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(300_000)).decode()
     )
