@@ -157,6 +157,32 @@ SLOW_TESTS = (
     "tests/scripts/test_bench_rag.py::test_turn_run",  # a sidecar and the app, a library indexed
     "tests/chatapp/chats/test_chats_import.py::test_through_gunicorn",  # MBs through gunicorn
     "tests/scripts/test_bench_store.py::test_through_chat",  # gunicorn and a sidecar
+    # Round 5's quiet timing of the quick loop (6 min, 1,583 tests; asked: under 4): the
+    # tests that wait for something on purpose (a reply to finish, a worker to restart, a
+    # retry's delay) or start whole processes, 2 to 15 s each, about 140 s in all.
+    "tests/sidecar/web/test_sidecar_kv_memory.py",  # replies that wait for room, 3-15 s each
+    "tests/sidecar/web/test_sidecar_kv_memory_generator.py",
+    "tests/sidecar/web/test_sidecar_openai_sdk.py::test_the_sdk_retries_a_loading_model_",
+    "tests/chatapp/test_chatapp_connections.py::test_a_chat_refused_by_the_sidecars_connection_",
+    "tests/chatapp/test_chatapp_connections.py::test_gunicorn_raises_the_soft_limit_",
+    "tests/chatapp/test_chatapp_connections.py::test_a_limit_too_low_for_gunicorn_",
+    "tests/sidecar/web/test_sidecar_hardening.py::test_5_a_crashed_worker_",
+    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_a_stopped_reply_stays_cached",
+    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_max_concurrency_two_",
+    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_a_worker_restart_empties_",
+    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_the_first_cached_reply_continues_",
+    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_eviction_under_a_tiny_budget",
+    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_a_conversation_that_outgrows_",
+    "tests/sidecar/web/test_sidecar_health.py::test_model_download_fetches_",
+    "tests/sidecar/web/test_sidecar_health.py::test_a_missing_or_broken_model_folder_",
+    "tests/sidecar/web/test_sidecar_faults.py::test_the_worker_does_not_outlive_",
+    "tests/sidecar/web/test_sidecar_faults.py::test_a_worker_that_dies_mid_reply_",
+    "tests/chatapp/test_chatapp_gunicorn.py::test_the_start_says_whether_a_key_",
+    "tests/sidecar/web/test_sidecar_refusal_cost.py::test_a_stream_keeps_getting_tokens_",
+    "tests/sidecar/model/test_sidecar_cpus.py::test_the_sidecar_logs_its_thread_count_",
+    "tests/sidecar/web/test_sidecar_time_limit.py::test_predict_past_the_limit_",
+    "tests/sidecar/web/test_sidecar_image_memory.py::test_twelve_requests_",
+    "tests/chatapp/store/test_store_migrations.py::test_workers_starting_together_",
 )
 
 
