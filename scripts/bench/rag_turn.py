@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp())
     model = ensure_model(args, scratch)
+    # The sidecar and the app run in their own folders: a relative path would name nothing there
+    args.encoder = str(Path(args.encoder).resolve())
     pairs = faq_pairs()[: args.documents]
     env = {"EMBED_TOKENIZER": args.encoder, "DATA_DIR": str(scratch / "data")}
     with services.sidecar(model, scratch / "sidecar.log", EMBED_MODEL_PATH=args.encoder) as side:
