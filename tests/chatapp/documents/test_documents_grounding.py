@@ -65,6 +65,24 @@ def client(
     app.extensions["store"].close()
 
 
+def add_ready_guide(client: FlaskClient, headers: dict[str, str] | None = None) -> None:
+    """Uploads the fixture guide.md and waits (at most 120 s) until it is indexed."""
+    added = client.post(
+        "/api/documents",
+        data={"file": [(io.BytesIO((FILES / "guide.md").read_bytes()), "guide.md")]},
+        content_type="multipart/form-data",
+        headers=headers,
+    )
+    assert added.status_code == 202
+    deadline = time.monotonic() + 120
+    while (
+        client.get("/api/documents", headers=headers).get_json()["documents"][0]["status"]
+        != "ready"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 def chat(client: FlaskClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
     response = client.post(
         "/chat",
@@ -84,16 +102,7 @@ def chat(client: FlaskClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_a_grounded_turn_and_its_follow_up(client: FlaskClient) -> None:
-    data = (FILES / "guide.md").read_bytes()
-    client.post(
-        "/api/documents",
-        data={"file": [(io.BytesIO(data), "guide.md")]},
-        content_type="multipart/form-data",
-    )
-    deadline = time.monotonic() + 120
-    while client.get("/api/documents").get_json()["documents"][0]["status"] != "ready":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    add_ready_guide(client)
     question = "How long does the warranty last?"
     first = chat(client, [{"role": "user", "content": question}])
     block = first["grounding"]
@@ -173,20 +182,7 @@ def stored_turn(client: FlaskClient, headers: dict[str, str], **body: Any) -> di
 
 
 def test_a_stored_chat_keeps_its_grounding_and_citations_per_user(signed_in: FlaskClient) -> None:
-    data = (FILES / "guide.md").read_bytes()
-    added = signed_in.post(
-        "/api/documents",
-        data={"file": [(io.BytesIO(data), "guide.md")]},
-        content_type="multipart/form-data",
-        headers=ALICE,
-    )
-    assert added.status_code == 202
-    deadline = time.monotonic() + 120
-    while signed_in.get("/api/documents", headers=ALICE).get_json()["documents"][0]["status"] != (
-        "ready"
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    add_ready_guide(signed_in, ALICE)
     chat_id = signed_in.post("/api/chats", json={}, headers=ALICE).get_json()["id"]
     question = {"role": "user", "content": "How long does the warranty last?"}
     first = stored_turn(signed_in, ALICE, chat_id=chat_id, messages=[question], documents=True)
@@ -223,20 +219,7 @@ def test_a_stored_chats_earlier_turns_leave_room_for_the_new_passages(
     from chatapp.store import chats
     from chatapp.store.users import ensure_user
 
-    data = (FILES / "guide.md").read_bytes()
-    added = signed_in.post(
-        "/api/documents",
-        data={"file": [(io.BytesIO(data), "guide.md")]},
-        content_type="multipart/form-data",
-        headers=ALICE,
-    )
-    assert added.status_code == 202
-    deadline = time.monotonic() + 120
-    while signed_in.get("/api/documents", headers=ALICE).get_json()["documents"][0]["status"] != (
-        "ready"
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    add_ready_guide(signed_in, ALICE)
     chat_id = signed_in.post("/api/chats", json={}, headers=ALICE).get_json()["id"]
     question = "How long does the warranty last?"
     app = signed_in.application
@@ -271,17 +254,7 @@ def test_a_browsers_long_conversation_leaves_room_for_the_new_passages(
     """A conversation the page sends whole, just within MAX_REQUEST_BYTES: with the question's
     passages added the oldest turns are left out (as the page leaves them out itself), so the
     model service gets a request within its bound instead of refusing it 413."""
-    data = (FILES / "guide.md").read_bytes()
-    added = client.post(
-        "/api/documents",
-        data={"file": [(io.BytesIO(data), "guide.md")]},
-        content_type="multipart/form-data",
-    )
-    assert added.status_code == 202
-    deadline = time.monotonic() + 120
-    while client.get("/api/documents").get_json()["documents"][0]["status"] != "ready":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    add_ready_guide(client)
     question = "How long does the warranty last?"
     # Sixteen earlier messages: with the question, a body (as compact JSON) 100 bytes under
     # the bound; the passages are more than that.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import (
@@ -62,3 +63,13 @@ def fake_app(start_app: AppFactory) -> Iterator[tuple[FakeSidecar, services.Serv
     """The app in front of a fake sidecar, for replies the real model will not write."""
     with FakeSidecar() as fake, start_app(fake.url) as app:
         yield fake, app
+
+
+# Signed in through App Service's headers (the tests add them), chats kept in a SQLite file.
+@pytest.fixture
+def signed_in_app(
+    sidecar_service: services.Service, start_app: AppFactory, tmp_path: Path
+) -> Iterator[services.Service]:
+    database = f"sqlite:///{tmp_path / 'chats.db'}"
+    with start_app(sidecar_service.url, AUTH_MODE="appservice", DATABASE_URL=database) as app:
+        yield app

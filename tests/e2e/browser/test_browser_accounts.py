@@ -4,31 +4,18 @@ rename, search and delete go through it; the browser's own chats are offered for
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from scripts.run import services
 from tests.e2e.browser.support import chat_request, reply, send
-from tests.e2e.conftest import AppFactory
 
 pytestmark = pytest.mark.browser
 
 
 def principal(name: str) -> dict[str, str]:
     return {"X-MS-CLIENT-PRINCIPAL-ID": f"{name}-oid", "X-MS-CLIENT-PRINCIPAL-NAME": name}
-
-
-@pytest.fixture
-def signed_in_app(
-    sidecar_service: services.Service, start_app: AppFactory, tmp_path: Path
-) -> Iterator[services.Service]:
-    database = f"sqlite:///{tmp_path / 'chats.db'}"
-    with start_app(sidecar_service.url, AUTH_MODE="appservice", DATABASE_URL=database) as app:
-        yield app
 
 
 def _context(browser: Browser, name: str) -> BrowserContext:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,19 +15,9 @@ from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from scripts.run import services
 from tests.e2e.browser.support import reply, send
-from tests.e2e.conftest import AppFactory
 
 pytestmark = pytest.mark.browser
 ALICE = {"X-MS-CLIENT-PRINCIPAL-ID": "alice-oid", "X-MS-CLIENT-PRINCIPAL-NAME": "alice"}
-
-
-@pytest.fixture
-def signed_in_app(
-    sidecar_service: services.Service, start_app: AppFactory, tmp_path: Path
-) -> Iterator[services.Service]:
-    database = f"sqlite:///{tmp_path / 'chats.db'}"
-    with start_app(sidecar_service.url, AUTH_MODE="appservice", DATABASE_URL=database) as app:
-        yield app
 
 
 @pytest.fixture
