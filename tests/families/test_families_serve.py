@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from chatapp.wire import visible
 from scripts.run import services
 from sidecar.model.engine import og  # the sidecar's import: telemetry off first
 from tests.e2e.live import chat, text_of
@@ -134,7 +135,9 @@ def test_the_chat_app_relays_the_family_s_reply(
     family_app: services.Service, replies: dict[str, Reply], ending: str
 ) -> None:
     objs = chat(family_app.url, [{"role": "user", "content": ending}], max_new_tokens=MAX_NEW)
-    assert text_of(objs) == replies[ending].text
+    # The app shows a control character the model wrote as its picture (chatapp.wire.visible):
+    # random weights write one now and then (a form feed in the llama family's reply, once).
+    assert text_of(objs) == visible(replies[ending].text)
     assert objs[-1]["done"] is True
 
 

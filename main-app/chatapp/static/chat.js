@@ -42,7 +42,15 @@ import { localStore, state, store, useStore, viewOf } from "./state.js";
 import { pollModelStatus } from "./status.js";
 import { addView, messageView } from "./views.js";
 
+// A message sent before the page has opened a chat (GET /api/me and the signed-in user's
+// list are still on their way) is sent once it has: the text stays in the box till then.
+let sendWhenOpen = false;
+
 function submit() {
+  if (!state.chat) {
+    sendWhenOpen = true;
+    return;
+  }
   if (state.active) return;
   if (preparingImages()) {
     showAttachNote("An image is still being prepared; send again in a moment.");
@@ -195,3 +203,4 @@ renderSettingsSummary();
 pollModelStatus();
 installLibrary();
 input.focus();
+if (sendWhenOpen) submit();

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from scripts.run import services
 from tests.e2e.browser.support import chat_request, reply, send
@@ -162,3 +162,33 @@ def _wait_for(condition: object, timeout: float = 10.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("the server never showed the change")
+
+
+def test_a_message_sent_while_the_page_is_still_opening_is_sent_once_it_has(
+    browser: Browser, signed_in_app: services.Service
+) -> None:
+    """Enter pressed before GET /api/me has answered (the page has no chat open yet) waits for
+    the page instead of throwing: the message goes, into a chat kept on the server."""
+    app = signed_in_app
+    context = _context(browser, "alice")
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    held: list[Route] = []
+    page.route("**/api/me", lambda route: held.append(route))
+    try:
+        page.goto(app.url, wait_until="commit")
+        while not held:  # the page's listeners are in place before it asks who this is
+            page.wait_for_timeout(50)
+        send(page, "Walrus facts, please")
+        expect(page.locator(".message")).to_have_count(0)  # nothing open to send it in yet
+        expect(page.locator("#prompt")).to_have_value("Walrus facts, please")
+        body = chat_request(page, held[0].continue_)
+        assert body["messages"] == [{"role": "user", "content": "Walrus facts, please"}]
+        expect(reply(page)).to_have_attribute("data-state", "done", timeout=60_000)
+        expect(page.locator("#prompt")).to_have_value("")
+        chats = _server_chats(app, "alice")
+        assert [chat["id"] for chat in chats] == [body["chat_id"]]
+    finally:
+        context.close()
+    assert errors == [], "the page threw"
