@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from sidecar.model import kv_pages
+
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 # Linux's MAP_NORESERVE: the pool reserves no swap or commit for pages never written.
@@ -132,9 +134,15 @@ class KvPool:
             area.madvise(mmap.MADV_DONTNEED, slot * self.slot_bytes, self.slot_bytes)
 
     def swap(self, a: int, b: int, length_a: int, length_b: int) -> None:
-        """Exchange two slots' first positions (length_a of slot a, length_b of slot b). The
-        slot that now holds fewer positions gives back the pages past them: otherwise it would
-        keep the longer reply's memory while the cache counts the shorter one's."""
+        """Exchange two slots' first positions (length_a of slot a, length_b of slot b).
+        Page-aligned slots exchange their pages whole (kv_pages.py: no bytes copied, each
+        conversation's memory goes with it). Otherwise the positions are copied, and the slot
+        that now holds fewer positions gives back the pages past them: otherwise it would keep
+        the longer reply's memory while the cache counts the shorter one's."""
+        if a == b:
+            return
+        if self._exchange_pages(a, b):
+            return
         for buffer in (*self.keys, *self.values):
             held = buffer[a, :, :length_a].copy()
             buffer[a, :, :length_b] = buffer[b, :, :length_b]
@@ -143,6 +151,23 @@ class KvPool:
             self.trim(a, length_b)
         elif length_b > length_a:
             self.trim(b, length_a)
+
+    def _exchange_pages(self, a: int, b: int) -> bool:
+        """Exchange slots a and b page for page in every buffer; False (nothing changed)
+        where pages cannot be moved."""
+        if self.slot_bytes % mmap.PAGESIZE or not kv_pages.available():
+            return False
+        size = self.slot_bytes
+        regions = [
+            (buffer.ctypes.data + a * size, buffer.ctypes.data + b * size)
+            for buffer in (*self.keys, *self.values)
+        ]
+        for done, (first, second) in enumerate(regions):
+            if not kv_pages.exchange(first, second, size):
+                for undo_first, undo_second in regions[:done]:  # the copy expects them as they were
+                    kv_pages.exchange(undo_first, undo_second, size)
+                return False
+        return True
 
     def trim(self, slot: int, keep: int) -> None:
         """Give back the pages of a slot past its first `keep` positions (every head's run of
