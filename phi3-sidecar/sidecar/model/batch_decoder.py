@@ -33,8 +33,6 @@ from sidecar.model import kv_pages
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
-# Linux's MAP_NORESERVE: the pool reserves no swap or commit for pages never written.
-_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
 class Unsupported(Exception):
@@ -118,7 +116,7 @@ class KvPool:
         self.values: list[np.ndarray] = []
         for _ in range(spec.layers):
             for buffers in (self.keys, self.values):
-                flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+                flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | kv_pages.MAP_NORESERVE
                 area = mmap.mmap(-1, slots * self.slot_bytes, flags=flags)
                 self._maps.append(area)
                 buffers.append(np.frombuffer(area, dtype=self.dtype).reshape(shape))

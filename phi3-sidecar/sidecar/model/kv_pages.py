@@ -24,6 +24,9 @@ import sys
 _MREMAP_MAYMOVE = 1
 _MREMAP_FIXED = 2
 _MAP_FAILED = ctypes.c_void_p(-1).value
+# Linux's MAP_NORESERVE: no swap or commit reserved for pages never written (the KV pool's
+# own mapping and the scratch range here)
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -58,8 +61,7 @@ def _move(source: int, target: int, size: int) -> bool:
     there); the source range is left unmapped."""
     assert _LIBC is not None
     flags = _MREMAP_MAYMOVE | _MREMAP_FIXED
-    moved = _LIBC.mremap(source, size, size, flags, target)
-    return moved is not None and moved == target
+    return bool(_LIBC.mremap(source, size, size, flags, target) == target)
 
 
 def exchange(first: int, second: int, size: int) -> bool:
@@ -73,8 +75,8 @@ def exchange(first: int, second: int, size: int) -> bool:
     if first % mmap.PAGESIZE or second % mmap.PAGESIZE or size % mmap.PAGESIZE:
         return False
     # A scratch range of the kernel's choosing to park the first region's pages in
-    prot_none, flags = 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000  # MAP_NORESERVE
-    scratch = _LIBC.mmap(None, size, prot_none, flags, -1, 0)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE
+    scratch = _LIBC.mmap(None, size, 0, flags, -1, 0)  # PROT_NONE: never read or written
     if scratch is None or scratch == _MAP_FAILED:
         return False
     if not _move(first, scratch, size):
