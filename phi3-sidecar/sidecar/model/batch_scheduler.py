@@ -42,7 +42,7 @@ from sidecar.model.logprobs import ReplyLogprobs
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, Lease, PromptCache
 from sidecar.model.sampling import Sampler, penalize_repeats
-from sidecar.model.shared_prefix import SharedPrefix
+from sidecar.model.shared_prefix import SharedPrefix, Staged
 from sidecar.model.stops import StopFilter
 
 
@@ -109,6 +109,8 @@ class BatchScheduler:
         # how much once the model is loaded
         self.idle = IdleRoom(self)
         self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (shared_prefix.py)
+        self.staged: Staged | None = None  # one of them written ahead into a free slot
+        self._last_shared: SharedPrefix | None = None  # the one a new chat used last
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
         self.prefilling: deque[BatchGeneration] = deque()
         self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
@@ -128,8 +130,42 @@ class BatchScheduler:
         return list(self._slots)
 
     def tidy(self) -> bool:
-        """One piece of idle work (kv_idle.py); False when there is none."""
-        return self.idle.step()
+        """One piece of idle work: room for a new chat (kv_idle.py), then a shared prefix
+        written ahead (shared_prefix.Staged); False when there is none."""
+        return self.idle.step() or self._stage_step()
+
+    def _stage_step(self) -> bool:
+        """Write one more piece of the shared prefix last used into a free slot; start
+        writing one where the bound leaves room for it beside the kept conversations and
+        the room kept for a new chat."""
+        staged = self.staged
+        if staged is None:
+            if self.busy or not self.shared or not self.idle.headroom_tokens:
+                return False
+            prefix = self._last_shared or self.shared[0]
+            free = [slot for slot, holder in enumerate(self._slots) if holder is None]
+            nbytes = len(prefix.ids) * self.pool.bytes_per_token
+            headroom = self.idle.headroom * self.pool.bytes_per_token
+            if not free or self.cache.stats().bytes + headroom + nbytes > self.room():
+                return False
+            staged = self.staged = Staged(prefix, free[0], nbytes)
+            self.memory.set_aside += nbytes
+        if staged.done:
+            return False
+        staged.step(self.pool)
+        return True
+
+    def _take_staged(self, prefix: SharedPrefix | None) -> Staged | None:
+        """A request starts: the staged prefix leaves the bound's books, and its slot is
+        given back unless `prefix` (the new chat's) is the one it holds (returned)."""
+        staged, self.staged = self.staged, None
+        if staged is None:
+            return None
+        self.memory.set_aside -= staged.nbytes
+        if staged.prefix is prefix and self._slots[staged.slot] is None:
+            return staged
+        self.pool.free(staged.slot)
+        return None
 
     def read_shared(self, prefixes: list[list[int]]) -> None:
         """Read each shared prefix once and keep it (shared_prefix.py), against the bound."""
@@ -140,18 +176,21 @@ class BatchScheduler:
             self.shared.append(prefix)
             self.memory.set_aside += prefix.nbytes
 
-    def _start_shared(self, holder: SlotHolder, lease: Lease, ids: list[int]) -> int:
-        """Write the longest shared prefix the prompt starts with into a new slot; the
-        tokens it holds (0: none)."""
-        prefix = shared_prefix.longest(self.shared, ids)
+    def _start_shared(
+        self, holder: SlotHolder, lease: Lease, prefix: SharedPrefix | None, written: int
+    ) -> int:
+        """Write the shared prefix the prompt starts with into a new slot (its first
+        `written` positions are there already); the tokens it holds (0: none)."""
         if prefix is None:
             return 0
+        self._last_shared = prefix
         tokens = len(prefix.ids)
         if self.cache.exact:  # whole chunks only: the rest is read as a fresh read reads it
             tokens = tokens // self.chunk * self.chunk
         if not tokens:
             return 0
-        kv_compact.restore(prefix.kv, self.pool, holder.index, tokens)
+        if written < tokens:
+            kv_compact.restore(prefix.kv, self.pool, holder.index, tokens, start=written)
         holder.tokens[:] = prefix.ids[:tokens]
         holder.kv_len = holder.touched = tokens
         lease.reused = tokens
@@ -176,8 +215,12 @@ class BatchScheduler:
         lease = self.cache.lease(request, prompt.ids, needed, wanted=cached, grow=False)
         if lease.entry is not None:
             self.tiers.account(lease.entry)  # lent: its slot is now the reply's reservation
+        prefix = shared_prefix.longest(self.shared, prompt.ids) if lease.fresh else None
+        staged = self._take_staged(prefix)  # its bytes are now this reply's reservation
         memory = self.memory
         if not memory.fits(reserve, need):
+            if staged is not None:
+                self.pool.free(staged.slot)
             self._unlease(lease)
             raise NoRoom(f"{reserve} bytes of KV do not fit beside the running replies")
         booking = next(self._bookings)
@@ -208,12 +251,13 @@ class BatchScheduler:
         else:
             self.idle.saw_new_chat(needed)  # the room the next one may need (kv_idle.py)
             self._free_unheld()
-            slot = self._free_slot()
+            slot = self._free_slot() if staged is None else staged.slot
             holder = SlotHolder(slot)
             self._slots[slot] = holder
             holder.entry = lease.attach(holder, None, capacity=self.pool.length)
             self.tiers.account(holder.entry)
-            shared = self._start_shared(holder, lease, prompt.ids)
+            written = 0 if staged is None else staged.written
+            shared = self._start_shared(holder, lease, prefix, written)
         generation = BatchGeneration(self, prompt, request, holder, lease)
         generation.booking, generation.reserved, generation.need = booking, reserve, need
         generation.restored = restored

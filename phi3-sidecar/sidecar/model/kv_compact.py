@@ -121,9 +121,11 @@ def encode(pool: KvPool, slot: int, start: int, end: int, encoding: Encoding) ->
     return CompactKv(encoding, end - start, _parallel(one, tensors))
 
 
-def restore(kv: CompactKv, pool: KvPool, slot: int, tokens: int | None = None) -> None:
-    """Decode the first `tokens` positions (all by default) into a pool slot's first
-    positions; what the slot held past them is left as it was."""
+def restore(
+    kv: CompactKv, pool: KvPool, slot: int, tokens: int | None = None, start: int = 0
+) -> None:
+    """Decode positions `start` to `tokens` - 1 (all by default) into the same positions of a
+    pool slot; what the slot held elsewhere is left as it was."""
     count = kv.tokens if tokens is None else min(tokens, kv.tokens)
     tensors = [t for layer in zip(pool.keys, pool.values, strict=True) for t in layer]
 
@@ -134,11 +136,14 @@ def restore(kv: CompactKv, pool: KvPool, slot: int, tokens: int | None = None) -
             if position >= count:
                 break
             size = min(block.data.shape[1], count - position)
-            target = tensor[slot, :, position : position + size]
-            if block.scale is None:
-                target[...] = block.data[:, :size]
-            else:
-                np.multiply(block.data[:, :size], block.scale[:, :size, None], out=target)
+            skip = min(size, max(0, start - position))  # the block's positions before start
+            if skip < size:
+                target = tensor[slot, :, position + skip : position + size]
+                data = block.data[:, skip:size]
+                if block.scale is None:
+                    target[...] = data
+                else:
+                    np.multiply(data, block.scale[:, skip:size, None], out=target)
             position += size
 
     _parallel(one, list(zip(tensors, kv.blocks, strict=True)))

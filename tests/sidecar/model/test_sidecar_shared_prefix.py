@@ -1,18 +1,26 @@
 """Shared prefixes (SHARED_PREFIXES, model/shared_prefix.py) on the real tiny model: a declared
 system message is read once at start, a new chat that sends it reads only the rest, the reply
 is the one without it token for token, `cached_tokens` does not count it, and a scope's own
-tokens never reach another scope through it."""
+tokens never reach another scope through it; while the worker is idle the prefix is written
+ahead into a free slot, and the new chat that takes it writes none of it on its own path."""
 
 from __future__ import annotations
 
+import threading
+import time
+from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from sidecar import ipc
 from sidecar.ipc import Generate
+from sidecar.model import kv_compact, shared_prefix
 from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine
+from sidecar.model.worker import Scheduler
 
 SYSTEM = (
     "You answer questions about the weather in one short sentence. You never make up a "
@@ -115,3 +123,132 @@ def test_exact_mode_uses_whole_chunks_of_the_prefix(tiny_model_dir: Path, plain:
     text, read, _, reason = run(exact, chat(QUESTIONS[0], "exact"))
     alone, read_alone, _, _ = run(plain, chat(QUESTIONS[0], "exact"))
     assert (text, read, reason) == (alone, read_alone - whole, "shared")
+
+
+def count_restores(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first position of each write of K/V from a compact copy into a slot, from now."""
+    starts: list[int] = []
+    real = kv_compact.restore
+
+    def counted(*args: Any, **options: Any) -> None:
+        starts.append(options.get("start", 0))
+        real(*args, **options)
+
+    monkeypatch.setattr(kv_compact, "restore", counted)
+    return starts
+
+
+def idle(engine: Engine) -> int:
+    """Run the worker's idle work to its end (worker._tidy); the pieces it did."""
+    assert engine.batch is not None
+    pieces = 0
+    while engine.batch.tidy():
+        pieces += 1
+    return pieces
+
+
+def test_the_prefix_is_written_ahead_while_idle_and_a_new_chat_takes_it(
+    tiny_model_dir: Path, plain: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shared_prefix, "STAGE_PIECE_TOKENS", 8)  # several pieces
+    engine = engine_with(tiny_model_dir, shared_prefixes=[SYSTEM])
+    batch = engine.batch
+    assert batch is not None
+    (prefix,) = batch.shared
+    assert idle(engine) == -(-len(prefix.ids) // 8)  # a piece a step, then nothing more
+    staged = batch.staged
+    assert staged is not None and staged.done and staged.nbytes > 0
+    assert batch.memory.set_aside == prefix.nbytes + staged.nbytes  # counted while it waits
+    restores = count_restores(monkeypatch)
+    for i, question in enumerate(QUESTIONS):
+        restores.clear()
+        text, read, cached, reason = run(engine, chat(question, f"ahead-{i}"))
+        assert restores == []  # the new chat's slot was written already
+        alone, read_alone, _, _ = run(plain, chat(question, f"ahead-{i}"))
+        assert text == alone  # the same bits in the slot: the same reply
+        assert read == read_alone - len(prefix.ids)
+        assert (cached, reason) == (0, "shared")
+        assert batch.staged is None and batch.memory.set_aside == prefix.nbytes
+        assert idle(engine) > 0  # written ahead again for the next new chat
+
+
+def test_a_chat_arriving_while_it_is_written_reads_only_the_rest(
+    tiny_model_dir: Path, plain: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shared_prefix, "STAGE_PIECE_TOKENS", 8)
+    engine = engine_with(tiny_model_dir, shared_prefixes=[SYSTEM])
+    batch = engine.batch
+    assert batch is not None
+    (prefix,) = batch.shared
+    assert batch.tidy()  # one piece only
+    staged = batch.staged
+    assert staged is not None and not staged.done and staged.written == 8
+    restores = count_restores(monkeypatch)
+    text, read, _, reason = run(engine, chat(QUESTIONS[1], "midway"))
+    assert restores == [8]  # only what was not written ahead yet
+    alone, read_alone, _, _ = run(plain, chat(QUESTIONS[1], "midway"))
+    assert (text, read, reason) == (alone, read_alone - len(prefix.ids), "shared")
+
+
+def test_any_other_request_gives_the_written_slot_back(tiny_model_dir: Path, plain: Engine) -> None:
+    engine = engine_with(tiny_model_dir, shared_prefixes=[SYSTEM])
+    batch = engine.batch
+    assert batch is not None
+    (prefix,) = batch.shared
+    idle(engine)
+    staged = batch.staged
+    assert staged is not None and staged.done
+    slot = staged.slot
+    pages_before = int(np.count_nonzero(batch.pool.keys[0][slot]))
+    assert pages_before > 0
+    other = chat(QUESTIONS[0], "other", SYSTEM + " Be brief.")
+    generation = engine.start(other)
+    assert isinstance(generation, BatchGeneration)
+    assert batch.staged is None and batch.memory.set_aside == prefix.nbytes
+    assert generation.cache_reason == "miss"
+    if generation.holder.index != slot:  # not reused: its pages were given back
+        assert not np.any(batch.pool.keys[0][slot])
+    generation.release(reusable=False)
+    text, _, _, _ = run(engine, other)
+    alone, _, _, _ = run(plain, other)
+    assert text == alone
+
+
+def test_nothing_is_written_ahead_where_the_bound_has_no_room_for_it(
+    tiny_model_dir: Path,
+) -> None:
+    engine = engine_with(tiny_model_dir, shared_prefixes=[SYSTEM])
+    batch = engine.batch
+    assert batch is not None
+    (prefix,) = batch.shared
+    run(engine, chat(QUESTIONS[0], "kept"))  # a kept conversation, and a new chat's room
+    kept = batch.cache.stats().bytes
+    headroom = batch.idle.headroom * batch.pool.bytes_per_token
+    staged_bytes = len(prefix.ids) * batch.pool.bytes_per_token
+    # Room for the kept conversation and a new chat, not for the prefix written ahead too
+    batch.memory.bound_bytes = prefix.nbytes + kept + headroom + staged_bytes - 1
+    idle(engine)
+    assert batch.staged is None
+    assert batch.cache.stats().bytes == kept  # nothing moved down for it either
+
+
+def test_the_worker_writes_it_ahead_while_it_has_nothing_else_to_do(tiny_model_dir: Path) -> None:
+    """The worker's own loop (worker.Scheduler, in a thread over real pipes) writes the
+    prefix ahead with no request to run, and answers a ping meanwhile."""
+    engine = engine_with(tiny_model_dir, shared_prefixes=[SYSTEM])
+    batch = engine.batch
+    assert batch is not None
+    inbox, to_worker = Pipe(duplex=False)
+    from_worker, outbox = Pipe(duplex=False)
+    worker = threading.Thread(target=Scheduler(engine, inbox, outbox).run, daemon=True)
+    worker.start()
+    try:
+        to_worker.send(ipc.Ping())
+        assert from_worker.poll(60) and isinstance(from_worker.recv(), ipc.Pong)
+        waited = time.monotonic() + 120  # a wait for the work, not a timing
+        while not (batch.staged and batch.staged.done) and time.monotonic() < waited:
+            time.sleep(0.02)
+    finally:
+        to_worker.send(ipc.Stop())
+        worker.join(60)
+    assert batch.staged is not None and batch.staged.done
