@@ -114,6 +114,10 @@ class ChatRecord:
     generated_tokens: int | None = None  # the model service's count, when it gives one
     ttft_ms: float | None = None
     tokens_per_s: float | None = None
+    # A grounded turn (`"documents": true`): its library search and prompt building, part of
+    # ttft_ms, and the passages it was given
+    grounding_ms: float | None = None
+    passages: int | None = None
     started: float = field(default_factory=time.monotonic)
     # Told (status, outcome, seconds) when the chat ends: /metrics and the trace (telemetry.py).
     observer: Callable[[int, str, float], None] | None = field(default=None, repr=False)
@@ -147,6 +151,8 @@ class ChatRecord:
             "generated_tokens": self.generated_tokens,
             "ttft_ms": self.ttft_ms,
             "tokens_per_s": self.tokens_per_s,
+            "grounding_ms": self.grounding_ms,
+            "passages": self.passages,
             "duration_ms": round(seconds * 1000, 1),
         }
         known = {k: v for k, v in fields.items() if v is not None}

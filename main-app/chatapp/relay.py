@@ -304,6 +304,7 @@ def _ground(
     config = current_app.config
     searcher = current_app.extensions["documents"].searcher
     last = messages[-1]
+    began = time.monotonic()
     try:
         found = grounding.ground(
             searcher,
@@ -316,6 +317,10 @@ def _ground(
     except EmbeddingsFailed as failed:
         raise ApiError("embeddings_failed", str(failed), status=502) from None
     last["content"] = grounding.with_block(last["content"], found.block)
+    record: ChatRecord | None = g.get("chat")
+    if record is not None:
+        record.grounding_ms = round((time.monotonic() - began) * 1000, 1)
+        record.passages = len(found.passages)
     return found
 
 

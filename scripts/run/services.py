@@ -49,22 +49,25 @@ class Service:
         return text[: text.rfind("\n") + 1].splitlines()
 
 
-def request_lines(service: Service) -> list[dict[str, Any]]:
-    """The sidecar's per-request log lines (logger `sidecar.request`) written so far."""
+def request_lines(service: Service, logger: str = "sidecar.request") -> list[dict[str, Any]]:
+    """The per-request log lines written so far: the sidecar's (`sidecar.request`), or the
+    chat app's (`chatapp.request`)."""
     lines = []
     for line in service.log_lines():
         if line.startswith("{"):
             data = json.loads(line)
-            if data.get("logger") == "sidecar.request":
+            if data.get("logger") == logger:
                 lines.append(data)
     return lines
 
 
-def request_line(service: Service, request_id: str, timeout: float = 30.0) -> dict[str, Any]:
-    """Wait for the sidecar's log line of one request (written when the request is over)."""
+def request_line(
+    service: Service, request_id: str, timeout: float = 30.0, logger: str = "sidecar.request"
+) -> dict[str, Any]:
+    """Wait for the log line of one request (written when the request is over)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for line in request_lines(service):
+        for line in request_lines(service, logger):
             if line["request_id"] == request_id:
                 return line
         time.sleep(0.05)

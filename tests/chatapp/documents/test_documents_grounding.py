@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from flask.testing import FlaskClient
 from chatapp import create_app
 from chatapp.documents.grounding import NOTHING_FOUND, Grounding, with_block
 from chatapp.documents.retrieval import Passage
+from chatapp.logs import JsonFormatter
 from scripts.run.services import Service
 
 FILES = Path(__file__).parent / "files"
@@ -95,6 +97,7 @@ def chat(client: FlaskClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
     )
     assert response.status_code == 200, response.get_data(as_text=True)
     lines = [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
+    response.close()  # as a WSGI server closes it: the chat's line is logged
     done = lines[-1]
     assert done.get("done") is True, lines[-1]
     done["text"] = "".join(line.get("delta", "") for line in lines)
@@ -120,6 +123,34 @@ def test_a_grounded_turn_and_its_follow_up(client: FlaskClient) -> None:
     )
     assert follow["cached_tokens"] > 0
     assert follow["grounding"] != block
+
+
+class Kept(logging.Handler):
+    """Keeps the records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_the_chat_line_says_what_grounding_took(client: FlaskClient) -> None:
+    add_ready_guide(client)
+    handler = Kept()
+    request_log = logging.getLogger("chatapp.request")
+    request_log.addHandler(handler)
+    level = request_log.level
+    request_log.setLevel(logging.INFO)
+    try:
+        done = chat(client, [{"role": "user", "content": "How long does the warranty last?"}])
+    finally:
+        request_log.removeHandler(handler)
+        request_log.setLevel(level)
+    (line,) = [json.loads(JsonFormatter().format(record)) for record in handler.records]
+    assert line["passages"] == done["grounding"].count("\n[") >= 1
+    assert 0 < line["grounding_ms"] <= line["ttft_ms"]  # the search is part of the wait
 
 
 def test_nothing_relevant_is_said_plainly(client: FlaskClient) -> None:
