@@ -21,13 +21,14 @@ cache accepts for a next turn); PROMPT_CACHE_EXACT=true uses only the prefix's w
 and replies are then an uncached run's, bit for bit.
 
 Written ahead: writing a prefix's K/V into a new chat's slot is a pass over fresh pages (a
-400-token prefix is 300 MiB of fp32 K/V on Phi-3-mini: 0.2-0.4 s of a first token, most of it
-the kernel giving the slot its pages). So while the worker is idle (kv_idle.py's room made
-first), the prefix last used is written into a free slot ahead, STAGE_PIECE_TOKENS positions a
-step (the worker reads its pipe between steps), and counted against the bound while it waits
-there. The next new chat that starts with it takes that slot and finds it written; any other
-request gives the slot back first (its pages are freed: the bound's room is the same as
-before). It is the same decoding of the same copy, so the slot holds the same bits.
+400-token prefix is 300 MiB of fp32 K/V on Phi-3-mini: 0.1 s of a first token on a 2-vCPU EPYC,
+0.2-0.4 s on a VM whose memory was still being touched for the first time). So while the worker
+is idle (kv_idle.py's room made first), the prefix last used is written into a free slot ahead,
+STAGE_PIECE_TOKENS positions a step (the worker reads its pipe between steps), and counted
+against the bound while it waits there. The next new chat that starts with it takes that slot
+and finds it written; any other request gives the slot back first (its pages are freed: the
+bound's room is the same as before). It is the same decoding of the same copy, so the slot holds
+the same bits.
 
 Not an oracle: a prefix comes only from the settings, never from a request, so no request
 learns anything from another's tokens; it is used only by a request that sent all of it
