@@ -183,6 +183,21 @@ SLOW_TESTS = (
     "tests/sidecar/web/test_sidecar_time_limit.py::test_predict_past_the_limit_",
     "tests/sidecar/web/test_sidecar_image_memory.py::test_twelve_requests_",
     "tests/chatapp/store/test_store_migrations.py::test_workers_starting_together_",
+    # 2026-11-29's timing (4 min 10 s, 1,555 tests, on a slower day): the slowest left, 2 to 6
+    # s each with their setup or teardown (a large file indexed to its end, crafted files)
+    "tests/chatapp/documents/test_documents_routes.py::test_a_file_larger_than_a_chat_body_",
+    "tests/sidecar/model/test_sidecar_kv_disk.py::test_the_sidecar_starts_and_serves_beside_",
+    "tests/sidecar/web/test_sidecar_images_http.py::test_each_hostile_image_gets_its_400_",
+    "tests/sidecar/embeddings/test_embeddings_service.py::test_a_catalog_encoder_is_downloaded_",
+    "tests/sidecar/test_sidecar_settings.py::test_the_web_process_never_imports_onnxruntime_",
+    "tests/sidecar/web/test_sidecar_faults.py::test_log_prompts_puts_the_exception_message_",
+    "tests/sidecar/web/test_sidecar_tracing.py::test_untraced_by_default",
+    "tests/chatapp/test_chatapp_logs.py::test_under_gunicorn_every_line_is_json_",  # processes
+    "tests/chatapp/test_chatapp_gunicorn.py::test_development_server",
+    "tests/sidecar/test_sidecar_settings.py::test_an_api_key_that_holds_no_key_stops_",
+    "tests/sidecar/web/test_sidecar_tutorial_apps.py::test_each_tutorial_app_reads_the_whole_",
+    "tests/sidecar/web/test_sidecar_response_store.py::test_the_count_is_the_memory_really_",
+    "tests/sidecar/web/test_sidecar_concurrency.py::test_simultaneous_greedy_replies_equal_",
 )
 
 
