@@ -1,17 +1,23 @@
-"""Helpers for the sidecar tests: calling /predict, and reading the service's log and metrics."""
+"""Helpers for the sidecar tests: calling /predict, reading the service's log and metrics, and
+running the model worker's own loop in a thread."""
 
 from __future__ import annotations
 
 import re
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from multiprocessing import Pipe
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 # The log lines' home is scripts/run/services.py (the benchmarks read them too); re-exported here.
 from scripts.run.services import request_line as request_line
 from scripts.run.services import request_lines as request_lines
+
+if TYPE_CHECKING:
+    from sidecar.model.engine import Engine
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -73,3 +79,25 @@ _WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", 
 def words(count: int, seed: int) -> str:
     """`count` words starting at the `seed`th of a small list: long prompts that differ."""
     return " ".join(_WORDS[(seed + i) % len(_WORDS)] for i in range(count))
+
+
+def worker_idle_until(engine: Engine, done: Callable[[], bool]) -> None:
+    """Run the worker's own loop (worker.Scheduler, in a thread over real pipes) with no
+    request until `done()` (at most 120 s: a wait for its idle work, not a timing); it must
+    answer a ping meanwhile."""
+    from sidecar import ipc  # here: the web tests that import this module never load the model
+    from sidecar.model.worker import Scheduler
+
+    inbox, to_worker = Pipe(duplex=False)
+    from_worker, outbox = Pipe(duplex=False)
+    worker = threading.Thread(target=Scheduler(engine, inbox, outbox).run, daemon=True)
+    worker.start()
+    try:
+        to_worker.send(ipc.Ping())
+        assert from_worker.poll(60) and isinstance(from_worker.recv(), ipc.Pong)
+        waited = time.monotonic() + 120
+        while not done() and time.monotonic() < waited:
+            time.sleep(0.02)
+    finally:
+        to_worker.send(ipc.Stop())
+        worker.join(60)

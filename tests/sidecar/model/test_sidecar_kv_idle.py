@@ -6,18 +6,14 @@ compacted early (losslessly, KV_COMPACT=fp32) replies as if it had stayed in its
 
 from __future__ import annotations
 
-import threading
-import time
-from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
 
-from sidecar import ipc
 from sidecar.ipc import Generate
 from sidecar.model.batch_scheduler import BatchScheduler
 from sidecar.model.engine import Engine
-from sidecar.model.worker import Scheduler
 from tests.sidecar.model.test_sidecar_kv_tiers import NEW, Chat, make_engine, message
+from tests.sidecar.support import worker_idle_until
 
 PIECE = 16
 
@@ -131,19 +127,7 @@ def test_the_worker_makes_the_room_while_it_has_nothing_else_to_do(tiny_model_di
     engine, batch, _ = idle_chats(tiny_model_dir)
     oldest = min(batch.cache.entries, key=lambda e: e.last_used)
     pieces = -(-oldest.generator.kv_len // PIECE)
-    inbox, to_worker = Pipe(duplex=False)
-    from_worker, outbox = Pipe(duplex=False)
-    worker = threading.Thread(target=Scheduler(engine, inbox, outbox).run, daemon=True)
-    worker.start()
-    try:
-        to_worker.send(ipc.Ping())
-        assert from_worker.poll(60) and isinstance(from_worker.recv(), ipc.Pong)
-        waited = time.monotonic() + 120  # a wait for the work, not a timing
-        while batch.tiers.tier_of(oldest) != "compact" and time.monotonic() < waited:
-            time.sleep(0.02)
-    finally:
-        to_worker.send(ipc.Stop())
-        worker.join(60)
+    worker_idle_until(engine, lambda: batch.tiers.tier_of(oldest) == "compact")
     assert batch.tiers.tier_of(oldest) == "compact"
     assert batch.idle.pieces == pieces  # a piece a step, and nothing more once there is room
     assert all(batch.tiers.tier_of(e) == "ram" for e in batch.cache.entries if e is not oldest)

@@ -6,21 +6,17 @@ ahead into a free slot, and the new chat that takes it writes none of it on its 
 
 from __future__ import annotations
 
-import threading
-import time
-from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from sidecar import ipc
 from sidecar.ipc import Generate
 from sidecar.model import kv_compact, shared_prefix
 from sidecar.model.batch_scheduler import BatchGeneration
 from sidecar.model.engine import Engine
-from sidecar.model.worker import Scheduler
+from tests.sidecar.support import worker_idle_until
 
 SYSTEM = (
     "You answer questions about the weather in one short sentence. You never make up a "
@@ -238,17 +234,5 @@ def test_the_worker_writes_it_ahead_while_it_has_nothing_else_to_do(tiny_model_d
     engine = engine_with(tiny_model_dir, shared_prefixes=[SYSTEM])
     batch = engine.batch
     assert batch is not None
-    inbox, to_worker = Pipe(duplex=False)
-    from_worker, outbox = Pipe(duplex=False)
-    worker = threading.Thread(target=Scheduler(engine, inbox, outbox).run, daemon=True)
-    worker.start()
-    try:
-        to_worker.send(ipc.Ping())
-        assert from_worker.poll(60) and isinstance(from_worker.recv(), ipc.Pong)
-        waited = time.monotonic() + 120  # a wait for the work, not a timing
-        while not (batch.staged and batch.staged.done) and time.monotonic() < waited:
-            time.sleep(0.02)
-    finally:
-        to_worker.send(ipc.Stop())
-        worker.join(60)
+    worker_idle_until(engine, lambda: batch.staged is not None and batch.staged.done)
     assert batch.staged is not None and batch.staged.done
