@@ -236,3 +236,44 @@ def test_the_worker_writes_it_ahead_while_it_has_nothing_else_to_do(tiny_model_d
     assert batch is not None
     worker_idle_until(engine, lambda: batch.staged is not None and batch.staged.done)
     assert batch.staged is not None and batch.staged.done
+
+
+def test_new_chats_returning_turns_and_other_prompts_mixed_with_idle_time(
+    tiny_model_dir: Path, plain: Engine
+) -> None:
+    """Chats with the prefix, without it, and coming back for a second turn, with the idle
+    work run between them: every reply is the one without shared prefixes, and the bound's
+    books always hold the prefix, plus the copy written ahead only while it waits."""
+    engine = engine_with(tiny_model_dir, shared_prefixes=[SYSTEM])
+    batch = engine.batch
+    assert batch is not None
+    (prefix,) = batch.shared
+    first_turns = [
+        chat(QUESTIONS[0], "mix-a"),
+        chat(QUESTIONS[1], "mix-b", "Another system message."),
+        chat(QUESTIONS[2], "mix-c"),
+    ]
+    replies: dict[str, str] = {}
+    for request in first_turns:
+        assert request.cache_scope is not None
+        replies[request.cache_scope], _, _, _ = run(engine, request)
+        assert replies[request.cache_scope] == run(plain, request)[0]
+        assert batch.memory.set_aside == prefix.nbytes
+        idle(engine)
+        staged = batch.staged
+        assert staged is not None and staged.done
+        assert batch.slots_held()[staged.slot] is None  # nobody's slot
+        assert batch.memory.set_aside == prefix.nbytes + staged.nbytes
+    for request in first_turns:  # second turns: each scope's own conversation comes back
+        assert request.cache_scope is not None
+        turn = Generate(
+            "t",
+            (*request.messages, ("assistant", replies[request.cache_scope]), ("user", "More?")),
+            24,
+            cache_scope=request.cache_scope,
+        )
+        text, _, _, reason = run(engine, turn)
+        assert reason == "reused" and text == run(plain, turn)[0]
+        assert batch.staged is None and batch.memory.set_aside == prefix.nbytes
+        idle(engine)
+    assert batch.memory.reserved_bytes == 0
