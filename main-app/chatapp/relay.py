@@ -55,8 +55,11 @@ class Relay:
         time_limit: float = float("inf"),
         on_end: Callable[[str, str, bool], None] | None = None,
         grounding: Grounding | None = None,
+        on_usage: Callable[[int | None, int | None], None] | None = None,
     ) -> None:
         self._reply = reply
+        # Told the model service's (prompt_tokens, dropped_messages) when the reply is done
+        self._on_usage = on_usage
         # A grounded turn (chatapp/documents/grounding.py): the reply's text is kept, for the
         # citations its done line carries.
         self._grounding = grounding
@@ -126,6 +129,8 @@ class Relay:
                     if event.dropped_messages is not None:
                         record.dropped_messages = event.dropped_messages
                     record.generated_tokens = event.generated_tokens
+                    if self._on_usage is not None:
+                        self._on_usage(event.prompt_tokens, event.dropped_messages)
                     self._end_turn()
                     tokens = record.tokens
                     yield wire.done(
@@ -302,7 +307,8 @@ def _ground(
     if body.get("documents") is not True:
         return None
     config = current_app.config
-    searcher = current_app.extensions["documents"].searcher
+    documents = current_app.extensions["documents"]
+    searcher = documents.searcher
     last = messages[-1]
     began = time.monotonic()
     try:
@@ -313,6 +319,7 @@ def _ground(
             k=config["DOCUMENT_PASSAGES"],
             budget=config["DOCUMENT_CONTEXT_TOKENS"],
             min_score=config["DOCUMENT_MIN_SCORE"],
+            ratio=documents.chat_tokens.value,
         )
     except EmbeddingsFailed as failed:
         raise ApiError("embeddings_failed", str(failed), status=502) from None
@@ -322,6 +329,20 @@ def _ground(
         record.grounding_ms = round((time.monotonic() - began) * 1000, 1)
         record.passages = len(found.passages)
     return found
+
+
+def _learning(sent: list[dict[str, Any]]) -> Callable[[int | None, int | None], None]:
+    """What a grounded turn's usage teaches the passages' budget (grounding.learn_from)."""
+    from chatapp.documents import grounding
+
+    documents = current_app.extensions["documents"]
+
+    def learn(prompt_tokens: int | None, dropped_messages: int | None) -> None:
+        grounding.learn_from(
+            documents.chat_tokens, documents.searcher.counter, sent, prompt_tokens, dropped_messages
+        )
+
+    return learn
 
 
 @bp.post("/chat")
@@ -369,6 +390,7 @@ def chat() -> Response:
         config["RELAY_TIME_LIMIT"],
         on_end=None if turn is None else turn.end,
         grounding=grounding,
+        on_usage=None if grounding is None else _learning(payload["messages"]),
     )
     _telemetry().stream_opened()  # telemetry: until the record's end with status 200
     return Response(

@@ -13,10 +13,15 @@ The reply's `[n]` are checked against the N passages (`citations.py`): the `done
 the cited passages (`citations`: n, document_id, name, page, text) and apart those that name
 none (`unknown_citations`), never linked to a passage.
 
-The budget is counted in the encoder's tokens (each passage's `tokens`) times
-`CHAT_TOKENS_PER_ENCODER_TOKEN`: the chat model's tokenizer is not the app's to read, and
-Phi-3's (Llama's SentencePiece) made up to 1.2 of MiniLM's WordPiece tokens of English prose;
-the default 1,200 leaves a 4,096-token model room for the conversation and a reply.
+The budget is counted in the encoder's tokens (each passage's `tokens`) times the chat model's
+tokens per encoder token (`ChatTokenRatio`): the chat model's tokenizer is not the app's to
+read. It starts at `CHAT_TOKENS_PER_ENCODER_TOKEN` (Phi-3's SentencePiece made up to 1.2 of
+MiniLM's WordPiece tokens of English prose) and learns the model actually behind the app from
+each grounded turn's usage: the model service's `prompt_tokens` for the prompt against the
+app's own count of the same text. Measured: the generated test model's byte-level BPE makes
+1.6 per MiniLM token of the Python FAQ, so a fixed 1.25 gave 1,974 chat tokens of passages for
+a budget of 1,200. The default 1,200 leaves a 4,096-token model room for the conversation and
+a reply.
 """
 
 from __future__ import annotations
@@ -27,10 +32,17 @@ from typing import Any
 
 from chatapp.documents.citations import check
 from chatapp.documents.retrieval import Passage, Searcher
+from chatapp.documents.tokens import TokenCounter
 from chatapp.errors import ApiError
 from chatapp.wire import FORBIDDEN_CHARS
 
 CHAT_TOKENS_PER_ENCODER_TOKEN = 1.25
+# A grounded prompt shorter than this (in the encoder's tokens) teaches the ratio nothing: the
+# chat template's own tokens would weigh too much in it
+MIN_LEARNING_TOKENS = 100
+# What a tokenizer pair plausibly gives (without EMBED_TOKENIZER the app counts bytes: about
+# 0.25 chat tokens each); a reading outside is clipped
+RATIO_BOUNDS = (0.1, 4.0)
 MAX_GROUNDING_CHARS = 60_000
 INSTRUCTION = (
     "Answer the question below from these passages, and cite each passage you use as [n] "
@@ -40,6 +52,26 @@ NOTHING_FOUND = (
     "No passage of my documents matches the question below. Say that the documents do not "
     "cover it; answer from what you know only if you can, and say that you did."
 )
+
+
+class ChatTokenRatio:
+    """The chat model's tokens per encoder token, learned from grounded turns (one per app
+    process: each gunicorn worker learns from its own turns)."""
+
+    def __init__(self, start: float = CHAT_TOKENS_PER_ENCODER_TOKEN) -> None:
+        self.value = start
+        self.readings = 0
+
+    def observe(self, chat_tokens: int, encoder_tokens: int) -> None:
+        """A prompt of `encoder_tokens` (the app's count of its text) was `chat_tokens` to
+        the model service."""
+        if encoder_tokens < MIN_LEARNING_TOKENS or chat_tokens <= 0:
+            return
+        low, high = RATIO_BOUNDS
+        reading = min(max(chat_tokens / encoder_tokens, low), high)
+        # The first reading replaces the assumption; later ones are averaged in
+        self.value = reading if not self.readings else (self.value + reading) / 2
+        self.readings += 1
 
 
 @dataclass(frozen=True)
@@ -58,16 +90,24 @@ class Grounding:
 
 
 def ground(
-    searcher: Searcher, owner_id: int, question: str, *, k: int, budget: int, min_score: float
+    searcher: Searcher,
+    owner_id: int,
+    question: str,
+    *,
+    k: int,
+    budget: int,
+    min_score: float,
+    ratio: float = CHAT_TOKENS_PER_ENCODER_TOKEN,
 ) -> Grounding:
-    """Search the owner's library for `question`; the passages that fit `budget` chat tokens."""
+    """Search the owner's library for `question`; the passages that fit `budget` chat tokens
+    (`ratio`: chat tokens per encoder token)."""
     found = searcher.search(owner_id, question, k)
     if searcher.method == "dense" and searcher.embedder is not None:
         found = [p for p in found if p.score >= min_score]
     kept: list[Passage] = []
     used = 0
     for passage in found:
-        cost = math.ceil(passage.tokens * CHAT_TOKENS_PER_ENCODER_TOKEN) + 12  # its label line
+        cost = math.ceil(passage.tokens * ratio) + 12  # its label line
         if used + cost > budget:
             break
         kept.append(passage)
@@ -116,6 +156,30 @@ def restore_earlier(body: dict[str, Any], messages: list[dict[str, Any]]) -> Non
                 status=400,
             )
         clean["content"] = with_block(clean["content"], block)
+
+
+def learn_from(
+    ratio: ChatTokenRatio,
+    counter: TokenCounter,
+    messages: list[dict[str, Any]],
+    prompt_tokens: int | None,
+    dropped_messages: int | None,
+) -> None:
+    """After a grounded turn: its prompt's tokens to the model service against the app's count
+    of its messages' text. Nothing is learned from a prompt with images (their tokens are not
+    text's) or one the service shortened (`dropped_messages`)."""
+    if prompt_tokens is None or dropped_messages:
+        return
+    texts: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            if any(part.get("type") != "text" for part in content):
+                return
+            texts.extend(part["text"] for part in content)
+    ratio.observe(prompt_tokens, counter.count("\n".join(texts)))
 
 
 def question_of(content: str | list[dict[str, Any]]) -> str:

@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from chatapp.documents.embedder import Embedder
 from chatapp.documents.formats import Limits
+from chatapp.documents.grounding import ChatTokenRatio
 from chatapp.documents.indexer import Indexer
 from chatapp.documents.models import Document
 from chatapp.documents.retrieval import Searcher
@@ -65,6 +66,8 @@ class Documents:
             max_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
             method=config["DOCUMENT_SEARCH"],
         )
+        # The chat model's tokens per encoder token, learned from grounded turns (grounding.py)
+        self.chat_tokens = ChatTokenRatio()
         self._store = store
         self._config = config
         self._stop = threading.Event()

@@ -17,7 +17,16 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp import create_app
-from chatapp.documents.grounding import NOTHING_FOUND, Grounding, with_block
+from chatapp.documents.grounding import (
+    CHAT_TOKENS_PER_ENCODER_TOKEN,
+    MIN_LEARNING_TOKENS,
+    NOTHING_FOUND,
+    RATIO_BOUNDS,
+    ChatTokenRatio,
+    Grounding,
+    learn_from,
+    with_block,
+)
 from chatapp.documents.retrieval import Passage
 from chatapp.logs import JsonFormatter
 from scripts.run.services import Service
@@ -44,6 +53,39 @@ def test_the_block_goes_before_the_question_in_text_and_in_parts() -> None:
     assert with_block("Why?", "B") == "B\n\nQuestion: Why?"
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
     assert with_block([image], "B") == [{"type": "text", "text": "B\n\nQuestion:"}, image]
+
+
+class Words:
+    """A stand-in encoder count: one token a word."""
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+
+def test_the_ratio_starts_at_the_assumption_and_learns_from_usage() -> None:
+    ratio = ChatTokenRatio()
+    assert ratio.value == CHAT_TOKENS_PER_ENCODER_TOKEN and ratio.readings == 0
+    ratio.observe(chat_tokens=50, encoder_tokens=MIN_LEARNING_TOKENS - 1)  # too short to tell
+    assert ratio.readings == 0
+    ratio.observe(chat_tokens=320, encoder_tokens=200)
+    assert ratio.value == 1.6  # the first reading replaces the assumption
+    ratio.observe(chat_tokens=240, encoder_tokens=200)
+    assert ratio.value == pytest.approx(1.4)  # later ones are averaged in
+    ratio.observe(chat_tokens=10_000, encoder_tokens=200)
+    assert ratio.value == pytest.approx((1.4 + RATIO_BOUNDS[1]) / 2)  # a wild reading is clipped
+
+
+def test_nothing_is_learned_from_images_or_a_shortened_prompt() -> None:
+    ratio = ChatTokenRatio()
+    text = " ".join(["word"] * 300)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    with_image = [{"role": "user", "content": [{"type": "text", "text": text}, image]}]
+    learn_from(ratio, Words(), with_image, 900, None)
+    learn_from(ratio, Words(), [{"role": "user", "content": text}], 900, 1)  # a turn dropped
+    learn_from(ratio, Words(), [{"role": "user", "content": text}], None, None)  # no usage
+    assert ratio.readings == 0
+    learn_from(ratio, Words(), [{"role": "user", "content": text}], 900, 0)
+    assert ratio.value == 3.0
 
 
 @pytest.fixture
@@ -151,6 +193,39 @@ def test_the_chat_line_says_what_grounding_took(client: FlaskClient) -> None:
     (line,) = [json.loads(JsonFormatter().format(record)) for record in handler.records]
     assert line["passages"] == done["grounding"].count("\n[") >= 1
     assert 0 < line["grounding_ms"] <= line["ttft_ms"]  # the search is part of the wait
+
+
+def bare_prompt_tokens(client: FlaskClient, text: str) -> int:
+    response = client.post(
+        "/chat", json={"messages": [{"role": "user", "content": text}], "max_new_tokens": 1}
+    )
+    lines = response.get_data(as_text=True).splitlines()
+    response.close()
+    assert "prompt_tokens" in json.loads(lines[-1]), lines
+    return int(json.loads(lines[-1])["prompt_tokens"])
+
+
+def test_the_passages_budget_learns_the_chat_models_tokens(client: FlaskClient) -> None:
+    """After one grounded turn the app knows how many of the chat model's tokens its own count
+    of the prompt made (the model service's usage), and the next turn's passages fit
+    DOCUMENT_CONTEXT_TOKENS (150) in the chat model's own tokens."""
+    add_ready_guide(client)
+    assert isinstance(client.application, Flask)
+    documents = client.application.extensions["documents"]
+    assert documents.chat_tokens.readings == 0
+    question = "How long does the warranty last?"
+    first = chat(client, [{"role": "user", "content": question}])
+    sent = with_block(question, first["grounding"])
+    assert isinstance(sent, str)
+    units = documents.searcher.counter.count(sent)
+    assert documents.chat_tokens.readings == 1
+    assert documents.chat_tokens.value == pytest.approx(first["prompt_tokens"] / units)
+    second = chat(client, [{"role": "user", "content": "And the descaling?"}])
+    texts = [c["text"] for c in second["citations"]] or [
+        part.split("\n", 1)[1] for part in second["grounding"].split("\n\n[")[1:]
+    ]
+    passages = bare_prompt_tokens(client, "\n".join(texts)) - bare_prompt_tokens(client, "x")
+    assert 0 < passages <= 150 * 1.1  # the estimate's error: the ratio is the whole prompt's
 
 
 def test_nothing_relevant_is_said_plainly(client: FlaskClient) -> None:
