@@ -71,6 +71,15 @@ class Relay:
         self._on_end = on_end
         self._text: list[str] = []
 
+    def _learn(self, done: Done) -> None:
+        """Hand the reply's usage to `on_usage`; a failure there never touches the reply."""
+        if self._on_usage is None:
+            return
+        try:
+            self._on_usage(done.prompt_tokens, done.dropped_messages)
+        except Exception:
+            log.exception("learning from a reply's usage failed")
+
     def __iter__(self) -> Iterator[bytes]:
         return self._lines
 
@@ -129,8 +138,6 @@ class Relay:
                     if event.dropped_messages is not None:
                         record.dropped_messages = event.dropped_messages
                     record.generated_tokens = event.generated_tokens
-                    if self._on_usage is not None:
-                        self._on_usage(event.prompt_tokens, event.dropped_messages)
                     self._end_turn()
                     tokens = record.tokens
                     yield wire.done(
@@ -146,6 +153,7 @@ class Relay:
                             else self._grounding.done_fields("".join(self._text))
                         ),
                     )
+                    self._learn(event)  # after the done line: the reader waits for none of it
                     return
                 if isinstance(event, Refused):  # refused after the stream started (upstream.py)
                     log.warning("the model service refused a started chat: %s", event.error.type)

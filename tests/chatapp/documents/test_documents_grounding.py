@@ -17,6 +17,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp import create_app
+from chatapp.documents import grounding
 from chatapp.documents.grounding import (
     CHAT_TOKENS_PER_ENCODER_TOKEN,
     MIN_LEARNING_TOKENS,
@@ -226,6 +227,19 @@ def test_the_passages_budget_learns_the_chat_models_tokens(client: FlaskClient) 
     ]
     passages = bare_prompt_tokens(client, "\n".join(texts)) - bare_prompt_tokens(client, "x")
     assert 0 < passages <= 150 * 1.1  # the estimate's error: the ratio is the whole prompt's
+
+
+def test_a_failure_to_learn_from_usage_never_touches_the_reply(
+    client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_ready_guide(client)
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(grounding, "learn_from", broken)
+    done = chat(client, [{"role": "user", "content": "How long does the warranty last?"}])
+    assert done["finish_reason"] and done["grounding"].startswith("Passages from my documents:")
 
 
 def test_nothing_relevant_is_said_plainly(client: FlaskClient) -> None:
