@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from chatapp import images
 from chatapp.documents.citations import check
 from chatapp.documents.retrieval import Passage, Searcher
 from chatapp.documents.tokens import TokenCounter
@@ -168,18 +169,10 @@ def learn_from(
     """After a grounded turn: its prompt's tokens to the model service against the app's count
     of its messages' text. Nothing is learned from a prompt with images (their tokens are not
     text's) or one the service shortened (`dropped_messages`)."""
-    if prompt_tokens is None or dropped_messages:
+    if prompt_tokens is None or dropped_messages or images.count(messages):
         return
-    texts: list[str] = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            if any(part.get("type") != "text" for part in content):
-                return
-            texts.extend(part["text"] for part in content)
-    ratio.observe(prompt_tokens, counter.count("\n".join(texts)))
+    text = "\n".join(question_of(message["content"]) for message in messages)
+    ratio.observe(prompt_tokens, counter.count(text))
 
 
 def question_of(content: str | list[dict[str, Any]]) -> str:
