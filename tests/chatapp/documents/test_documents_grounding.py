@@ -20,6 +20,7 @@ from chatapp import create_app
 from chatapp.documents import grounding
 from chatapp.documents.grounding import (
     CHAT_TOKENS_PER_ENCODER_TOKEN,
+    INSTRUCTION,
     MIN_LEARNING_TOKENS,
     NOTHING_FOUND,
     RATIO_BOUNDS,
@@ -128,13 +129,15 @@ def add_ready_guide(client: FlaskClient, headers: dict[str, str] | None = None) 
         time.sleep(0.1)
 
 
-def chat(client: FlaskClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def chat(
+    client: FlaskClient, messages: list[dict[str, Any]], documents: bool = True
+) -> dict[str, Any]:
     response = client.post(
         "/chat",
         json={
             "messages": messages,
-            "documents": True,
-            "conversation_id": "grounded-1",
+            "documents": documents,
+            "conversation_id": "grounded-1" if documents else "bare-1",
             "max_new_tokens": 8,
         },
     )
@@ -197,13 +200,7 @@ def test_the_chat_line_says_what_grounding_took(client: FlaskClient) -> None:
 
 
 def bare_prompt_tokens(client: FlaskClient, text: str) -> int:
-    response = client.post(
-        "/chat", json={"messages": [{"role": "user", "content": text}], "max_new_tokens": 1}
-    )
-    lines = response.get_data(as_text=True).splitlines()
-    response.close()
-    assert "prompt_tokens" in json.loads(lines[-1]), lines
-    return int(json.loads(lines[-1])["prompt_tokens"])
+    return int(chat(client, [{"role": "user", "content": text}], documents=False)["prompt_tokens"])
 
 
 def test_the_passages_budget_learns_the_chat_models_tokens(client: FlaskClient) -> None:
@@ -222,9 +219,9 @@ def test_the_passages_budget_learns_the_chat_models_tokens(client: FlaskClient) 
     assert documents.chat_tokens.readings == 1
     assert documents.chat_tokens.value == pytest.approx(first["prompt_tokens"] / units)
     second = chat(client, [{"role": "user", "content": "And the descaling?"}])
-    texts = [c["text"] for c in second["citations"]] or [
-        part.split("\n", 1)[1] for part in second["grounding"].split("\n\n[")[1:]
-    ]
+    # Every passage given (not only those the reply cited): each "[n] where" line's text
+    block = second["grounding"].removesuffix(INSTRUCTION)
+    texts = [part.split("\n", 1)[1] for part in block.split("\n\n[")[1:]]
     passages = bare_prompt_tokens(client, "\n".join(texts)) - bare_prompt_tokens(client, "x")
     assert 0 < passages <= 150 * 1.1  # the estimate's error: the ratio is the whole prompt's
 
