@@ -18,6 +18,7 @@ import pytest
 
 from scripts.run import services
 from tests.chatapp.fake_sidecar import FakeSidecar
+from tests.sidecar.support import metrics
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +85,16 @@ def test_a_chat_refused_by_the_sidecars_connection_cap_is_busy_with_a_retry(
         MAX_CONNECTIONS="1",
     ) as sidecar:
         port = int(sidecar.url.rsplit(":", 1)[1])
+        # The sidecar's one connection, taken before the app starts and then mid-request, so
+        # that every connection of the app's is over the cap with nothing idle to close for it.
+        # (Taken after, it raced a gunicorn worker's first request still on its way.)
         with (
-            services.chatapp(sidecar.url, tmp_path / "app.log", UPSTREAM_API=upstream_api) as app,
             socket.create_connection(("127.0.0.1", port)) as held,
+            services.chatapp(sidecar.url, tmp_path / "app.log", UPSTREAM_API=upstream_api) as app,
         ):
-            # The sidecar's one connection, mid-request: nothing idle to close for the app's.
             held.sendall(b"POST /predict HTTP/1.1\r\n")
+            # Admitted: /metrics, itself over the cap, counts two connections open.
+            assert metrics(sidecar.url)["sidecar_open_connections"] == 2
             chat = {"messages": [{"role": "user", "content": "Hi"}]}
             response = httpx.post(app.url + "/chat", json=chat, timeout=30)
 
