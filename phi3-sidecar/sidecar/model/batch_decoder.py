@@ -167,6 +167,25 @@ class KvPool:
                 return False
         return True
 
+    def populate(self, slot: int, start: int, end: int) -> bool:
+        """Map pages for positions [start, end) of a slot in every layer's K and V, their
+        content unchanged (Linux's MADV_POPULATE_WRITE, 5.14 and later: the faults a model
+        call writing there would take, taken now); False where that cannot be done."""
+        head_bytes = self.slot_bytes // self.kv_heads
+        position_bytes = head_bytes // self.length
+        if head_bytes % mmap.PAGESIZE or not 0 <= start < end <= self.length:
+            return False
+        first = start * position_bytes // mmap.PAGESIZE * mmap.PAGESIZE  # rounded down
+        last = -(-end * position_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # rounded up
+        try:
+            for area in self._maps:
+                for head in range(self.kv_heads):
+                    offset = slot * self.slot_bytes + head * head_bytes
+                    area.madvise(kv_pages.MADV_POPULATE_WRITE, offset + first, last - first)
+        except OSError:  # an older kernel (EINVAL), or no memory left to map (ENOMEM)
+            return False
+        return True
+
     def trim(self, slot: int, keep: int) -> None:
         """Give back the pages of a slot past its first `keep` positions (every head's run of
         positions is its own region; the page that holds position `keep - 1` stays)."""

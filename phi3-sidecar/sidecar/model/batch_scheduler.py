@@ -38,6 +38,7 @@ from sidecar.model.kv_bound import GROWTH_TOKENS, Memory, NoRoom
 from sidecar.model.kv_disk import Stored
 from sidecar.model.kv_idle import IdleRoom
 from sidecar.model.kv_tiers import Holding, KvTiers, Restored
+from sidecar.model.kv_warm import WarmPages
 from sidecar.model.logprobs import ReplyLogprobs
 from sidecar.model.prompt import Prompt
 from sidecar.model.prompt_cache import Entry, Lease, PromptCache
@@ -108,6 +109,7 @@ class BatchScheduler:
         # Room for a new chat made while the worker is idle (kv_idle.py); the engine sets
         # how much once the model is loaded
         self.idle = IdleRoom(self)
+        self.warm = WarmPages(self)  # and the next new chat's pages mapped (kv_warm.py)
         self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (shared_prefix.py)
         self.staged: Staged | None = None  # one of them written ahead into a free slot
         self._last_shared: SharedPrefix | None = None  # the one a new chat used last
@@ -131,8 +133,16 @@ class BatchScheduler:
 
     def tidy(self) -> bool:
         """One piece of idle work: room for a new chat (kv_idle.py), then a shared prefix
-        written ahead (shared_prefix.Staged); False when there is none."""
-        return self.idle.step() or self._stage_step()
+        written ahead (shared_prefix.Staged), then the next new chat's pages mapped
+        (kv_warm.py); False when there is none."""
+        return self.idle.step() or self._stage_step() or self.warm.step()
+
+    def next_new_slot(self) -> int | None:
+        """The slot the next new chat takes: the staged prefix's, else the lowest free one
+        (as _free_slot picks it while nothing decodes); None when none is free."""
+        if self.staged is not None:
+            return self.staged.slot
+        return next((slot for slot, holder in enumerate(self._slots) if holder is None), None)
 
     def _stage_step(self) -> bool:
         """Write one more piece of the shared prefix last used into a free slot; start
@@ -221,6 +231,7 @@ class BatchScheduler:
         if not memory.fits(reserve, need):
             if staged is not None:
                 self.pool.free(staged.slot)
+            self.warm.settle(0)
             self._unlease(lease)
             raise NoRoom(f"{reserve} bytes of KV do not fit beside the running replies")
         booking = next(self._bookings)
@@ -249,7 +260,8 @@ class BatchScheduler:
             holder.kv_len = lease.reused
             lease.holds(lease.reused)
         else:
-            self.idle.saw_new_chat(needed)  # the room the next one may need (kv_idle.py)
+            # The room the next one may need (kv_idle.py), and the pages it writes first
+            self.idle.saw_new_chat(needed, len(prompt.ids))
             self._free_unheld()
             slot = self._free_slot() if staged is None else staged.slot
             holder = SlotHolder(slot)
@@ -258,6 +270,7 @@ class BatchScheduler:
             self.tiers.account(holder.entry)
             written = 0 if staged is None else staged.written
             shared = self._start_shared(holder, lease, prefix, written)
+        self.warm.settle(first)  # a warmed slot keeps what this reply reserved, if it took it
         generation = BatchGeneration(self, prompt, request, holder, lease)
         generation.booking, generation.reserved, generation.need = booking, reserve, need
         generation.restored = restored

@@ -27,6 +27,9 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 # Linux's MAP_NORESERVE: no swap or commit reserved for pages never written (the KV pool's
 # own mapping and the scratch range here)
 MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+# Linux's MADV_POPULATE_WRITE (5.14): map a range's pages now, as writes would, leaving what
+# they hold as it is (kv_warm.py). Python's mmap module does not name it.
+MADV_POPULATE_WRITE = 23
 
 
 def _libc() -> ctypes.CDLL | None:

@@ -1,0 +1,102 @@
+"""A new chat's KV pages mapped while the worker is idle (batched path).
+
+A new chat reads its prompt into a free KV slot, and a free slot has no pages: the pool gives
+a freed slot's pages back (KvPool.free: the bound is about resident memory) and maps none
+ahead (MAP_NORESERVE). So the model call that read a prompt also took a page fault for every
+4 KiB of K/V it wrote, on the model's own threads: a 130-token prompt on Phi-3-mini's shapes
+writes 98 MiB of K/V, about 26,700 faults, and the worker spent 0.25 to 0.46 s of CPU in the
+kernel per read where the bare engine, whose buffers stay mapped, spent 0.00 to 0.05 s (AMD
+EPYC, 2 vCPUs; docs/benchmarks.md, issue 45).
+
+So when the worker has nothing else to do (after kv_idle's room and the shared prefix written
+ahead), `WarmPages.step` maps the pages of the slot the next new chat will take, for as many
+positions as the longest prompt of the last few new chats, PIECE_TOKENS positions a step
+(Linux's MADV_POPULATE_WRITE: the pages are mapped and what they hold is unchanged, so a slot
+holding a shared prefix written ahead is warmed as safely as an empty one). When a request
+starts, `settle` gives back what it does not use: the pages past the reservation of the reply
+that took the slot, or all of them when the slot stayed free.
+
+Memory: only while the kept conversations leave room for those pages within the bound, that
+is inside the room kv_idle keeps for the next new chat; the pages are not booked (the books
+would then make kv_idle free that much more room) and leave at the next start. Where the kernel
+cannot populate (before Linux 5.14), nothing is warmed and prompts fault as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from sidecar.model.kv_idle import IdleRoom
+    from sidecar.model.prompt_cache import PromptCache
+
+PIECE_TOKENS = 64  # positions mapped per idle step (Phi-3-mini: 48 MiB, about 12,300 pages)
+
+
+class Host(Protocol):
+    """What warming needs of the batched path (batch_scheduler.BatchScheduler)."""
+
+    pool: Any  # batch_decoder's KV pool
+    cache: PromptCache
+    idle: IdleRoom
+
+    @property
+    def busy(self) -> bool: ...
+
+    def slots_held(self) -> Sequence[Any]: ...
+
+    def room(self) -> int: ...
+
+    def next_new_slot(self) -> int | None: ...
+
+
+class WarmPages:
+    def __init__(self, host: Host) -> None:
+        self._host = host
+        self.slot: int | None = None  # the slot being warmed
+        self.warmed = 0  # its first positions mapped
+        self.pieces = 0  # idle steps that mapped something, since start
+        self.supported = True  # False once the kernel refused
+
+    def step(self) -> bool:
+        """Map one more piece of the next new chat's slot; False when there is nothing to do."""
+        host = self._host
+        if host.busy or not self.supported:
+            return False
+        target = host.idle.prompt_room
+        slot = host.next_new_slot()
+        if not target or slot is None:
+            return False
+        if slot != self.slot:  # the next new chat's slot changed (a lower one was freed)
+            self._give_back()
+            self.slot, self.warmed = slot, 0
+        pool = host.pool
+        end = min(target, self.warmed + PIECE_TOKENS, pool.length)
+        if end <= self.warmed:
+            return False
+        if host.cache.stats().bytes + end * pool.bytes_per_token > host.room():
+            return False
+        if not pool.populate(slot, self.warmed, end):
+            self.supported = False
+            return False
+        self.warmed = end
+        self.pieces += 1
+        return True
+
+    def settle(self, keep_tokens: int) -> None:
+        """A request has taken its slot: the warmed slot keeps the pages of its first
+        `keep_tokens` positions if that request took it (what it reserved), none otherwise."""
+        slot, warmed = self.slot, self.warmed
+        if slot is None:
+            return
+        if self._host.slots_held()[slot] is None:
+            self._give_back()
+        elif warmed > keep_tokens:
+            self._host.pool.trim(slot, keep_tokens)
+        self.slot, self.warmed = None, 0
+
+    def _give_back(self) -> None:
+        if self.slot is not None and self._host.slots_held()[self.slot] is None:
+            self._host.pool.free(self.slot)
+        self.slot, self.warmed = None, 0
