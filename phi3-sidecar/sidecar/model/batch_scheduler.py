@@ -246,6 +246,7 @@ class BatchScheduler:
             holder: SlotHolder = lease.entry.generator
             holder.busy = True
             if holder.slot is None:
+                self.warm.saw_prompt(len(prompt.ids))  # written into a free slot (kv_warm.py)
                 try:
                     restored = self._restore(lease.entry, lease.reused)
                 except LookupError:  # its file is gone or bad: read the prompt again
@@ -260,8 +261,8 @@ class BatchScheduler:
             holder.kv_len = lease.reused
             lease.holds(lease.reused)
         else:
-            # The room the next one may need (kv_idle.py), and the pages it writes first
-            self.idle.saw_new_chat(needed, len(prompt.ids))
+            self.idle.saw_new_chat(needed)  # the room the next one may need (kv_idle.py)
+            self.warm.saw_prompt(len(prompt.ids))
             self._free_unheld()
             slot = self._free_slot() if staged is None else staged.slot
             holder = SlotHolder(slot)

@@ -62,24 +62,15 @@ class IdleRoom:
         self.piece_tokens = PIECE_TOKENS
         self.pieces = 0  # idle steps that encoded something, since start
         self._recent: deque[int] = deque(maxlen=RECENT_NEW_CHATS)
-        self._recent_prompts: deque[int] = deque(maxlen=RECENT_NEW_CHATS)
 
-    def saw_new_chat(self, tokens: int, prompt_tokens: int) -> None:
-        """A new chat (nothing of its scope reused) reserved `tokens` of KV for a prompt of
-        `prompt_tokens`."""
+    def saw_new_chat(self, tokens: int) -> None:
+        """A new chat (nothing of its scope reused) reserved `tokens` of KV."""
         self._recent.append(tokens)
-        self._recent_prompts.append(prompt_tokens)
 
     @property
     def headroom(self) -> int:
         """The tokens of room kept for the next new chat."""
         return min(self.headroom_tokens, max(self._recent, default=0))
-
-    @property
-    def prompt_room(self) -> int:
-        """The positions the next new chat's prompt may write, within the room kept for it
-        (what kv_warm.py maps ahead)."""
-        return min(self.headroom, max(self._recent_prompts, default=0))
 
     def step(self) -> bool:
         """Encode one piece of the conversation that must leave its slot first; False when

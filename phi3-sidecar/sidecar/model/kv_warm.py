@@ -1,4 +1,4 @@
-"""A new chat's KV pages mapped while the worker is idle (batched path).
+"""The next prompt's KV pages mapped while the worker is idle (batched path).
 
 A new chat reads its prompt into a free KV slot, and a free slot has no pages: the pool gives
 a freed slot's pages back (KvPool.free: the bound is about resident memory) and maps none
@@ -9,21 +9,24 @@ kernel per read where the bare engine, whose buffers stay mapped, spent 0.00 to 
 EPYC, 2 vCPUs; docs/benchmarks.md, issue 45).
 
 So when the worker has nothing else to do (after kv_idle's room and the shared prefix written
-ahead), `WarmPages.step` maps the pages of the slot the next new chat will take, for as many
-positions as the longest prompt of the last few new chats, PIECE_TOKENS positions a step
-(Linux's MADV_POPULATE_WRITE: the pages are mapped and what they hold is unchanged, so a slot
-holding a shared prefix written ahead is warmed as safely as an empty one). When a request
-starts, `settle` gives back what it does not use: the pages past the reservation of the reply
-that took the slot, or all of them when the slot stayed free.
+ahead), `WarmPages.step` maps the pages of the slot the next new chat (or the next conversation
+restored from compact RAM or disk, which takes a free slot the same way) will take, for as many
+positions as the longest prompt of the last RECENT_PROMPTS that took a free slot,
+PIECE_TOKENS positions a step (Linux's MADV_POPULATE_WRITE: the pages are mapped and what they
+hold is unchanged, so a slot holding a shared prefix written ahead is warmed as safely as an
+empty one). When a request starts, `settle` gives back what it does not use: the pages past
+the reservation of the reply that took the slot, or all of them when the slot stayed free.
 
-Memory: only while the kept conversations leave room for those pages within the bound, that
-is inside the room kv_idle keeps for the next new chat; the pages are not booked (the books
-would then make kv_idle free that much more room) and leave at the next start. Where the kernel
-cannot populate (before Linux 5.14), nothing is warmed and prompts fault as before.
+Memory: only while the kept conversations leave room for those pages within the bound. The
+pages are not booked (the books would then make kv_idle free that much more room): they are
+resident beside the books from the idle step that maps them to the next start, which takes
+them into its reservation or gives them back. Where the kernel cannot populate (before Linux
+5.14), nothing is warmed and prompts fault as before.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from sidecar.model.prompt_cache import PromptCache
 
 PIECE_TOKENS = 64  # positions mapped per idle step (Phi-3-mini: 48 MiB, about 12,300 pages)
+RECENT_PROMPTS = 8  # the prompts written into a free slot whose longest sets what is mapped
 
 
 class Host(Protocol):
@@ -58,13 +62,27 @@ class WarmPages:
         self.warmed = 0  # its first positions mapped
         self.pieces = 0  # idle steps that mapped something, since start
         self.supported = True  # False once the kernel refused
+        self._recent: deque[int] = deque(maxlen=RECENT_PROMPTS)
+
+    def saw_prompt(self, tokens: int) -> None:
+        """A request's prompt of `tokens` is being written into a free slot (a new chat's, or
+        a conversation restored from compact RAM or disk and continued)."""
+        self._recent.append(tokens)
+
+    @property
+    def target(self) -> int:
+        """The positions mapped ahead: the longest recent prompt written into a free slot;
+        0 while idle work is off (IdleRoom.headroom_tokens 0)."""
+        if not self._host.idle.headroom_tokens:
+            return 0
+        return min(max(self._recent, default=0), self._host.pool.length)
 
     def step(self) -> bool:
         """Map one more piece of the next new chat's slot; False when there is nothing to do."""
         host = self._host
         if host.busy or not self.supported:
             return False
-        target = host.idle.prompt_room
+        target = self.target
         slot = host.next_new_slot()
         if not target or slot is None:
             return False
@@ -72,7 +90,7 @@ class WarmPages:
             self._give_back()
             self.slot, self.warmed = slot, 0
         pool = host.pool
-        end = min(target, self.warmed + PIECE_TOKENS, pool.length)
+        end = min(target, self.warmed + PIECE_TOKENS)
         if end <= self.warmed:
             return False
         if host.cache.stats().bytes + end * pool.bytes_per_token > host.room():

@@ -33,7 +33,7 @@ def idle_chats(model: Path, **options: Any) -> tuple[Engine, BatchScheduler, lis
     new_chat = len(engine.prompts.fit(request.messages, NEW, engine.max_length).ids) + NEW
     batch.memory.bound_bytes = kept + new_chat * batch.pool.bytes_per_token - 1
     batch.idle.headroom_tokens = new_chat
-    batch.idle.saw_new_chat(new_chat, new_chat - NEW)  # as large a new chat was seen before
+    batch.idle.saw_new_chat(new_chat)  # as large a new chat was seen before
     batch.idle.piece_tokens = PIECE
     return engine, batch, chats
 
@@ -63,7 +63,7 @@ def test_no_room_is_made_before_a_new_chat_was_seen(tiny_model_dir: Path) -> Non
     engine.batch.memory.bound_bytes = engine.batch.cache.stats().bytes  # no room at all
     engine.batch.idle._recent.clear()  # as before any new chat (the warm-up's, this one's)
     assert not tidy(engine)
-    engine.batch.idle.saw_new_chat(64, 32)
+    engine.batch.idle.saw_new_chat(64)
     assert tidy(engine)
 
 

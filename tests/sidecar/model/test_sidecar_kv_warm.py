@@ -62,7 +62,7 @@ def test_idle_work_maps_the_pages_the_next_new_chats_prompt_writes(tiny_model_di
     _, batch, _ = warmed_engine(tiny_model_dir)
     slot = batch.next_new_slot()
     assert slot is not None and batch.warm.slot == slot
-    room = batch.idle.prompt_room
+    room = batch.warm.target
     assert 0 < room < batch.pool.length and batch.warm.warmed == room
     assert resident_pages(batch.pool, slot) == pages_for(batch.pool, room)
 
@@ -129,6 +129,31 @@ def test_a_warmed_slot_nobody_takes_is_given_back(tiny_model_dir: Path) -> None:
     assert resident_pages(batch.pool, slot) == 0
 
 
+def test_a_conversation_restored_from_compact_ram_is_written_into_the_warmed_slot(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, batch, first = warmed_engine(tiny_model_dir)
+    entry = next(e for e in batch.cache.entries if e.cache_scope == "first")
+    assert batch.tiers.compact(entry)  # its slot freed, as idle work or a new chat would
+    while batch.tidy():
+        pass
+    slot = batch.warm.slot
+    assert slot is not None and batch.warm.warmed == batch.warm.target
+    holders: list[object] = []  # who holds the warmed slot when the start settles it
+    settle = batch.warm.settle
+
+    def noting(keep_tokens: int) -> None:
+        holders.append(batch.slots_held()[slot])
+        settle(keep_tokens)
+
+    monkeypatch.setattr(batch.warm, "settle", noting)
+    returning = first.turn(1)
+    assert returning.restored.tier == "compact" and returning.cached_tokens > 0
+    assert holders == [returning.holder]  # restored into the slot mapped for it
+    assert batch.warm.slot is None
+    assert batch.warm.target >= len(returning.prompt.ids)  # the next one maps as far
+
+
 def test_nothing_is_mapped_where_the_kept_conversations_leave_no_room(
     tiny_model_dir: Path,
 ) -> None:
@@ -147,6 +172,6 @@ def test_the_worker_maps_the_pages_while_it_has_nothing_else_to_do(tiny_model_di
     engine = make_engine(tiny_model_dir)
     batch = batch_of(engine)
     Chat(engine, "first", 0).turn(0)
-    worker_idle_until(engine, lambda: batch.warm.warmed == batch.idle.prompt_room)
+    worker_idle_until(engine, lambda: batch.warm.warmed == batch.warm.target)
     slot = batch.warm.slot
     assert slot is not None and resident_pages(batch.pool, slot) > 0
