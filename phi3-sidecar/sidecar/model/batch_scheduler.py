@@ -109,7 +109,7 @@ class BatchScheduler:
         # Room for a new chat made while the worker is idle (kv_idle.py); the engine sets
         # how much once the model is loaded
         self.idle = IdleRoom(self)
-        self.warm = WarmPages(self)  # and the next new chat's pages mapped (kv_warm.py)
+        self.warm = WarmPages(self)  # and the next prompt's pages mapped (kv_warm.py)
         self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (shared_prefix.py)
         self.staged: Staged | None = None  # one of them written ahead into a free slot
         self._last_shared: SharedPrefix | None = None  # the one a new chat used last
@@ -133,13 +133,14 @@ class BatchScheduler:
 
     def tidy(self) -> bool:
         """One piece of idle work: room for a new chat (kv_idle.py), then a shared prefix
-        written ahead (shared_prefix.Staged), then the next new chat's pages mapped
-        (kv_warm.py); False when there is none."""
+        written ahead (shared_prefix.Staged), then the pages of the slot the next prompt is
+        written into mapped (kv_warm.py); False when there is none."""
         return self.idle.step() or self._stage_step() or self.warm.step()
 
     def next_new_slot(self) -> int | None:
-        """The slot the next new chat takes: the staged prefix's, else the lowest free one
-        (as _free_slot picks it while nothing decodes); None when none is free."""
+        """The slot the next new chat (or conversation restored into a free slot) takes: the
+        staged prefix's, else the lowest free one (as _free_slot picks it while nothing
+        decodes); None when none is free."""
         if self.staged is not None:
             return self.staged.slot
         return next((slot for slot, holder in enumerate(self._slots) if holder is None), None)

@@ -78,7 +78,8 @@ class WarmPages:
         return min(max(self._recent, default=0), self._host.pool.length)
 
     def step(self) -> bool:
-        """Map one more piece of the next new chat's slot; False when there is nothing to do."""
+        """Map one more piece of the slot the next prompt is written into; False when there
+        is nothing to do."""
         host = self._host
         if host.busy or not self.supported:
             return False
@@ -86,7 +87,7 @@ class WarmPages:
         slot = host.next_new_slot()
         if not target or slot is None:
             return False
-        if slot != self.slot:  # the next new chat's slot changed (a lower one was freed)
+        if slot != self.slot:  # the next prompt's slot changed (a lower one was freed)
             self._give_back()
             self.slot, self.warmed = slot, 0
         pool = host.pool
