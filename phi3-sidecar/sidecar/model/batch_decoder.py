@@ -21,7 +21,7 @@ not depend on who else is in the batch.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,17 +171,13 @@ class KvPool:
         """Map pages for positions [start, end) of a slot in every layer's K and V, their
         content unchanged (Linux's MADV_POPULATE_WRITE, 5.14 and later: the faults a model
         call writing there would take, taken now); False where that cannot be done."""
-        head_bytes = self.slot_bytes // self.kv_heads
-        position_bytes = head_bytes // self.length
-        if head_bytes % mmap.PAGESIZE or not 0 <= start < end <= self.length:
+        if self._head_bytes % mmap.PAGESIZE or not 0 <= start < end <= self.length:
             return False
-        first = start * position_bytes // mmap.PAGESIZE * mmap.PAGESIZE  # rounded down
-        last = -(-end * position_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # rounded up
+        first = start * self._position_bytes // mmap.PAGESIZE * mmap.PAGESIZE  # rounded down
+        last = -(-end * self._position_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # rounded up
         try:
-            for area in self._maps:
-                for head in range(self.kv_heads):
-                    offset = slot * self.slot_bytes + head * head_bytes
-                    area.madvise(kv_pages.MADV_POPULATE_WRITE, offset + first, last - first)
+            for area, offset in self._heads(slot):
+                area.madvise(kv_pages.MADV_POPULATE_WRITE, offset + first, last - first)
         except OSError:  # an older kernel (EINVAL), or no memory left to map (ENOMEM)
             return False
         return True
@@ -189,17 +185,30 @@ class KvPool:
     def trim(self, slot: int, keep: int) -> None:
         """Give back the pages of a slot past its first `keep` positions (every head's run of
         positions is its own region; the page that holds position `keep - 1` stays)."""
-        head_bytes = self.slot_bytes // self.kv_heads  # one head's positions
-        position_bytes = head_bytes // self.length
+        head_bytes = self._head_bytes
         if head_bytes % mmap.PAGESIZE or keep >= self.length:
             return  # not page aligned: the memory stays until the slot is freed
-        start = -(-keep * position_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # rounded up
+        start = -(-keep * self._position_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # rounded up
         if start >= head_bytes:
             return
+        for area, offset in self._heads(slot):
+            area.madvise(mmap.MADV_DONTNEED, offset + start, head_bytes - start)
+
+    @property
+    def _head_bytes(self) -> int:
+        """One head's run of positions in a slot."""
+        return self.slot_bytes // self.kv_heads
+
+    @property
+    def _position_bytes(self) -> int:
+        """One position of one head."""
+        return self._head_bytes // self.length
+
+    def _heads(self, slot: int) -> Iterator[tuple[mmap.mmap, int]]:
+        """Each buffer's mapping, with the offset of each of the slot's heads in it."""
         for area in self._maps:
             for head in range(self.kv_heads):
-                offset = slot * self.slot_bytes + head * head_bytes
-                area.madvise(mmap.MADV_DONTNEED, offset + start, head_bytes - start)
+                yield area, slot * self.slot_bytes + head * self._head_bytes
 
 
 class BatchDecoder:

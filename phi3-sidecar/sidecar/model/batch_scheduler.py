@@ -143,6 +143,10 @@ class BatchScheduler:
         decodes); None when none is free."""
         if self.staged is not None:
             return self.staged.slot
+        return self._lowest_free()
+
+    def _lowest_free(self) -> int | None:
+        """The lowest slot nothing holds; None when every slot is held."""
         return next((slot for slot, holder in enumerate(self._slots) if holder is None), None)
 
     def _stage_step(self) -> bool:
@@ -154,12 +158,12 @@ class BatchScheduler:
             if self.busy or not self.shared or not self.idle.headroom_tokens:
                 return False
             prefix = self._last_shared or self.shared[0]
-            free = [slot for slot, holder in enumerate(self._slots) if holder is None]
+            free = self._lowest_free()
             nbytes = len(prefix.ids) * self.pool.bytes_per_token
             headroom = self.idle.headroom * self.pool.bytes_per_token
-            if not free or self.cache.stats().bytes + headroom + nbytes > self.room():
+            if free is None or self.cache.stats().bytes + headroom + nbytes > self.room():
                 return False
-            staged = self.staged = Staged(prefix, free[0], nbytes)
+            staged = self.staged = Staged(prefix, free, nbytes)
             self.memory.set_aside += nbytes
         if staged.done:
             return False

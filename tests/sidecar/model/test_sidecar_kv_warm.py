@@ -1,4 +1,4 @@
-"""The next new chat's KV pages mapped while the worker is idle (model/kv_warm.py), in one
+"""The next prompt's KV pages mapped while the worker is idle (model/kv_warm.py), in one
 process on the real engine and the tiny model: which pages are resident is read from the
 kernel (mincore), and replies are compared with an engine that maps nothing ahead."""
 
