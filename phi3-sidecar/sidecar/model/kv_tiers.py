@@ -148,12 +148,17 @@ class KvTiers:
         kv = holder.holding.compact
         if kv is None or kv.tokens < tokens:
             stored = holder.holding.stored
-            kv = self.disk.read(stored) if self.disk is not None and stored else None
+            if self.disk is None or stored is None:
+                raise LookupError("the conversation has no file")
+            # Decoded into the slot as it is read; on a bad file the caller frees the slot.
+            with kv_compact.SlotFiller(self.pool, slot, tokens) as filler:
+                kv = self.disk.read(stored, filler)
             if kv is None:
                 raise LookupError("the conversation's file is gone")
             tier = "disk"
             holder.holding.compact = kv
-        kv_compact.restore(kv, self.pool, slot, tokens)
+        else:
+            kv_compact.restore(kv, self.pool, slot, tokens)
         kv.truncate(tokens)  # the slot goes on from here: later positions will differ
         if kv.encoding != "fp32":
             entry.exact_end = 0  # decoded K/V are not a fresh prefill's, bit for bit

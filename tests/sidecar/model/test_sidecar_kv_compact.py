@@ -2,7 +2,8 @@
 prompt into a slot, and its K/V go through each encoding. fp32 comes back bit for bit; int8
 within half a scale step of every value; fp16 as numpy rounds it; an encoding grown by
 `extend` and cut by `truncate` is the encoding of those positions at once; a restore of N
-positions leaves the slot's others as they were. (The quality of a chat continued from them:
+positions leaves the slot's others as they were; a slot filled as the disk tier reads a file
+is the restore of it. (The quality of a chat continued from them:
 python -m scripts.bench quality --kv-restore, tests/realmodel/test_realmodel_kv_restore.py.)"""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sidecar.model import kv_compact
 from sidecar.model.batch_decoder import BatchDecoder, KvPool, read_spec
 from sidecar.model.folder import read_genai_config
 from sidecar.model.kv_compact import ENCODINGS, CompactKv, Encoding
+from sidecar.model.kv_disk import DiskTier, Shape
 
 TOKENS = 100  # positions read into slot 0 (two prefill chunks and a part)
 
@@ -123,6 +125,33 @@ def test_restoring_n_of_m_positions_leaves_the_rest_of_the_slot(
         kv_compact.restore(kv, pool, 3, count)
         restored(pool, whole, 2)
         assert kv.tokens == TOKENS  # a restore does not cut the encoding
+        for tensor in tensors(pool):
+            assert tensor[3, :, :count].tobytes() == tensor[2, :, :count].tobytes()
+            assert (tensor[3, :, count:] == 7.5).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_a_slot_filled_as_a_file_is_read_is_the_restore_of_it(
+    pool: KvPool, tmp_path: Path, encoding: Encoding, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SlotFiller decodes each tensor as DiskTier.read hands it over (on a thread of its own
+    where there are two): the slot ends as a restore of the file's KV, N of M positions too."""
+    monkeypatch.setattr(kv_compact, "THREADS", threads)
+    kv = kv_compact.encode(pool, 0, 0, TOKENS, encoding)
+    spec = Shape(len(pool.keys), pool.kv_heads, pool.keys[0].shape[3], encoding)
+    disk = DiskTier(tmp_path / "kv", 2**30, "f" * 64, spec)
+    stored = disk.write(kv, list(range(TOKENS)), None, False, TOKENS)
+    assert stored is not None
+    for count in (TOKENS, 60):
+        pool.free(3)
+        for tensor in tensors(pool):
+            tensor[3] = 7.5  # what the slot held before
+        with kv_compact.SlotFiller(pool, 3, count) as filler:
+            read = disk.read(stored, filler)
+        assert read is not None and read.tokens == TOKENS
+        assert [a.tobytes() for a in read.arrays()] == [a.tobytes() for a in kv.arrays()]
+        kv_compact.restore(kv, pool, 2, count)
         for tensor in tensors(pool):
             assert tensor[3, :, :count].tobytes() == tensor[2, :, :count].tobytes()
             assert (tensor[3, :, count:] == 7.5).all()

@@ -256,3 +256,26 @@ def test_the_start_line_says_the_tier_is_off_when_its_directory_is_refused(
     (line,) = [r for r in caplog.records if r.message == "kv memory"]
     assert line.fields["disk_tier"] is None  # type: ignore[attr-defined]
     assert REFUSED in messages(caplog)
+
+
+def test_blocks_are_handed_over_as_read_and_a_bad_crc_is_still_a_miss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`each` gets every tensor in order as it is read; the CRC is checked after the last, so
+    a flipped byte there makes the read a miss although every block was handed over."""
+    directory = tmp_path / "kv"
+    path = written(directory, tokens=5)
+    disk = tier(directory)
+    (stored,) = disk.scan()
+    handed: list[int] = []
+    kv = disk.read(stored, lambda index, block: handed.append(index))
+    assert kv is not None and handed == list(range(2 * SHAPE.layers))
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x01  # the last scale's last byte, just before the CRC
+    path.write_bytes(bytes(data))
+    handed.clear()
+    with caplog.at_level(logging.WARNING):
+        assert disk.read(stored, lambda index, block: handed.append(index)) is None
+    assert handed == list(range(2 * SHAPE.layers))
+    assert [r.fields["why"] for r in caplog.records] == ["truncated or corrupt (CRC)"]  # type: ignore[attr-defined]
+    assert not path.exists()

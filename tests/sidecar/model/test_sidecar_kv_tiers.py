@@ -236,6 +236,9 @@ def test_a_restart_keeps_this_models_files_and_drops_the_rest(
 def test_a_file_corrupted_after_indexing_is_never_served(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The file's tensors are decoded into a slot as they are read, before the CRC at its end
+    is checked: the turn that finds it bad reads its prompt again and replies exactly as a
+    turn that found nothing kept."""
     chat, path = chat_on_disk(tiny_model_dir, tmp_path / "kv", "dave", 2)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of the K/V
@@ -245,6 +248,10 @@ def test_a_file_corrupted_after_indexing_is_never_served(
     assert generation.restored.tier is None and generation.cached_tokens == 0  # read again
     assert any("conversation cache file ignored" in r.message for r in caplog.records)
     assert not path.exists()
+    fresh = Chat(make_engine(tiny_model_dir), "dave", 2)
+    fresh.messages = chat.messages[:2]
+    fresh.turn(1)
+    assert fresh.messages[-1] == chat.messages[-1]
 
 
 def test_an_unwritable_disk_tier_leaves_the_cache_in_ram(
