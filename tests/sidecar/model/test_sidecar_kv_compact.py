@@ -135,10 +135,13 @@ def test_restoring_n_of_m_positions_leaves_the_rest_of_the_slot(
 def test_a_slot_filled_as_a_file_is_read_is_the_restore_of_it(
     pool: KvPool, tmp_path: Path, encoding: Encoding, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SlotFiller decodes each tensor as DiskTier.read hands it over (on a thread of its own
-    where there are two): the slot ends as a restore of the file's KV, N of M positions too."""
+    """A conversation kept in runs (a turn at a time) is written joined; SlotFiller decodes
+    each tensor as DiskTier.read hands it over (on a thread of its own where there are two):
+    the slot ends as a restore of the file's KV, N of M positions too."""
     monkeypatch.setattr(kv_compact, "THREADS", threads)
-    kv = kv_compact.encode(pool, 0, 0, TOKENS, encoding)
+    kv = kv_compact.encode(pool, 0, 0, 30, encoding)
+    kv.extend(kv_compact.encode(pool, 0, 30, 70, encoding))
+    kv.extend(kv_compact.encode(pool, 0, 70, TOKENS, encoding))
     spec = Shape(len(pool.keys), pool.kv_heads, pool.keys[0].shape[3], encoding)
     disk = DiskTier(tmp_path / "kv", 2**30, "f" * 64, spec)
     stored = disk.write(kv, list(range(TOKENS)), None, False, TOKENS)
@@ -150,7 +153,8 @@ def test_a_slot_filled_as_a_file_is_read_is_the_restore_of_it(
         with kv_compact.SlotFiller(pool, 3, count) as filler:
             read = disk.read(stored, filler)
         assert read is not None and read.tokens == TOKENS
-        assert [a.tobytes() for a in read.arrays()] == [a.tobytes() for a in kv.arrays()]
+        whole = kv_compact.encode(pool, 0, 0, TOKENS, encoding)
+        assert [a.tobytes() for a in read.arrays()] == [a.tobytes() for a in whole.arrays()]
         kv_compact.restore(kv, pool, 2, count)
         for tensor in tensors(pool):
             assert tensor[3, :, :count].tobytes() == tensor[2, :, :count].tobytes()
