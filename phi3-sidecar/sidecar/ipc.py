@@ -222,6 +222,9 @@ class Started:
     prepare_s: float = 0.0
     # Seconds it waited for room under the KV bound (KV_MEMORY_MB) before it started
     kv_wait_s: float = 0.0
+    # Seconds its start spent moving kept conversations down a tier (compacting them, writing
+    # them to the disk tier) for its room
+    room_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

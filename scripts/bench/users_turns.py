@@ -248,6 +248,7 @@ def sidecar_turn(
         "reused": reused(cached, chat.last_prompt),
         "cache_tier": line.get("cache_tier"),
         "restore_ms": line.get("restore_ms"),
+        "room_ms": line.get("room_ms"),
         "cache_reason": line.get("cache_reason"),
         "generated_tokens": line.get("generated_tokens"),
         "server_ttft_ms": line.get("ttft_ms"),
@@ -299,6 +300,8 @@ def show(row: Row) -> None:
     tier = f" from {row['cache_tier']}" if row.get("cache_tier") else ""
     if row.get("restore_ms") is not None:
         tier += f" (restored in {row['restore_ms']} ms)"
+    if row.get("room_ms"):
+        tier += f", room made in {row['room_ms']} ms"
     name = f" ({row['name']})" if row.get("name") else ""
     print(
         f"  {row['phase']:7s} {row['server']:8s} user {row['user']:2d} turn {row['turn']}{name}: "
@@ -526,6 +529,7 @@ def turn_table(rows: list[Row], turns: int) -> list[Row]:
         ours = [r for r in ours if r["turn"] == turn]
         alone = [r["ttft_s"] for r in rows if r["phase"] == "alone" and r["turn"] == turn]
         restores = [r["restore_ms"] for r in ours if r["restore_ms"] is not None]
+        rooms = [r.get("room_ms") or 0.0 for r in ours]
         entry: Row = {
             "turn": turn,
             **_stats(ours),
@@ -533,6 +537,7 @@ def turn_table(rows: list[Row], turns: int) -> list[Row]:
             "tiers": dict(Counter(r["cache_tier"] or "none" for r in ours)),
             "restore_ms_median": _median(restores),
             "restore_ms_max": max(restores, default=None),
+            "room_ms_median": _median(rooms),
         }
         theirs = [r for r in rows if r["server"] == "llamacpp" and r["turn"] == turn]
         if theirs:
@@ -640,9 +645,9 @@ def markdown(result: dict[str, Any]) -> str:
     head = (
         "| turn | prompt tokens | cached | reused % of previous prompt (min / median) "
         "| TTFT median (s) | TTFT p95 (s) | alone (s) | median / alone | tiers "
-        "| restore ms (median / max) |"
+        "| restore ms (median / max) | room made ms (median) |"
     )
-    rule = "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+    rule = "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
     if peers:
         head += (
             " llama.cpp cached | llama.cpp reused % (min) | llama.cpp TTFT median (s) | p95 (s) |"
@@ -658,7 +663,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {_share(row['reused_min'])} / {_share(row['reused_median'])} "
             f"| {_num(med)} | {_num(row['ttft_p95_s'])} | {_num(alone)} "
             f"| {_num(med / alone if med and alone else None)} | {tiers} "
-            f"| {_num(row['restore_ms_median'], '.1f')} / {_num(row['restore_ms_max'], '.1f')} |"
+            f"| {_num(row['restore_ms_median'], '.1f')} / {_num(row['restore_ms_max'], '.1f')} "
+            f"| {_num(row['room_ms_median'], '.1f')} |"
         )
         if peers:
             theirs = row.get("llamacpp", {})

@@ -117,6 +117,8 @@ class BatchScheduler:
         self.prefilling: deque[BatchGeneration] = deque()
         self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
         self._bookings = itertools.count()  # each reply's key in the bound's books
+        # Seconds the reply being started spent moving kept conversations down a tier
+        self.moving_s = 0.0
 
     @property
     def busy(self) -> bool:
@@ -243,7 +245,11 @@ class BatchScheduler:
         memory.reserve(booking, reserve, need)
         # Kept conversations move down to make room, also for the compact copy a conversation
         # coming back from disk is read into
+        self.moving_s = 0.0
+        began, moves = time.perf_counter(), self._moves()
         self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
+        if self._moves() != moves:
+            self.moving_s += time.perf_counter() - began
         restored = Restored(None)
         shared = 0
         if not lease.fresh:
@@ -280,6 +286,7 @@ class BatchScheduler:
         generation = BatchGeneration(self, prompt, request, holder, lease)
         generation.booking, generation.reserved, generation.need = booking, reserve, need
         generation.restored = restored
+        generation.room_s = self.moving_s
         if lease.fresh and shared:
             # Not the scope's own tokens: cached_tokens stays what the scope held (none)
             generation.cached_tokens, generation.cache_reason = 0, "shared"
@@ -342,9 +349,15 @@ class BatchScheduler:
             if not idle:
                 raise RuntimeError("no free KV slot: more requests than MAX_CONCURRENCY")
             oldest = min(idle, key=lambda e: e.last_used)
+            began = time.perf_counter()
             if not self.tiers.compact(oldest) and not self.tiers.spill(oldest):
                 self.cache.drop(oldest)
             self._free_unheld()
+            self.moving_s += time.perf_counter() - began
+
+    def _moves(self) -> int:
+        """Kept conversations moved down a tier or dropped, since start."""
+        return self.tiers.compactions + self.tiers.spills + self.cache.evictions
 
     def _free_unheld(self) -> None:
         """Free the slots whose holder is neither in use nor a cache entry any more."""
@@ -635,6 +648,7 @@ class BatchGeneration:
         self._paused_at: float | None = None
         self._row_size = scheduler._vocab_size  # logits per row (a forced token's logprobs)
         self.restored = Restored(None)  # where the reused tokens came from, and its cost
+        self.room_s = 0.0  # its start moving kept conversations down a tier for its room
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
         top_k = request.top_k
         if top_k is not None and scheduler._vocab_size:

@@ -201,6 +201,7 @@ class Pipeline:
         record.tokenized_chars = start.tokenized_chars
         record.prepare_ms = round(start.prepare_s * 1000, 1)
         record.kv_wait_ms = round(start.kv_wait_s * 1000, 1)
+        record.room_ms = round(start.room_s * 1000, 1)
         return ReplyResponse(
             reply,
             model,

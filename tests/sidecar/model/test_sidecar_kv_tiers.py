@@ -120,6 +120,24 @@ def test_idle_conversations_are_compacted_before_any_leaves_ram(tiny_model_dir: 
     assert all(not key.any() for key in batch.pool.keys)  # every slot's pages given back
 
 
+def test_a_start_that_moves_a_kept_conversation_down_says_how_long_it_took(
+    tiny_model_dir: Path,
+) -> None:
+    """The room a reply's start makes on its own path (its log line's room_ms): none while the
+    bound has room; the time compacting the idle conversation took when it has not."""
+    engine = make_engine(tiny_model_dir)
+    batch = engine.batch
+    assert batch is not None
+    first = Chat(engine, "s0", 0).turn(0)
+    assert first.room_s == 0  # nothing kept yet
+    kept = batch.cache.entries[0].nbytes
+    # About one reply's reservation beside s0 in its slot, not two: the next start compacts it
+    batch.memory.bound_bytes = int(kept * 1.5)
+    second = Chat(engine, "s1", 1).turn(0)
+    assert tiers(engine)["s0"] == "compact"
+    assert second.room_s > 0
+
+
 def test_a_returning_conversation_is_restored_and_reuses_its_whole_history(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

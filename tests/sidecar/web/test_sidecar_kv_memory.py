@@ -171,6 +171,7 @@ def test_a_huge_max_tokens_does_not_hold_the_bound_up_front(bounded: Service) ->
     huge, short = request_line(bounded, "kv-huge"), request_line(bounded, "kv-short")
     assert huge["generated_tokens"] == 1024 - length - 1 and short["generated_tokens"] == 16
     assert short["kv_wait_ms"] == 0  # it started at once
+    assert isinstance(short["room_ms"], float) and short["room_ms"] >= 0
     assert metrics(bounded.url)["sidecar_kv_memory_waits_total"] == waits
     assert metrics(bounded.url)["sidecar_kv_reserved_bytes"] == 0
 
