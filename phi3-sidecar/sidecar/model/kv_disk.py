@@ -197,9 +197,9 @@ class DiskTier:
         try:
             with folder.create(temporary) as file:
                 start = (
-                    _HEAD.pack(MAGIC, VERSION, len(head)),
-                    head,
-                    np.asarray(tokens, dtype=np.int32).tobytes(),
+                    memoryview(_HEAD.pack(MAGIC, VERSION, len(head))),
+                    memoryview(head),
+                    memoryview(np.asarray(tokens, dtype=np.int32).tobytes()),
                 )
                 # One tensor at a time: each view is of the scratch array the next one reuses.
                 for chunk in itertools.chain(start, _contiguous(kv, self.shape)):
@@ -422,7 +422,7 @@ def _contiguous(kv: CompactKv, shape: Shape) -> Iterator[memoryview]:
 def _joined(parts: list[np.ndarray], scratch: dict[str, np.ndarray], key: str) -> memoryview:
     """`parts` joined along their second axis (tokens), as bytes."""
     if len(parts) == 1 and parts[0].flags.c_contiguous:
-        return memoryview(parts[0]).cast("B")
+        return parts[0].data.cast("B")
     shape = (parts[0].shape[0], sum(p.shape[1] for p in parts), *parts[0].shape[2:])
     size = int(np.prod(shape)) * parts[0].itemsize
     buffer = scratch.get(key)
@@ -430,7 +430,7 @@ def _joined(parts: list[np.ndarray], scratch: dict[str, np.ndarray], key: str) -
         buffer = scratch[key] = np.empty(size, np.uint8)
     out = buffer[:size].view(parts[0].dtype).reshape(shape)
     np.concatenate(parts, axis=1, out=out)
-    return memoryview(out).cast("B")
+    return out.data.cast("B")
 
 
 def _read_exactly(file: BinaryIO, into: memoryview) -> bool:
