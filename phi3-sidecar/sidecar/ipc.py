@@ -223,8 +223,9 @@ class Started:
     # Seconds it waited for room under the KV bound (KV_MEMORY_MB) before it started
     kv_wait_s: float = 0.0
     # Seconds its start spent moving kept conversations down a tier (compacting them, writing
-    # them to the disk tier) for its room
+    # them to the disk tier) for its room, and how many it compacted and wrote
     room_s: float = 0.0
+    room_moves: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)

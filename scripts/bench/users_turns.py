@@ -249,6 +249,8 @@ def sidecar_turn(
         "cache_tier": line.get("cache_tier"),
         "restore_ms": line.get("restore_ms"),
         "room_ms": line.get("room_ms"),
+        "room_compacted": line.get("room_compacted"),
+        "room_spilled": line.get("room_spilled"),
         "cache_reason": line.get("cache_reason"),
         "generated_tokens": line.get("generated_tokens"),
         "server_ttft_ms": line.get("ttft_ms"),
@@ -301,7 +303,8 @@ def show(row: Row) -> None:
     if row.get("restore_ms") is not None:
         tier += f" (restored in {row['restore_ms']} ms)"
     if row.get("room_ms"):
-        tier += f", room made in {row['room_ms']} ms"
+        moved = f"{row.get('room_compacted')} compacted, {row.get('room_spilled')} to disk"
+        tier += f", room made in {row['room_ms']} ms ({moved})"
     name = f" ({row['name']})" if row.get("name") else ""
     print(
         f"  {row['phase']:7s} {row['server']:8s} user {row['user']:2d} turn {row['turn']}{name}: "

@@ -246,6 +246,7 @@ class BatchScheduler:
         # Kept conversations move down to make room, also for the compact copy a conversation
         # coming back from disk is read into
         self.moving_s = 0.0
+        moved = (self.tiers.compactions, self.tiers.spills)
         began, moves = time.perf_counter(), self._moves()
         self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
         if self._moves() != moves:
@@ -287,6 +288,10 @@ class BatchScheduler:
         generation.booking, generation.reserved, generation.need = booking, reserve, need
         generation.restored = restored
         generation.room_s = self.moving_s
+        generation.room_moves = (
+            self.tiers.compactions - moved[0],
+            self.tiers.spills - moved[1],
+        )
         if lease.fresh and shared:
             # Not the scope's own tokens: cached_tokens stays what the scope held (none)
             generation.cached_tokens, generation.cache_reason = 0, "shared"
@@ -649,6 +654,7 @@ class BatchGeneration:
         self._row_size = scheduler._vocab_size  # logits per row (a forced token's logprobs)
         self.restored = Restored(None)  # where the reused tokens came from, and its cost
         self.room_s = 0.0  # its start moving kept conversations down a tier for its room
+        self.room_moves = (0, 0)  # how many: compacted, written to disk
         self._min_new = min(request.min_new_tokens, prompt.max_new_tokens)
         top_k = request.top_k
         if top_k is not None and scheduler._vocab_size:

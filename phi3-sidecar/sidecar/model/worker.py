@@ -374,6 +374,7 @@ class Scheduler:
                 prepare_s=time.perf_counter() - began if built_here else pending.prepare_s,
                 kv_wait_s=time.monotonic() - waited if waited is not None else 0.0,
                 room_s=getattr(generation, "room_s", 0.0),
+                room_moves=getattr(generation, "room_moves", (0, 0)),
             )
         )
         # The gauges follow the books: the reservation it made is in them from now on, not

@@ -202,6 +202,7 @@ class Pipeline:
         record.prepare_ms = round(start.prepare_s * 1000, 1)
         record.kv_wait_ms = round(start.kv_wait_s * 1000, 1)
         record.room_ms = round(start.room_s * 1000, 1)
+        record.room_compacted, record.room_spilled = start.room_moves
         return ReplyResponse(
             reply,
             model,

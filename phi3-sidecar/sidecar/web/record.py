@@ -55,8 +55,11 @@ class RequestRecord:
     tokenized_chars: int | None = None
     prepare_ms: float | None = None
     kv_wait_ms: float | None = None
-    # its start moving kept conversations down a tier for its room (compact RAM, disk)
+    # its start moving kept conversations down a tier for its room: the time, and how many
+    # it compacted and wrote to the disk tier
     room_ms: float | None = None
+    room_compacted: int | None = None
+    room_spilled: int | None = None
     kv_paused_ms: float | None = None  # once started, waiting for room to grow (kv_bound.py)
     # A refusal by the model worker: the time its side spent on the request before refusing
     # it, and true when the byte bound refused it before any tokenization (issue 46)

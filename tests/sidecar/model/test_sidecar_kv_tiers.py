@@ -135,7 +135,7 @@ def test_a_start_that_moves_a_kept_conversation_down_says_how_long_it_took(
     batch.memory.bound_bytes = int(kept * 1.5)
     second = Chat(engine, "s1", 1).turn(0)
     assert tiers(engine)["s0"] == "compact"
-    assert second.room_s > 0
+    assert second.room_s > 0 and second.room_moves == (1, 0)
 
 
 def test_a_returning_conversation_is_restored_and_reuses_its_whole_history(

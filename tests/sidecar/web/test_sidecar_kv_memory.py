@@ -172,6 +172,7 @@ def test_a_huge_max_tokens_does_not_hold_the_bound_up_front(bounded: Service) ->
     assert huge["generated_tokens"] == 1024 - length - 1 and short["generated_tokens"] == 16
     assert short["kv_wait_ms"] == 0  # it started at once
     assert isinstance(short["room_ms"], float) and short["room_ms"] >= 0
+    assert isinstance(short["room_compacted"], int) and isinstance(short["room_spilled"], int)
     assert metrics(bounded.url)["sidecar_kv_memory_waits_total"] == waits
     assert metrics(bounded.url)["sidecar_kv_reserved_bytes"] == 0
 
