@@ -246,10 +246,9 @@ class BatchScheduler:
         # Kept conversations move down to make room, also for the compact copy a conversation
         # coming back from disk is read into
         self.moving_s = 0.0
-        moved = (self.tiers.compactions, self.tiers.spills)
-        began, moves = time.perf_counter(), self._moves()
+        began, moved = time.perf_counter(), self._moved()
         self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
-        if self._moves() != moves:
+        if self._moved() != moved:
             self.moving_s += time.perf_counter() - began
         restored = Restored(None)
         shared = 0
@@ -288,10 +287,8 @@ class BatchScheduler:
         generation.booking, generation.reserved, generation.need = booking, reserve, need
         generation.restored = restored
         generation.room_s = self.moving_s
-        generation.room_moves = (
-            self.tiers.compactions - moved[0],
-            self.tiers.spills - moved[1],
-        )
+        now = self._moved()
+        generation.room_moves = (now[0] - moved[0], now[1] - moved[1])  # compacted, on disk
         if lease.fresh and shared:
             # Not the scope's own tokens: cached_tokens stays what the scope held (none)
             generation.cached_tokens, generation.cache_reason = 0, "shared"
@@ -360,9 +357,9 @@ class BatchScheduler:
             self._free_unheld()
             self.moving_s += time.perf_counter() - began
 
-    def _moves(self) -> int:
-        """Kept conversations moved down a tier or dropped, since start."""
-        return self.tiers.compactions + self.tiers.spills + self.cache.evictions
+    def _moved(self) -> tuple[int, int, int]:
+        """Kept conversations compacted, written to disk and dropped, since start."""
+        return self.tiers.compactions, self.tiers.spills, self.cache.evictions
 
     def _free_unheld(self) -> None:
         """Free the slots whose holder is neither in use nor a cache entry any more."""
