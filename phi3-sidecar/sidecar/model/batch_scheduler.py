@@ -117,8 +117,6 @@ class BatchScheduler:
         self.prefilling: deque[BatchGeneration] = deque()
         self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
         self._bookings = itertools.count()  # each reply's key in the bound's books
-        # Seconds the reply being started spent moving kept conversations down a tier
-        self.moving_s = 0.0
 
     @property
     def busy(self) -> bool:
@@ -245,11 +243,8 @@ class BatchScheduler:
         memory.reserve(booking, reserve, need)
         # Kept conversations move down to make room, also for the compact copy a conversation
         # coming back from disk is read into
-        self.moving_s = 0.0
-        began, moved = time.perf_counter(), self._moved()
+        moved = self.tiers.moved()  # what this start moves down, for its log line
         self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
-        if self._moved() != moved:
-            self.moving_s += time.perf_counter() - began
         restored = Restored(None)
         shared = 0
         if not lease.fresh:
@@ -286,9 +281,9 @@ class BatchScheduler:
         generation = BatchGeneration(self, prompt, request, holder, lease)
         generation.booking, generation.reserved, generation.need = booking, reserve, need
         generation.restored = restored
-        generation.room_s = self.moving_s
-        now = self._moved()
+        now = self.tiers.moved()
         generation.room_moves = (now[0] - moved[0], now[1] - moved[1])  # compacted, on disk
+        generation.room_s = now[2] - moved[2]
         if lease.fresh and shared:
             # Not the scope's own tokens: cached_tokens stays what the scope held (none)
             generation.cached_tokens, generation.cache_reason = 0, "shared"
@@ -351,15 +346,9 @@ class BatchScheduler:
             if not idle:
                 raise RuntimeError("no free KV slot: more requests than MAX_CONCURRENCY")
             oldest = min(idle, key=lambda e: e.last_used)
-            began = time.perf_counter()
             if not self.tiers.compact(oldest) and not self.tiers.spill(oldest):
                 self.cache.drop(oldest)
             self._free_unheld()
-            self.moving_s += time.perf_counter() - began
-
-    def _moved(self) -> tuple[int, int, int]:
-        """Kept conversations compacted, written to disk and dropped, since start."""
-        return self.tiers.compactions, self.tiers.spills, self.cache.evictions
 
     def _free_unheld(self) -> None:
         """Free the slots whose holder is neither in use nor a cache entry any more."""

@@ -21,8 +21,10 @@ leave no room, waits in the worker (`NoRoom`) until one ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -79,6 +81,7 @@ class KvTiers:
         self.restores: dict[Tier, int] = {"compact": 0, "disk": 0}
         self.spills = 0
         self.compactions = 0
+        self.moving_s = 0.0  # the seconds those compactions and spills took
 
     # -- moving down (PromptCache.shrink calls these, least recently used first) -------------
 
@@ -88,43 +91,45 @@ class KvTiers:
         holder = entry.generator
         if holder.slot is None or self.encoding is None:
             return False
-        self._encode(holder)
-        self._release_slot(holder)
-        self.compactions += 1
-        self.account(entry)
+        with self._moving():
+            self._encode(holder)
+            self._release_slot(holder)
+            self.compactions += 1
+            self.account(entry)
         return True
 
     def spill(self, entry: Entry) -> bool:
         """Write an idle entry to the disk tier and free its RAM; False if there is no disk
         tier (or the write failed): the caller drops the entry."""
-        holder = entry.generator
         disk = self.disk
         if disk is None or not disk.enabled or self.encoding is None:
             return False
-        if holder.slot is not None:
-            self._encode(holder)
-        kv = holder.holding.compact
-        if kv is None or kv.tokens < holder.kv_len:
-            return False
-        tokens = holder.tokens[: holder.kv_len]
-        previous = holder.holding.stored
-        if previous is not None and previous.tokens == tokens:
-            stored: Stored | None = previous  # already on disk as it is
-        else:
-            stored = disk.write(
-                kv, tokens, entry.cache_scope, entry.sampling, entry.prompt_end, previous
-            )
-        if stored is None:
-            return False
-        holder.holding.stored = stored
-        holder.holding.compact = None
-        if holder.slot is not None:
-            self._release_slot(holder)
-        self.spills += 1
-        self.account(entry)
-        for gone in disk.evictions():
-            self._drop_stored(gone)
-        return True
+        with self._moving():
+            holder = entry.generator
+            if holder.slot is not None:
+                self._encode(holder)
+            kv = holder.holding.compact
+            if kv is None or kv.tokens < holder.kv_len:
+                return False
+            tokens = holder.tokens[: holder.kv_len]
+            previous = holder.holding.stored
+            if previous is not None and previous.tokens == tokens:
+                stored: Stored | None = previous  # already on disk as it is
+            else:
+                stored = disk.write(
+                    kv, tokens, entry.cache_scope, entry.sampling, entry.prompt_end, previous
+                )
+            if stored is None:
+                return False
+            holder.holding.stored = stored
+            holder.holding.compact = None
+            if holder.slot is not None:
+                self._release_slot(holder)
+            self.spills += 1
+            self.account(entry)
+            for gone in disk.evictions():
+                self._drop_stored(gone)
+            return True
 
     def forget(self, entry: Entry) -> None:
         """The entry left the cache: its slot, compact copy and file go."""
@@ -137,6 +142,10 @@ class KvTiers:
             self._release_slot(holder)
 
     # -- moving up ---------------------------------------------------------------------------
+
+    def moved(self) -> tuple[int, int, float]:
+        """Conversations compacted and written to disk since start, and the seconds it took."""
+        return self.compactions, self.spills, self.moving_s
 
     def restore(self, entry: Entry, slot: int, tokens: int) -> Restored:
         """Copy a lent entry's first `tokens` positions into `slot` (from compact RAM, or from
@@ -206,6 +215,15 @@ class KvTiers:
         return counts
 
     # -- internals ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _moving(self) -> Iterator[None]:
+        """Counts the time of a compaction or a spill (moved())."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.moving_s += time.perf_counter() - began
 
     def _encode(self, holder: Any) -> None:
         """Make the holder's compact copy cover its slot's cached positions (only the
