@@ -274,17 +274,16 @@ class DiskTier:
             crc = zlib.crc32(view[start:end], crc)
 
         fill(0, _HEAD.size)
-        magic, version, length = _HEAD.unpack_from(area)
-        if magic != MAGIC or version != VERSION or length > 2**20:
-            raise ValueError("not a file of this version")
+        length = _header_length(area)
         count = len(stored.tokens)
         offset = _HEAD.size + length + 4 * count
         fill(_HEAD.size, offset)
         header = json.loads(bytes(view[_HEAD.size : _HEAD.size + length]))
-        if not isinstance(header, dict) or header.get("model") != self.fingerprint:
-            raise ValueError("not the file the index knows")
-        if header.get("tokens") != count or offset + self._payload(count) + _CRC.size != (
-            stored.nbytes
+        if (
+            not isinstance(header, dict)
+            or header.get("model") != self.fingerprint
+            or header.get("tokens") != count
+            or offset + self._payload(count) + _CRC.size != stored.nbytes
         ):
             raise ValueError("not the file the index knows")
         blocks: list[list[Block]] = []
@@ -328,9 +327,7 @@ class DiskTier:
         try:
             with self.folder.open_read(path.name) as file:
                 size = os.fstat(file.fileno()).st_size
-                magic, version, length = _HEAD.unpack(file.read(_HEAD.size))
-                if magic != MAGIC or version != VERSION or length > 2**20:
-                    raise ValueError("not a file of this version")
+                length = _header_length(file.read(_HEAD.size))
                 header = json.loads(file.read(length))
                 if not isinstance(header, dict) or header.get("model") != self.fingerprint:
                     raise ValueError("written for another model or encoding")
@@ -431,6 +428,15 @@ def _joined(parts: list[np.ndarray], scratch: dict[str, np.ndarray], key: str) -
     out = buffer[:size].view(parts[0].dtype).reshape(shape)
     np.concatenate(parts, axis=1, out=out)
     return out.data.cast("B")
+
+
+def _header_length(head: bytes | mmap.mmap) -> int:
+    """The JSON header's length, from a file's first bytes; ValueError if they are not this
+    version's."""
+    magic, version, length = _HEAD.unpack_from(head)
+    if magic != MAGIC or version != VERSION or length > 2**20:
+        raise ValueError("not a file of this version")
+    return int(length)
 
 
 def _read_exactly(file: BinaryIO, into: memoryview) -> bool:
