@@ -244,7 +244,11 @@ class BatchScheduler:
         # Kept conversations move down to make room, also for the compact copy a conversation
         # coming back from disk is read into
         moved = self.tiers.moved()  # what this start moves down, for its log line
-        self.cache.shrink(self.cache.limit() - self.tiers.incoming_bytes(lease))
+        incoming = self.tiers.incoming_bytes(lease)
+        if not lease.fresh and lease.entry is not None:
+            self.tiers.lend(lease.entry)  # a write of it begun while idle is dropped
+            self.idle.saw_return(reserve, incoming)  # the room the next one may need
+        self.cache.shrink(self.cache.limit() - incoming)
         restored = Restored(None)
         shared = 0
         if not lease.fresh:

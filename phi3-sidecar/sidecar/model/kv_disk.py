@@ -30,6 +30,7 @@ instead of being read again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -179,6 +180,20 @@ class DiskTier:
         replaces: Stored | None = None,
     ) -> Stored | None:
         """Write a conversation; None when the tier is off or the write failed (then off)."""
+        writing = self.begin(kv, tokens, cache_scope, sampling, prompt_end, replaces)
+        return None if writing is None else writing.finish()
+
+    def begin(
+        self,
+        kv: CompactKv,
+        tokens: list[int],
+        cache_scope: str | None,
+        sampling: bool,
+        prompt_end: int,
+        replaces: Stored | None = None,
+    ) -> Writing | None:
+        """Start writing a conversation, to go on a piece at a time (`Writing.step`); None
+        when the tier is off or the file cannot be made (then off)."""
         folder = self.folder
         if not self.enabled or folder is None or kv.tokens != len(tokens):
             return None
@@ -190,39 +205,28 @@ class DiskTier:
             "sampling": sampling,
             "prompt_end": prompt_end,
         }
-        head = json.dumps(header).encode()
         name = secrets.token_hex(16)
-        path, temporary = self.directory / f"{name}.kv", f"{name}.tmp"
-        crc = 0
         try:
-            with folder.create(temporary) as file:
-                start = (
-                    memoryview(_HEAD.pack(MAGIC, VERSION, len(head))),
-                    memoryview(head),
-                    memoryview(np.asarray(tokens, dtype=np.int32).tobytes()),
-                )
-                # One tensor at a time: each view is of the scratch array the next one reuses.
-                for chunk in itertools.chain(start, _contiguous(kv, self.shape)):
-                    crc = zlib.crc32(chunk, crc)
-                    file.write(chunk)
-                file.write(_CRC.pack(crc))
-                # No fsync: this is a cache. Only a crash of the whole machine can lose what
-                # the page cache holds, and then a file cut short or never written is refused
-                # by its size or its CRC (a miss). An fsync on the request path of the turn
-                # whose room this spill makes cost 80 ms for 175 MiB (AMD EPYC).
-            folder.replace(temporary, path.name)
+            file = folder.create(f"{name}.tmp")
         except OSError as exc:
-            folder.remove(temporary)
             self._off("a write failed", exc)
             return None
+        stored = Stored(
+            self.directory / f"{name}.kv", list(tokens), cache_scope, sampling, prompt_end, 0
+        )
+        return Writing(self, file, stored, json.dumps(header).encode(), kv, replaces)
+
+    def _written(self, writing: Writing) -> Stored:
+        """A file written whole and renamed into place: indexed (and what it replaces gone)."""
         self.writes += 1
-        if replaces is not None:
-            self.forget(replaces)
+        if writing.replaces is not None:
+            self.forget(writing.replaces)
         self._clock += 1
-        size = folder.size(path.name)
-        stored = Stored(path, list(tokens), cache_scope, sampling, prompt_end, size)
+        stored = writing.stored
+        assert self.folder is not None
+        stored.nbytes = self.folder.size(stored.path.name)
         stored.last_used = self._clock
-        self.files[path] = stored
+        self.files[stored.path] = stored
         return stored
 
     def read(
@@ -301,7 +305,7 @@ class DiskTier:
         """Delete a file (its conversation left the cache, or a newer file replaced it)."""
         self.files.pop(stored.path, None)
         if self.folder is not None:
-            self.folder.remove(stored.path.name)
+            self.folder.discard(stored.path.name)
 
     def evictions(self) -> list[Stored]:
         """The files to delete to fit the budget, least recently used first (deleted here; the
@@ -397,6 +401,108 @@ class DiskTier:
             fields = {"why": why, "error": f"{type(exc).__name__} errno {exc.errno}"}
             log.error("conversation cache disk tier off: RAM only", extra={"fields": fields})
         self.enabled = False
+
+
+class Writing:
+    """One conversation's file being written (DiskTier.begin): under a temporary name, a piece
+    at a time (`step`), then renamed into place and indexed (`finish`), or dropped (`abandon`).
+
+    It writes a snapshot of the conversation's runs taken at the start: the compact copy may
+    grow or be cut meanwhile (`CompactKv.extend`, `truncate` make new lists; no array is
+    changed in place), and the caller decides whether what was written is still wanted."""
+
+    def __init__(
+        self,
+        tier: DiskTier,
+        file: BinaryIO,
+        stored: Stored,
+        head: bytes,
+        kv: CompactKv,
+        replaces: Stored | None,
+    ) -> None:
+        self.tier, self.stored, self.replaces = tier, stored, replaces
+        self.source = kv  # what the caller handed in: it checks the copy is still the one
+        self.tokens = kv.tokens
+        self.written = 0  # bytes so far
+        self._file: BinaryIO | None = file
+        self._crc = 0
+        snapshot = CompactKv(kv.encoding, kv.tokens, [list(runs) for runs in kv.blocks])
+        start = (
+            memoryview(_HEAD.pack(MAGIC, VERSION, len(head))),
+            memoryview(head),
+            memoryview(np.asarray(stored.tokens, dtype=np.int32).tobytes()),
+        )
+        # One tensor at a time: each view is of the scratch array the next one reuses.
+        self._chunks = itertools.chain(start, _contiguous(snapshot, tier.shape))
+
+    @property
+    def open(self) -> bool:
+        return self._file is not None
+
+    def step(self, max_bytes: int) -> bool:
+        """Write whole tensors until `max_bytes` more are written or none is left; True when
+        the last is written (`finish` then only renames). False with nothing done if the
+        write failed (the tier is then off: see `finish`)."""
+        file = self._file
+        if file is None:
+            return False
+        budget = self.written + max_bytes
+        try:
+            while self.written < budget:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    return True
+                self._crc = zlib.crc32(chunk, self._crc)
+                file.write(chunk)
+                self.written += len(chunk)
+        except OSError as exc:
+            self._failed(exc)
+            return False
+        return False
+
+    def finish(self) -> Stored | None:
+        """Write what is left, rename the file into place and index it; None when the write
+        failed (the tier is then off: RAM only)."""
+        file = self._file
+        if file is None:
+            return None
+        while not self.step(2**62):
+            if self._file is None:
+                return None
+        try:
+            file.write(_CRC.pack(self._crc))
+            file.close()
+            # No fsync: this is a cache. Only a crash of the whole machine can lose what
+            # the page cache holds, and then a file cut short or never written is refused
+            # by its size or its CRC (a miss). An fsync on the request path of the turn
+            # whose room this spill makes cost 80 ms for 175 MiB (AMD EPYC).
+            folder = self.tier.folder
+            assert folder is not None
+            folder.replace(self._temporary, self.stored.path.name)
+        except OSError as exc:
+            self._failed(exc)
+            return None
+        self._file = None
+        return self.tier._written(self)
+
+    def abandon(self) -> None:
+        """Drop the file half written (the conversation came back, or left the cache)."""
+        file = self._file
+        if file is None:
+            return
+        self._file = None
+        with contextlib.suppress(OSError):
+            file.close()
+        if self.tier.folder is not None:
+            self.tier.folder.remove(self._temporary)
+
+    @property
+    def _temporary(self) -> str:
+        return self.stored.path.stem + ".tmp"
+
+    def _failed(self, exc: OSError) -> None:
+        self.abandon()
+        self.tier._off("a write failed", exc)
 
 
 _FLOATS: dict[str, Any] = {"fp16": np.float16, "fp32": np.float32}

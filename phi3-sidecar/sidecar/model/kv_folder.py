@@ -14,9 +14,14 @@ write:
 - Never a link. Every file is opened, made, renamed and deleted relative to that open
   directory (`dir_fd`) and opened with O_NOFOLLOW, so a link planted inside, or the path
   swapped for a link after the check, is never followed.
-- Only its own names: `<32 hex digits>.kv` (a conversation) and `.tmp` (one being written),
-  regular files owned by this user. Anything else in the directory is left alone, and counted
-  in the tier's start line (`foreign`).
+- Only its own names: `<32 hex digits>.kv` (a conversation), `.tmp` (one being written) and
+  `.del` (one being deleted), regular files owned by this user. Anything else in the directory
+  is left alone, and counted in the tier's start line (`foreign`).
+
+A deleted conversation (`discard`) is renamed to `.del` at once, so no lookup and no later
+start can take it, and unlinked on a thread of its own: freeing a 200 MiB file's pages took
+30-280 ms on the request path of the spill that replaced it (ext4, AMD EPYC), most of it
+waiting for the kernel's writeback of those very pages.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from __future__ import annotations
 import os
 import re
 import stat
+import threading
 import weakref
 from pathlib import Path
 from typing import BinaryIO
 
-NAME = re.compile(r"[0-9a-f]{32}\.(kv|tmp)")
+NAME = re.compile(r"[0-9a-f]{32}\.(kv|tmp|del)")
 PRIVATE = 0o700
 
 
@@ -42,6 +48,9 @@ class Folder:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._uid = os.geteuid()
+        self._doomed: list[str] = []  # `.del` names the deleting thread has yet to unlink
+        self._lock = threading.Lock()
+        self._deleting: threading.Thread | None = None
         try:
             path.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -98,6 +107,42 @@ class Folder:
             return 1
         except OSError:
             return 0
+
+    def discard(self, name: str) -> int:
+        """Delete one of the tier's files off the caller's path: renamed to `.del` now (gone
+        from the tier's names), unlinked by a thread that lives while there is any to unlink;
+        1 if it was there."""
+        if not NAME.fullmatch(name) or name.endswith(".del"):
+            return 0
+        doomed = name.rsplit(".", 1)[0] + ".del"
+        try:
+            os.replace(name, doomed, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except OSError:
+            return self.remove(name)
+        with self._lock:
+            self._doomed.append(doomed)
+            if self._deleting is None:
+                self._deleting = threading.Thread(
+                    target=self._delete, name="kv-disk-delete", daemon=True
+                )
+                self._deleting.start()
+        return 1
+
+    def settle(self) -> None:
+        """Wait until every discarded file is unlinked."""
+        with self._lock:
+            thread = self._deleting
+        if thread is not None:
+            thread.join()
+
+    def _delete(self) -> None:
+        while True:
+            with self._lock:
+                if not self._doomed:
+                    self._deleting = None
+                    return
+                name = self._doomed.pop(0)
+            self.remove(name)
 
     def size(self, name: str) -> int:
         try:

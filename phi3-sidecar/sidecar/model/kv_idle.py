@@ -20,6 +20,19 @@ it would have continued in its slot; with KV_COMPACT=fp32 or PROMPT_CACHE_EXACT=
 lossless and replies are the same. A user who comes back while their conversation is being
 encoded waits for no encoding at all: the conversation is still in its slot and continues
 there; the part already encoded is kept as far as the new turn reuses it.
+
+Room for a returning user, too: a user whose conversation is on disk needs room in RAM for its
+compact copy, read back, and for the reply's reservation; without idle work their start wrote
+another conversation to disk on their path first (one such spill at every start of turns 4
+and 5 of the users-turns bench: 0.32-0.40 s at the median, AMD EPYC). So, with the disk tier
+on and once a returning user needed such room (`saw_return`: the largest of the last few
+returns sets the room kept), idle work then moves the conversations that start would have
+moved, oldest first, the same way: one still in a slot is compacted (PIECE_TOKENS at a time),
+one in compact RAM is written to its file PIECE_BYTES at a time (kv_disk.Writing) and its RAM
+freed with the last piece. The trade is the same: a conversation written out early whose user
+comes back first is restored from disk where it would have been from compact RAM; and a user
+who comes back while their conversation is being written waits for no write at all: the part
+written is dropped and the conversation is restored from compact RAM (KvTiers.lend).
 """
 
 from __future__ import annotations
@@ -52,7 +65,9 @@ class Host(Protocol):
 
 
 PIECE_TOKENS = 64  # positions encoded per idle step (Phi-3-mini: 48 MiB of fp32 K/V)
+PIECE_BYTES = 16 * 2**20  # of a file written per idle step (a few ms into the page cache)
 RECENT_NEW_CHATS = 8  # the new chats whose largest reservation sets the room kept
+RECENT_RETURNS = 8  # the returning users whose largest needs set the room kept for them
 
 
 class IdleRoom:
@@ -60,12 +75,20 @@ class IdleRoom:
         self._scheduler = scheduler
         self.headroom_tokens = headroom_tokens  # 0: off (until the engine sets it)
         self.piece_tokens = PIECE_TOKENS
-        self.pieces = 0  # idle steps that encoded something, since start
+        self.piece_bytes = PIECE_BYTES
+        self.pieces = 0  # idle steps that encoded or wrote something, since start
+        self.written_pieces = 0  # of them, the ones that wrote a piece of a file
         self._recent: deque[int] = deque(maxlen=RECENT_NEW_CHATS)
+        self._returns: deque[tuple[int, int]] = deque(maxlen=RECENT_RETURNS)
 
     def saw_new_chat(self, tokens: int) -> None:
         """A new chat (nothing of its scope reused) reserved `tokens` of KV."""
         self._recent.append(tokens)
+
+    def saw_return(self, reserved: int, incoming: int) -> None:
+        """A returning user's start reserved `reserved` bytes of KV and needed `incoming`
+        bytes of RAM for its conversation's compact copy read from disk (0: none)."""
+        self._returns.append((reserved, incoming))
 
     @property
     def headroom(self) -> int:
@@ -73,11 +96,25 @@ class IdleRoom:
         return min(self.headroom_tokens, max(self._recent, default=0))
 
     def step(self) -> bool:
-        """Encode one piece of the conversation that must leave its slot first; False when
-        there is nothing to do."""
+        """One piece of the room the next new chat, then the next returning user, needs;
+        False when there is nothing to do."""
         entry = self._next()
         if entry is None:
-            return False
+            entry = self._next_for_return()
+            if entry is None:
+                return False
+            if entry.generator.slot is None:
+                if not self._scheduler.tiers.spill_piece(entry, self.piece_bytes):
+                    return False
+                self.pieces += 1
+                self.written_pieces += 1
+                return True
+        self._compact_piece(entry)
+        self.pieces += 1
+        return True
+
+    def _compact_piece(self, entry: Entry) -> None:
+        """Encode one piece of an idle conversation in a slot; the last frees its slot."""
         tiers = self._scheduler.tiers
         holder = entry.generator
         kv = holder.holding.compact
@@ -94,8 +131,28 @@ class IdleRoom:
             else:
                 holder.holding.compact = more
             tiers.account(entry)
-        self.pieces += 1
-        return True
+
+    def _next_for_return(self) -> Entry | None:
+        """The conversation a returning user's start would move down first (shrink's order:
+        the oldest idle one in a slot, else the oldest in compact RAM), if the kept
+        conversations' RAM is over what such a start leaves them."""
+        scheduler = self._scheduler
+        tiers = scheduler.tiers
+        disk = tiers.disk
+        if not self._returns or disk is None or not disk.enabled or tiers.encoding is None:
+            return None
+        if scheduler.busy:
+            return None
+        reserved = max(r for r, _ in self._returns)
+        incoming = max(i for _, i in self._returns)
+        cache = scheduler.cache
+        limit = min(cache.budget_bytes, scheduler.room() - reserved) - incoming
+        if cache.stats().bytes <= limit:
+            return None
+        idle = [e for e in cache.entries if not e.lent and e.nbytes]
+        in_slots = [e for e in idle if e.generator.slot is not None and e.generator.kv_len > 0]
+        candidates = in_slots or [e for e in idle if e.generator.slot is None]
+        return min(candidates, key=lambda e: e.last_used) if candidates else None
 
     def _next(self) -> Entry | None:
         """The least recently used idle conversation in a slot, if a new chat would need its

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sidecar.model import kv_compact
 from sidecar.model.kv_bound import Memory, NoRoom
 from sidecar.model.kv_compact import CompactKv, Encoding
-from sidecar.model.kv_disk import DiskTier, Stored
+from sidecar.model.kv_disk import DiskTier, Stored, Writing
 
 if TYPE_CHECKING:
     from sidecar.model.batch_decoder import KvPool
@@ -82,6 +82,7 @@ class KvTiers:
         self.spills = 0
         self.compactions = 0
         self.moving_s = 0.0  # the seconds those compactions and spills took
+        self.writing: tuple[Entry, Writing] | None = None  # a spill begun while idle
 
     # -- moving down (PromptCache.shrink calls these, least recently used first) -------------
 
@@ -100,39 +101,57 @@ class KvTiers:
 
     def spill(self, entry: Entry) -> bool:
         """Write an idle entry to the disk tier and free its RAM; False if there is no disk
-        tier (or the write failed): the caller drops the entry."""
-        disk = self.disk
-        if disk is None or not disk.enabled or self.encoding is None:
+        tier (or the write failed): the caller drops the entry. A write of this entry begun
+        while the worker was idle (`spill_piece`) is finished, not begun again."""
+        if not self._spills():
             return False
         with self._moving():
-            holder = entry.generator
-            if holder.slot is not None:
-                self._encode(holder)
-            kv = holder.holding.compact
-            if kv is None or kv.tokens < holder.kv_len:
+            prepared = self._prepare(entry)
+            if prepared is None:
                 return False
-            tokens = holder.tokens[: holder.kv_len]
-            previous = holder.holding.stored
-            if previous is not None and previous.tokens == tokens:
-                stored: Stored | None = previous  # already on disk as it is
-            else:
-                stored = disk.write(
-                    kv, tokens, entry.cache_scope, entry.sampling, entry.prompt_end, previous
-                )
+            stored = prepared.finish() if isinstance(prepared, Writing) else prepared
+            if self.writing is not None and self.writing[1] is prepared:
+                self.writing = None
             if stored is None:
                 return False
-            holder.holding.stored = stored
-            holder.holding.compact = None
-            if holder.slot is not None:
-                self._release_slot(holder)
-            self.spills += 1
-            self.account(entry)
-            for gone in disk.evictions():
-                self._drop_stored(gone)
+            self._spilled(entry, stored)
             return True
+
+    def spill_piece(self, entry: Entry, max_bytes: int) -> bool:
+        """Write about `max_bytes` more of an idle entry kept in compact RAM to its file
+        (idle work, kv_idle.py); once the last piece is written the entry is spilled, as
+        `spill` would. False when it cannot be (nothing was done)."""
+        if not self._spills() or entry.lent or entry.generator.slot is not None:
+            return False
+        with self._moving():
+            prepared = self._prepare(entry)
+            if prepared is None:
+                return False
+            if isinstance(prepared, Writing):
+                if self.writing is not None and self.writing[1] is not prepared:
+                    self.writing[1].abandon()  # another entry's: it is not the oldest now
+                self.writing = (entry, prepared)
+                if not prepared.step(max_bytes):
+                    return prepared.open  # False: the write failed (the tier is now off)
+                stored = prepared.finish()
+                self.writing = None
+                if stored is None:
+                    return False
+            else:
+                stored = prepared
+            self._spilled(entry, stored)
+            return True
+
+    def lend(self, entry: Entry) -> None:
+        """A kept conversation is lent to a reply: a write of it begun while the worker was
+        idle is dropped (it is in RAM, and the reply changes it). Its user waits for none."""
+        if self.writing is not None and self.writing[0] is entry:
+            self.writing[1].abandon()
+            self.writing = None
 
     def forget(self, entry: Entry) -> None:
         """The entry left the cache: its slot, compact copy and file go."""
+        self.lend(entry)  # a write of it under way is dropped
         holder = entry.generator
         holder.holding.compact = None
         if holder.holding.stored is not None and self.disk is not None:
@@ -224,6 +243,44 @@ class KvTiers:
             yield
         finally:
             self.moving_s += time.perf_counter() - began
+
+    def _spills(self) -> bool:
+        return self.disk is not None and self.disk.enabled and self.encoding is not None
+
+    def _prepare(self, entry: Entry) -> Writing | Stored | None:
+        """What spilling the entry takes: its file as it is (already written), or a write
+        (the one begun for this very copy, or a new one); None when it cannot be written."""
+        disk = self.disk
+        assert disk is not None
+        holder = entry.generator
+        if holder.slot is not None:
+            self._encode(holder)
+        kv = holder.holding.compact
+        if kv is None or kv.tokens < holder.kv_len:
+            return None
+        tokens = holder.tokens[: holder.kv_len]
+        previous = holder.holding.stored
+        if previous is not None and previous.tokens == tokens:
+            return previous  # already on disk as it is
+        if self.writing is not None:
+            held, writing = self.writing
+            same = writing.source is kv and writing.tokens == kv.tokens
+            if held is entry and writing.open and same and writing.stored.tokens == tokens:
+                return writing
+        return disk.begin(kv, tokens, entry.cache_scope, entry.sampling, entry.prompt_end, previous)
+
+    def _spilled(self, entry: Entry, stored: Stored) -> None:
+        """The entry's file is written: its RAM goes."""
+        assert self.disk is not None
+        holder = entry.generator
+        holder.holding.stored = stored
+        holder.holding.compact = None
+        if holder.slot is not None:
+            self._release_slot(holder)
+        self.spills += 1
+        self.account(entry)
+        for gone in self.disk.evictions():
+            self._drop_stored(gone)
 
     def _encode(self, holder: Any) -> None:
         """Make the holder's compact copy cover its slot's cached positions (only the

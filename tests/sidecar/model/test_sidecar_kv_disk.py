@@ -150,6 +150,7 @@ def test_only_its_own_files_are_touched_and_links_inside_never_followed(tmp_path
     (directory / "README").write_text("an operator's note")
     (directory / ("E" * 32 + ".kv")).write_bytes(b"not its name (upper case)")
     (directory / ("e" * 32 + ".tmp")).write_bytes(b"half written")  # its own: removed
+    (directory / ("f" * 32 + ".del")).write_bytes(b"being deleted")  # its own: removed
     disk = tier(directory)
     assert [s.path for s in disk.scan()] == [kept]
     left = {p.name for p in directory.iterdir()}
@@ -279,3 +280,66 @@ def test_blocks_are_handed_over_as_read_and_a_bad_crc_is_still_a_miss(
     assert handed == list(range(2 * SHAPE.layers))
     assert [r.fields["why"] for r in caplog.records] == ["truncated or corrupt (CRC)"]  # type: ignore[attr-defined]
     assert not path.exists()
+
+
+def random_kv(tokens: int, runs: int, seed: int) -> CompactKv:
+    rng = np.random.default_rng(seed)
+
+    def run() -> Block:
+        shape = (SHAPE.kv_heads, tokens // runs, SHAPE.head_size)
+        data = rng.integers(-127, 128, shape, dtype=np.int8)
+        return Block(data, rng.random((SHAPE.kv_heads, tokens // runs), np.float32))
+
+    blocks = [[run() for _ in range(runs)] for _ in range(2 * SHAPE.layers)]
+    return CompactKv("int8", tokens, blocks)
+
+
+def test_a_file_written_a_piece_at_a_time_is_the_file_written_whole(tmp_path: Path) -> None:
+    """kv_disk.Writing, as idle work drives it: a tensor a step, of a snapshot taken at the
+    start (the copy growing meanwhile changes nothing), the same bytes as one write."""
+    kv = random_kv(6, runs=3, seed=1)
+    whole = tier(tmp_path / "whole").write(kv, list(range(6)), "s", False, 5)
+    assert whole is not None
+    disk = tier(tmp_path / "pieces")
+    writing = disk.begin(kv, list(range(6)), "s", False, 5)
+    assert writing is not None
+    steps = 0
+    while not writing.step(1):
+        steps += 1
+        if steps == 2:
+            kv.extend(random_kv(2, runs=1, seed=2))  # the conversation went on meanwhile
+    assert steps >= 2 * SHAPE.layers * 2  # values and scales of every tensor, a step each
+    assert disk.files == {} and [p.suffix for p in (tmp_path / "pieces").iterdir()] == [".tmp"]
+    stored = writing.finish()
+    assert stored is not None and disk.files == {stored.path: stored}
+    assert stored.path.read_bytes() == whole.path.read_bytes()
+    assert stored.nbytes == whole.nbytes
+
+
+def test_an_abandoned_write_leaves_no_file(tmp_path: Path) -> None:
+    directory = tmp_path / "kv"
+    disk = tier(directory)
+    writing = disk.begin(kv(4), list(range(4)), "s", False, 3)
+    assert writing is not None
+    writing.step(1)
+    writing.abandon()
+    assert list(directory.iterdir()) == [] and disk.files == {}
+    assert writing.finish() is None and disk.enabled  # dropped, not failed
+
+
+def test_a_forgotten_file_leaves_the_tier_at_once_and_the_disk_off_the_callers_path(
+    tmp_path: Path,
+) -> None:
+    """Deleted by a thread of its own (kv_folder.Folder.discard): its name is gone at once, so
+    no scan (a restart) can take it back, and the file itself soon after."""
+    directory = tmp_path / "kv"
+    disk = tier(directory)
+    stored = disk.write(kv(4), list(range(4)), "s", False, 3)
+    assert stored is not None
+    replacing = disk.write(kv(5), list(range(5)), "s", False, 4, replaces=stored)
+    assert replacing is not None
+    assert not stored.path.exists() and set(disk.files) == {replacing.path}
+    assert [s.path for s in tier(directory).scan()] == [replacing.path]
+    assert disk.folder is not None
+    disk.folder.settle()
+    assert [p.name for p in directory.iterdir()] == [replacing.path.name]
