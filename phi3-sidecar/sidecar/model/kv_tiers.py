@@ -132,7 +132,10 @@ class KvTiers:
                     self.writing[1].abandon()  # another entry's: it is not the oldest now
                 self.writing = (entry, prepared)
                 if not prepared.step(max_bytes):
-                    return prepared.open  # False: the write failed (the tier is now off)
+                    if prepared.open:
+                        return True
+                    self.writing = None  # the write failed: the tier is now off
+                    return False
                 stored = prepared.finish()
                 self.writing = None
                 if stored is None:
@@ -145,13 +148,11 @@ class KvTiers:
     def lend(self, entry: Entry) -> None:
         """A kept conversation is lent to a reply: a write of it begun while the worker was
         idle is dropped (it is in RAM, and the reply changes it). Its user waits for none."""
-        if self.writing is not None and self.writing[0] is entry:
-            self.writing[1].abandon()
-            self.writing = None
+        self._drop_writing(entry)
 
     def forget(self, entry: Entry) -> None:
         """The entry left the cache: its slot, compact copy and file go."""
-        self.lend(entry)  # a write of it under way is dropped
+        self._drop_writing(entry)
         holder = entry.generator
         holder.holding.compact = None
         if holder.holding.stored is not None and self.disk is not None:
@@ -262,12 +263,19 @@ class KvTiers:
         previous = holder.holding.stored
         if previous is not None and previous.tokens == tokens:
             return previous  # already on disk as it is
-        if self.writing is not None:
-            held, writing = self.writing
+        if self.writing is not None and self.writing[0] is entry:
+            writing = self.writing[1]
             same = writing.source is kv and writing.tokens == kv.tokens
-            if held is entry and writing.open and same and writing.stored.tokens == tokens:
+            if writing.open and same and writing.stored.tokens == tokens:
                 return writing
+            self._drop_writing(entry)  # begun for a copy it no longer holds
         return disk.begin(kv, tokens, entry.cache_scope, entry.sampling, entry.prompt_end, previous)
+
+    def _drop_writing(self, entry: Entry) -> None:
+        """The entry's write begun while idle, if any, is abandoned (its `.tmp` removed)."""
+        if self.writing is not None and self.writing[0] is entry:
+            self.writing[1].abandon()
+            self.writing = None
 
     def _spilled(self, entry: Entry, stored: Stored) -> None:
         """The entry's file is written: its RAM goes."""
