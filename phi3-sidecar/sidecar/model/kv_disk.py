@@ -170,19 +170,6 @@ class DiskTier:
     def total_bytes(self) -> int:
         return sum(stored.nbytes for stored in self.files.values())
 
-    def write(
-        self,
-        kv: CompactKv,
-        tokens: list[int],
-        cache_scope: str | None,
-        sampling: bool,
-        prompt_end: int,
-        replaces: Stored | None = None,
-    ) -> Stored | None:
-        """Write a conversation; None when the tier is off or the write failed (then off)."""
-        writing = self.begin(kv, tokens, cache_scope, sampling, prompt_end, replaces)
-        return None if writing is None else writing.finish()
-
     def begin(
         self,
         kv: CompactKv,
@@ -192,8 +179,9 @@ class DiskTier:
         prompt_end: int,
         replaces: Stored | None = None,
     ) -> Writing | None:
-        """Start writing a conversation, to go on a piece at a time (`Writing.step`); None
-        when the tier is off or the file cannot be made (then off)."""
+        """Start writing a conversation: a piece at a time (`Writing.step`, idle work), or the
+        rest at once (`Writing.finish`); None when the tier is off or the file cannot be made
+        (then off)."""
         folder = self.folder
         if not self.enabled or folder is None or kv.tokens != len(tokens):
             return None

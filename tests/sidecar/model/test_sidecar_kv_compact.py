@@ -144,7 +144,9 @@ def test_a_slot_filled_as_a_file_is_read_is_the_restore_of_it(
     kv.extend(kv_compact.encode(pool, 0, 70, TOKENS, encoding))
     spec = Shape(len(pool.keys), pool.kv_heads, pool.keys[0].shape[3], encoding)
     disk = DiskTier(tmp_path / "kv", 2**30, "f" * 64, spec)
-    stored = disk.write(kv, list(range(TOKENS)), None, False, TOKENS)
+    writing = disk.begin(kv, list(range(TOKENS)), None, False, TOKENS)
+    assert writing is not None
+    stored = writing.finish()
     assert stored is not None
     for count in (TOKENS, 60):
         pool.free(3)

@@ -18,7 +18,7 @@ import pytest
 from scripts.run import services
 from sidecar.model import kv_disk
 from sidecar.model.kv_compact import Block, CompactKv
-from sidecar.model.kv_disk import DiskTier, Shape
+from sidecar.model.kv_disk import DiskTier, Shape, Stored, Writing
 from tests.sidecar.model.test_sidecar_kv_tiers import chat_on_disk, make_engine
 from tests.sidecar.support import predict
 
@@ -36,13 +36,18 @@ def kv(tokens: int) -> CompactKv:
     return CompactKv("int8", tokens, [[block()] for _ in range(2 * SHAPE.layers)])
 
 
+def whole(writing: Writing | None) -> Stored | None:
+    """A file written at once (what a spill on a request's path does)."""
+    return None if writing is None else writing.finish()
+
+
 def tier(directory: Path) -> DiskTier:
     return DiskTier(directory, 2**20, FINGERPRINT, SHAPE)
 
 
 def written(directory: Path, tokens: int = 3, scope: str = "s") -> Path:
     """A file the tier wrote (a conversation of `tokens` tokens), in a tier now gone."""
-    stored = tier(directory).write(kv(tokens), list(range(tokens)), scope, False, tokens - 1)
+    stored = whole(tier(directory).begin(kv(tokens), list(range(tokens)), scope, False, tokens - 1))
     assert stored is not None
     return stored.path
 
@@ -89,7 +94,7 @@ def test_a_link_at_the_setting_is_refused_and_its_target_untouched(
     assert contents(target) == before
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
     assert REFUSED in messages(caplog)
-    assert disk.write(kv(2), [1, 2], "s", False, 1) is None  # RAM only
+    assert disk.begin(kv(2), [1, 2], "s", False, 1) is None  # RAM only
 
 
 def test_a_folder_of_other_files_is_not_taken(
@@ -298,8 +303,8 @@ def test_a_file_written_a_piece_at_a_time_is_the_file_written_whole(tmp_path: Pa
     """kv_disk.Writing, as idle work drives it: a tensor a step, of a snapshot taken at the
     start (the copy growing meanwhile changes nothing), the same bytes as one write."""
     kv = random_kv(6, runs=3, seed=1)
-    whole = tier(tmp_path / "whole").write(kv, list(range(6)), "s", False, 5)
-    assert whole is not None
+    at_once = whole(tier(tmp_path / "whole").begin(kv, list(range(6)), "s", False, 5))
+    assert at_once is not None
     disk = tier(tmp_path / "pieces")
     writing = disk.begin(kv, list(range(6)), "s", False, 5)
     assert writing is not None
@@ -312,8 +317,8 @@ def test_a_file_written_a_piece_at_a_time_is_the_file_written_whole(tmp_path: Pa
     assert disk.files == {} and [p.suffix for p in (tmp_path / "pieces").iterdir()] == [".tmp"]
     stored = writing.finish()
     assert stored is not None and disk.files == {stored.path: stored}
-    assert stored.path.read_bytes() == whole.path.read_bytes()
-    assert stored.nbytes == whole.nbytes
+    assert stored.path.read_bytes() == at_once.path.read_bytes()
+    assert stored.nbytes == at_once.nbytes
 
 
 def test_an_abandoned_write_leaves_no_file(tmp_path: Path) -> None:
@@ -334,9 +339,9 @@ def test_a_forgotten_file_leaves_the_tier_at_once_and_the_disk_off_the_callers_p
     no scan (a restart) can take it back, and the file itself soon after."""
     directory = tmp_path / "kv"
     disk = tier(directory)
-    stored = disk.write(kv(4), list(range(4)), "s", False, 3)
+    stored = whole(disk.begin(kv(4), list(range(4)), "s", False, 3))
     assert stored is not None
-    replacing = disk.write(kv(5), list(range(5)), "s", False, 4, replaces=stored)
+    replacing = whole(disk.begin(kv(5), list(range(5)), "s", False, 4, replaces=stored))
     assert replacing is not None
     assert not stored.path.exists() and set(disk.files) == {replacing.path}
     assert [s.path for s in tier(directory).scan()] == [replacing.path]
