@@ -410,7 +410,6 @@ class Writing:
     ) -> None:
         self.tier, self.stored, self.replaces = tier, stored, replaces
         self.source = kv  # what the caller handed in: it checks the copy is still the one
-        self.tokens = kv.tokens
         self.written = 0  # bytes so far
         self._file: BinaryIO | None = file
         self._crc = 0
@@ -429,8 +428,8 @@ class Writing:
 
     def step(self, max_bytes: int) -> bool:
         """Write whole tensors until `max_bytes` more are written or none is left; True when
-        the last is written (`finish` then only renames). False with nothing done if the
-        write failed (the tier is then off: see `finish`)."""
+        the last is written (`finish` then only renames). False while more is left, or when
+        the write failed (then it is no longer `open`, and the tier is off)."""
         file = self._file
         if file is None:
             return False
@@ -451,12 +450,10 @@ class Writing:
     def finish(self) -> Stored | None:
         """Write what is left, rename the file into place and index it; None when the write
         failed (the tier is then off: RAM only)."""
-        file = self._file
-        if file is None:
+        if not self.step(2**62):  # it failed, now or before
             return None
-        while not self.step(2**62):
-            if self._file is None:
-                return None
+        file = self._file
+        assert file is not None
         try:
             file.write(_CRC.pack(self._crc))
             file.close()

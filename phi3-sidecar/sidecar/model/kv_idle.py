@@ -101,15 +101,14 @@ class IdleRoom:
         entry = self._next()
         if entry is None:
             entry = self._next_for_return()
-            if entry is None:
-                return False
-            if entry.generator.slot is None:
-                if not self._scheduler.tiers.spill_piece(entry, self.piece_bytes):
-                    return False
-                self.pieces += 1
-                self.written_pieces += 1
-                return True
-        self._compact_piece(entry)
+        if entry is None:
+            return False
+        if entry.generator.slot is not None:
+            self._compact_piece(entry)
+        elif self._scheduler.tiers.spill_piece(entry, self.piece_bytes):
+            self.written_pieces += 1
+        else:
+            return False
         self.pieces += 1
         return True
 
@@ -149,9 +148,9 @@ class IdleRoom:
         limit = min(cache.budget_bytes, scheduler.room() - reserved) - incoming
         if cache.stats().bytes <= limit:
             return None
-        idle = [e for e in cache.entries if not e.lent and e.nbytes]
-        in_slots = [e for e in idle if e.generator.slot is not None and e.generator.kv_len > 0]
-        candidates = in_slots or [e for e in idle if e.generator.slot is None]
+        candidates = [e for e in _idle_in_slots(cache) if e.nbytes] or [
+            e for e in cache.entries if not e.lent and e.nbytes and e.generator.slot is None
+        ]
         return min(candidates, key=lambda e: e.last_used) if candidates else None
 
     def _next(self) -> Entry | None:
@@ -161,8 +160,7 @@ class IdleRoom:
         if not self.headroom or scheduler.tiers.encoding is None or scheduler.busy:
             return None
         cache = scheduler.cache
-        idle = [e for e in cache.entries if not e.lent and e.generator.slot is not None]
-        idle = [e for e in idle if e.generator.kv_len > 0]
+        idle = _idle_in_slots(cache)
         if not idle:
             return None
         free_slot = any(holder is None for holder in scheduler.slots_held())
@@ -171,3 +169,12 @@ class IdleRoom:
         if free_slot and cache.stats().bytes <= limit:
             return None
         return min(idle, key=lambda e: e.last_used)
+
+
+def _idle_in_slots(cache: PromptCache) -> list[Entry]:
+    """The idle conversations that hold positions in a slot."""
+    return [
+        e
+        for e in cache.entries
+        if not e.lent and e.generator.slot is not None and e.generator.kv_len > 0
+    ]

@@ -107,15 +107,7 @@ class KvTiers:
             return False
         with self._moving():
             prepared = self._prepare(entry)
-            if prepared is None:
-                return False
-            stored = prepared.finish() if isinstance(prepared, Writing) else prepared
-            if self.writing is not None and self.writing[1] is prepared:
-                self.writing = None
-            if stored is None:
-                return False
-            self._spilled(entry, stored)
-            return True
+            return prepared is not None and self._complete(entry, prepared)
 
     def spill_piece(self, entry: Entry, max_bytes: int) -> bool:
         """Write about `max_bytes` more of an idle entry kept in compact RAM to its file
@@ -129,21 +121,13 @@ class KvTiers:
                 return False
             if isinstance(prepared, Writing):
                 if self.writing is not None and self.writing[1] is not prepared:
-                    self.writing[1].abandon()  # another entry's: it is not the oldest now
+                    self._drop_writing(self.writing[0])  # it is not the oldest now
                 self.writing = (entry, prepared)
-                if not prepared.step(max_bytes):
-                    if prepared.open:
-                        return True
-                    self.writing = None  # the write failed: the tier is now off
-                    return False
-                stored = prepared.finish()
-                self.writing = None
-                if stored is None:
-                    return False
-            else:
-                stored = prepared
-            self._spilled(entry, stored)
-            return True
+                if not prepared.step(max_bytes):  # more to write, or the write failed
+                    if not prepared.open:
+                        self.writing = None  # the tier is now off
+                    return prepared.open
+            return self._complete(entry, prepared)
 
     def lend(self, entry: Entry) -> None:
         """A kept conversation is lent to a reply: a write of it begun while the worker was
@@ -265,7 +249,7 @@ class KvTiers:
             return previous  # already on disk as it is
         if self.writing is not None and self.writing[0] is entry:
             writing = self.writing[1]
-            same = writing.source is kv and writing.tokens == kv.tokens
+            same = writing.source is kv and len(writing.stored.tokens) == kv.tokens
             if writing.open and same and writing.stored.tokens == tokens:
                 return writing
             self._drop_writing(entry)  # begun for a copy it no longer holds
@@ -277,8 +261,14 @@ class KvTiers:
             self.writing[1].abandon()
             self.writing = None
 
-    def _spilled(self, entry: Entry, stored: Stored) -> None:
-        """The entry's file is written: its RAM goes."""
+    def _complete(self, entry: Entry, prepared: Writing | Stored) -> bool:
+        """Finish the entry's write (if its file is not written already) and free its RAM;
+        False when the write failed (the tier is then off)."""
+        stored = prepared.finish() if isinstance(prepared, Writing) else prepared
+        if self.writing is not None and self.writing[1] is prepared:
+            self.writing = None
+        if stored is None:
+            return False
         assert self.disk is not None
         holder = entry.generator
         holder.holding.stored = stored
@@ -289,6 +279,7 @@ class KvTiers:
         self.account(entry)
         for gone in self.disk.evictions():
             self._drop_stored(gone)
+        return True
 
     def _encode(self, holder: Any) -> None:
         """Make the holder's compact copy cover its slot's cached positions (only the
