@@ -11,6 +11,13 @@ then words, then characters.
 Sizes are estimated by adding each piece's count (tokenizers count word by word, so sums are
 exact for WordPiece and close for BPE) and every passage is then counted whole, exactly; one
 over the limit is split again. So no passage exceeds `max_tokens` whatever the tokenizer.
+
+The work is linear in the text: a block, sentence or word longer than `LONG_CHARS` characters
+per token of the limit is never counted whole (no passage holds that much text; counting a
+20 MB paragraph at once would cost the tokenizer gigabytes), and a word too long for a
+passage is cut piece by piece, each piece found by doubling a start that fits and halving
+back, so a piece costs about its own length, not the rest of the word's (a 64 KB base64 line
+took 133 s when every piece searched the whole rest).
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from chatapp.documents.tokens import TokenCounter
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+")
 _SEPARATOR = "\n\n"
 _HEADING_JOIN = " › "
+# Characters per token of the limit past which a text is not counted whole, and the longest
+# piece a word is cut into: English averages 4 to 5 characters a token, base64 about 3.
+LONG_CHARS = 32
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class _Packer:
         if max_tokens < self.overhead + 8:
             raise ValueError(f"max_tokens {max_tokens} leaves no room for text")
         self.separator = self.cost(_SEPARATOR)
+        self.long = LONG_CHARS * max_tokens
         self.chunks: list[Chunk] = []
         self.titles: list[tuple[int, str]] = []  # the heading stack: (level, title)
         self.heading_text = ""
@@ -72,7 +83,9 @@ class _Packer:
         self.page: int | None = None
 
     def cost(self, text: str) -> int:
-        return max(self.counter.count(text) - self.overhead, 0)
+        # A floor of one token per LONG_CHARS characters: a word a WordPiece tokenizer cannot
+        # split is one [UNK] whatever its length, and would make passages of megabytes.
+        return max(self.counter.count(text) - self.overhead, len(text) // LONG_CHARS)
 
     @property
     def budget(self) -> int:
@@ -102,8 +115,8 @@ class _Packer:
         text = block.text.strip()
         if not text:
             return
-        cost = self.cost(text)
-        if cost <= self.budget:
+        cost = self.cost(text) if len(text) <= self.long else None
+        if cost is not None and cost <= self.budget:
             self.add(text, cost)
         elif block.kind == "table":
             for part in self._table_parts(text):
@@ -140,14 +153,16 @@ class _Packer:
     def _table_parts(self, table: str) -> list[str]:
         """The table in parts that fit, each starting with the header row."""
         header, *rows = table.split("\n")
+        if len(header) > self.long:  # a huge header row: split as text instead
+            return self._text_parts(table)
         room = self.budget - self.cost(header) - self.separator
-        if room < self.budget // 4:  # a huge header row: split as text instead
+        if room < self.budget // 4:
             return self._text_parts(table)
         parts: list[str] = []
         group: list[str] = []
         used = 0
         for row in rows:
-            cost = self.cost(row) + 1
+            cost = self.cost(row) + 1 if len(row) <= self.long else room + 1
             if cost > room:  # one row larger than a passage: its own text pieces
                 parts.extend(self._text_parts(row))
                 continue
@@ -165,14 +180,15 @@ class _Packer:
         budget = self.budget
         units: list[str] = []
         for sentence in _SENTENCE_END.split(text):
-            if self.cost(sentence) <= budget:
+            if len(sentence) <= self.long and self.cost(sentence) <= budget:
                 units.append(sentence)
                 continue
             for word in sentence.split():
-                if self.cost(word) <= budget:
+                if len(word) <= self.long and self.cost(word) <= budget:
                     units.append(word)
                 else:
-                    units.extend(_pieces(word, lambda piece: self.cost(piece) <= budget))
+                    fits = lambda piece: self.cost(piece) <= budget  # noqa: E731
+                    units.extend(_pieces(word, fits, self.long))
         parts: list[str] = []
         current: list[str] = []
         used = 0
@@ -197,9 +213,17 @@ def _halves(text: str) -> tuple[str, str]:
     return text[:middle], text[middle:]
 
 
-def cut(text: str, fits: Callable[[str], bool]) -> str:
-    """The longest start of `text` that `fits`."""
-    low, high = 0, len(text)
+def cut(text: str, fits: Callable[[str], bool], first: int = 64) -> str:
+    """The longest start of `text` that `fits`: a start of `first` characters doubled while it
+    fits, then halved back between the last that fit and the first that did not, so the texts
+    counted add up to a few times the answer's length, however long `text` is."""
+    low, high = 0, len(text)  # text[:low] fits; nothing longer than text[:high] can
+    probe = min(first, high)
+    while probe > low:
+        if not fits(text[:probe]):
+            high = probe - 1
+            break
+        low, probe = probe, min(probe * 2, high)
     while low < high:
         middle = (low + high + 1) // 2
         if fits(text[:middle]):
@@ -209,11 +233,13 @@ def cut(text: str, fits: Callable[[str], bool]) -> str:
     return text[:low]
 
 
-def _pieces(word: str, fits: Callable[[str], bool]) -> list[str]:
-    """A word too long for a passage, in the longest pieces that fit."""
+def _pieces(word: str, fits: Callable[[str], bool], longest: int) -> list[str]:
+    """A word too long for a passage, in the longest pieces that fit, each of at most
+    `longest` characters (never searched further: the cost stays linear in the word)."""
     pieces = []
-    while word:
-        piece = cut(word, fits) or word[0]
+    start = 0
+    while start < len(word):
+        piece = cut(word[start : start + longest], fits) or word[start]
         pieces.append(piece)
-        word = word[len(piece) :]
+        start += len(piece)
     return pieces

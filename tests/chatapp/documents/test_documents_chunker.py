@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.documents.blocks import Block
-from chatapp.documents.chunker import chunk
+from chatapp.documents.chunker import LONG_CHARS, chunk
 from chatapp.documents.formats import Limits, read
 from chatapp.documents.tokens import ByteBound, EncoderTokens, TokenCounter, counter_for
 
@@ -125,3 +125,35 @@ def test_the_encoder_folder_s_limit_lowers_the_setting(tmp_path: Path) -> None:
     assert passage_tokens(None, 256) == 256
     (tmp_path / "config.json").unlink()
     assert encoder_limit(tmp_path / "tokenizer.json") == 256
+
+
+class Counting:
+    """A counter that adds up the characters it was asked to count: the cutter's work."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+        self.characters = 0
+
+    def count(self, text: str) -> int:
+        self.characters += len(text)
+        return self.counter.count(text)
+
+
+@pytest.mark.parametrize("counter_name", ["wordpiece", "bytes"])
+@pytest.mark.parametrize("unit", ["a,", "QmFzZTY0"])
+def test_text_without_whitespace_is_cut_in_linear_work(
+    counter_name: str, unit: str, wordpiece: EncoderTokens
+) -> None:
+    """A base64 `.log` or `a,a,a,...` is one word: the cutter searched the rest of that word for
+    every piece (64 KB took 133 s). Its work now grows with the text, not with its square."""
+    work = []
+    for size in (16_000, 64_000):
+        counter = Counting(wordpiece if counter_name == "wordpiece" else ByteBound())
+        text = (unit * size)[:size]
+        passages = chunk([Block("text", text)], counter, 64)
+        # Every character kept, in order (a passage joins its pieces with spaces).
+        assert "".join(p.text for p in passages).replace(" ", "") == text
+        assert all(p.tokens <= 64 and len(p.text) <= 64 * LONG_CHARS for p in passages)
+        work.append(counter.characters / size)
+    assert work[1] < 1.5 * work[0] + 5, work  # per character: about the same at 4x the size
+    assert work[1] < 60, work
