@@ -195,3 +195,35 @@ def test_logged_exceptions_keep_their_messages_out_alike(shown: bool) -> None:
     assert "ValueError" in sidecar_line and "KeyError" not in sidecar_line  # from None
     if not shown:
         assert app_logs.JsonFormatter().format(record) == sidecar_line
+
+
+def test_a_long_word_is_counted_alike() -> None:
+    """Issue 58: the sidecar reads a word longer than WordPiece's longest as its pieces (not
+    one [UNK]) and counts them against the encoder's limit; the app measures passages by the
+    same rule, or a passage it measured as fitting would be refused as too long."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from chatapp.documents import tokens as app_tokens
+    from sidecar.embeddings import encoder as sidecar_encoder
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["[UNK]", "hello", "world", ".", *letters, *("##" + c for c in letters)]
+
+    def wordpiece() -> Tokenizer:
+        ids = {token: i for i, token in enumerate(vocab)}
+        tokenizer = Tokenizer(models.WordPiece(ids, unk_token="[UNK]", max_input_chars_per_word=10))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        return tokenizer
+
+    app, sidecar = wordpiece(), wordpiece()
+    app_tokens.split_long_words(app)
+    sidecar_encoder.split_long_words(sidecar)
+    for text in ("hello world.", "x" * 25, "hello " + "ab" * 12 + ". world", "É" * 11, "x" * 10):
+        assert app.encode(text).ids == sidecar.encode(text).ids, text
+    assert sidecar.encode("x" * 25).tokens == (["x"] + ["##x"] * 9) * 2 + ["x"] + ["##x"] * 4
+    assert wordpiece().encode("x" * 25).ids == [0]  # without the rule: one [UNK]
+    bpe, plain = Tokenizer(models.BPE()), Tokenizer(models.BPE())
+    app_tokens.split_long_words(bpe)
+    sidecar_encoder.split_long_words(plain)
+    assert bpe.pre_tokenizer is None and plain.pre_tokenizer is None  # left as they are

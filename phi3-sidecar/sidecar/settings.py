@@ -418,6 +418,16 @@ class Settings(BaseSettings):
         description="Largest /v1/embeddings request body; beyond: 413. An index run of 2,048 "
         "chunks of about 1,000 characters is about 2 MB.",
     )
+    embed_max_chars: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Most characters of text in one /v1/embeddings request, its inputs "
+        "together, checked before any is tokenized (the tokenizer holds 100 to 200 bytes a "
+        "character while it reads); beyond: 400 too_many_characters. Each input has its own "
+        "bound too: the encoder's token limit times 100 characters. An index run of 2,048 "
+        "chunks of about 1,000 characters is about 2 million.",
+    )
     embed_queue_size: int = Field(
         default=32,
         ge=0,

@@ -12,10 +12,11 @@ embedded, so it cannot be found), hence every passage is measured before it is k
   encoder, which loads from it, is not serving either, so such a document fails
   `embeddings_failed` (its passages dropped) and a retry cuts it again with the tokenizer.
 - `ByteBound()`: without the tokenizer, the text's UTF-8 bytes plus 2. No tokenizer an encoder
-  uses makes more than one token per byte (WordPiece makes at most one per character, and a
-  word it cannot split is one [UNK]; byte-level BPE at most one per byte), plus two special
-  tokens. It is safe and about four times too cautious for English prose: passages come out
-  a quarter of the size they could be. Set `EMBED_TOKENIZER` to get full-size passages.
+  uses makes more than one token per byte (WordPiece makes at most one per character, a word
+  of more than 100 characters counted by its pieces, `split_long_words`; byte-level BPE at
+  most one per byte), plus two special tokens. It is safe and about four times too cautious
+  for English prose: passages come out a quarter of the size they could be. Set
+  `EMBED_TOKENIZER` to get full-size passages.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class EncoderTokens:
         # the whole text, or a long passage would look short.
         tokenizer.no_truncation()
         tokenizer.no_padding()
+        split_long_words(tokenizer)
         self._tokenizer = tokenizer
         return tokenizer
 
@@ -76,6 +78,23 @@ class EncoderTokens:
         if tokenizer is None:
             return ByteBound().count(text)
         return len(tokenizer.encode(text).ids)
+
+
+def split_long_words(tokenizer: Tokenizer) -> None:
+    """The sidecar's rule (sidecar/embeddings/encoder.py, kept equal by tests/test_contracts.py):
+    a word longer than a WordPiece tokenizer's `max_input_chars_per_word` is read as pieces of
+    that many characters, each a word of its own, instead of one [UNK]. The sidecar counts such
+    a word by its pieces' tokens, so a passage measured here must be too, or it would be
+    refused as too long there."""
+    from tokenizers import Regex, models, pre_tokenizers
+
+    model = tokenizer.model
+    if not isinstance(model, models.WordPiece):
+        return
+    longest = int(model.max_input_chars_per_word)
+    pieces = pre_tokenizers.Split(Regex(f".{{1,{longest}}}"), behavior="isolated")
+    first = tokenizer.pre_tokenizer
+    tokenizer.pre_tokenizer = pieces if first is None else pre_tokenizers.Sequence([first, pieces])
 
 
 def encoder_limit(path: str | Path) -> int | None:

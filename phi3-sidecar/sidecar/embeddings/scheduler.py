@@ -12,52 +12,64 @@
 - **Queries before bulk, bulk round robin.** A request that fits one batch goes before every
   request of several (an index run); batches of several bulk requests alternate (the key is
   the batch's position in its request), so two index runs progress together.
+- **Texts tokenized here too** (`tokenize`), in pieces of at most `TOKENIZE_CHARS` characters
+  (at least one text each) queued like batches: the tokenizer's memory is a piece's at a time
+  per thread, its CPU is at the encoder's priority, and only requests admitted to the queue
+  (service.py) are tokenized at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
 import queue
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sidecar.embeddings.encoder import Encoder
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from sidecar.embeddings.encoder import Ids
+
 log = logging.getLogger("sidecar.embeddings")
+
+# Characters tokenized in one call: about 10 MB of the tokenizer's memory (encoder.py).
+TOKENIZE_CHARS = 65_536
+
+Result = TypeVar("Result")
 
 
 @dataclass
-class Job:
-    """One request's inputs; `future` gets the vectors in input order."""
+class Job(Generic[Result]):
+    """One request's work in parts; `future` gets `result` once every part is done."""
 
-    vectors: np.ndarray
-    batches_left: int
-    future: Future[np.ndarray] = field(default_factory=Future)
+    result: Result
+    parts_left: int
+    future: Future[Result] = field(default_factory=Future)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def done_batch(self) -> None:
+    def done_part(self) -> None:
         with self.lock:
-            self.batches_left -= 1
-            last = self.batches_left == 0
+            self.parts_left -= 1
+            last = self.parts_left == 0
         if last:
             with contextlib.suppress(InvalidStateError):  # cancelled meanwhile: nobody waits
-                self.future.set_result(self.vectors)
+                self.future.set_result(self.result)
 
 
 @dataclass(order=True)
 class _Item:
     key: tuple[int, int, int]
-    job: Job | None = field(compare=False)  # None: a thread's signal to stop
-    rows: list[int] = field(compare=False, default_factory=list)
-    ids: list[list[int]] = field(compare=False, default_factory=list)
+    job: Job[Any] | None = field(compare=False)  # None: a thread's signal to stop
+    work: Callable[[], None] = field(compare=False, default=lambda: None)  # one part
 
 
 class EncoderPool:
@@ -74,20 +86,50 @@ class EncoderPool:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, inputs: list[list[int]]) -> Future[np.ndarray]:
+    def submit(self, inputs: Sequence[Ids]) -> Future[np.ndarray]:
         """Queue one request's token ids (each within the encoder's limit, none empty)."""
         import numpy as np
 
         batches = self.batches(inputs)
-        job = Job(np.empty((len(inputs), self.encoder.spec.dimensions), np.float32), len(batches))
-        bulk = int(len(batches) > 1)
-        order = next(self._order)
-        for position, rows in enumerate(batches):
-            key = (bulk, position if bulk else 0, order)
-            self._queue.put(_Item(key, job, rows, [inputs[r] for r in rows]))
+        vectors = np.empty((len(inputs), self.encoder.spec.dimensions), np.float32)
+        job = Job(vectors, len(batches))
+        parts = [functools.partial(self._encode, job, rows, inputs) for rows in batches]
+        self._put(job, parts)
         return job.future
 
-    def batches(self, inputs: list[list[int]]) -> list[list[int]]:
+    def tokenize(self, texts: list[str]) -> Future[list[np.ndarray]]:
+        """Queue one request's texts for the tokenizer; the future gets each one's token ids
+        (int32 arrays), special tokens included, never cut."""
+        pieces: list[list[int]] = [[]]
+        size = 0
+        for row, text in enumerate(texts):
+            if pieces[-1] and size + len(text) > TOKENIZE_CHARS:
+                pieces.append([])
+                size = 0
+            pieces[-1].append(row)
+            size += len(text)
+        import numpy as np
+
+        nothing = np.empty(0, np.int32)  # each row's until its piece is tokenized
+        job = Job([nothing] * len(texts), len(pieces))
+        self._put(job, [functools.partial(self._tokenize, job, rows, texts) for rows in pieces])
+        return job.future
+
+    def _put(self, job: Job[Any], parts: Sequence[Callable[[], None]]) -> None:
+        bulk = int(len(parts) > 1)
+        order = next(self._order)
+        for position, work in enumerate(parts):
+            self._queue.put(_Item((bulk, position if bulk else 0, order), job, work))
+
+    def _encode(self, job: Job[np.ndarray], rows: list[int], inputs: Sequence[Ids]) -> None:
+        job.result[rows] = self.encoder.encode([inputs[r] for r in rows])
+
+    def _tokenize(self, job: Job[list[np.ndarray]], rows: list[int], texts: list[str]) -> None:
+        arrays = self.encoder.token_arrays([texts[r] for r in rows])
+        for row, ids in zip(rows, arrays, strict=True):
+            job.result[row] = ids
+
+    def batches(self, inputs: Sequence[Ids]) -> list[list[int]]:
         """Input positions in batches of at most `batch_tokens` padded tokens (at least one
         input each), shortest inputs first."""
         batches: list[list[int]] = []
@@ -116,14 +158,13 @@ class EncoderPool:
             if job.future.done():  # cancelled (the client left) or already failed
                 continue
             try:
-                vectors = self.encoder.encode(item.ids)
+                item.work()
             except Exception as error:
-                log.exception("embedding batch failed", extra={"fields": {"inputs": len(item.ids)}})
+                log.exception("embedding batch failed")
                 with contextlib.suppress(InvalidStateError):
                     job.future.set_exception(error)
                 continue
-            job.vectors[item.rows] = vectors
-            job.done_batch()
+            job.done_part()
 
 
 def _lower_priority(nice: int) -> None:

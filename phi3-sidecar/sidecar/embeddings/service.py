@@ -8,9 +8,11 @@ Phases: `off` (no EMBED_MODEL_PATH / EMBED_MODEL_ID), `downloading`, `loading`, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +24,7 @@ from sidecar.settings import Settings
 if TYPE_CHECKING:
     import numpy as np
 
-    from sidecar.embeddings.encoder import Encoder
+    from sidecar.embeddings.encoder import Encoder, Ids
     from sidecar.embeddings.scheduler import EncoderPool
 
 log = logging.getLogger("sidecar.embeddings")
@@ -161,16 +163,29 @@ class Embeddings:
         self.threads = threads
         self.encoder = encoder
 
-    async def embed(self, inputs: list[list[int]]) -> np.ndarray:
-        """The vectors of token-id inputs (checked by the route), in order."""
-        assert self.pool is not None
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """A place in the queue for one request, held while it is tokenized and encoded;
+        QueueFull when EMBED_QUEUE_SIZE requests already wait beside the one running. Nothing
+        of a request is tokenized before it has its place: the queue bounds that work too."""
         if self.waiting > self.settings.embed_queue_size:
             raise QueueFull
         self.waiting += 1
         try:
-            return await asyncio.wrap_future(self.pool.submit(inputs))
+            yield
         finally:
             self.waiting -= 1
+
+    async def tokenize(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's token ids, by the pool's threads (within `admitted`)."""
+        assert self.pool is not None
+        return await asyncio.wrap_future(self.pool.tokenize(texts))
+
+    async def embed(self, inputs: Sequence[Ids]) -> np.ndarray:
+        """The vectors of token-id inputs (checked by the route), in order (within
+        `admitted`)."""
+        assert self.pool is not None
+        return await asyncio.wrap_future(self.pool.submit(inputs))
 
 
 def _cpu_count() -> int:

@@ -14,17 +14,26 @@ Request, application/json, at most EMBED_MAX_BODY_BYTES (unknown fields: 400 nam
                    (/v1/models `matryoshka`), fewer: the first N numbers, renormalised
   truncate_prompt_tokens  vLLM's field: an input longer than this many tokens is cut to its
                    first ones (its final [SEP] kept), -1 meaning the encoder's limit. Absent,
-                   an input over the limit is refused, never silently cut
+                   an input over the limit is refused, never silently cut. With it, a text
+                   over the bound of characters below is cut to it before it is tokenized
   user             accepted, unused
 
 Reply, 200 application/json: {"object": "list", "data": [{"object": "embedding", "index": i,
 "embedding": [numbers] | "base64"}], "model": <encoder>, "usage": {"prompt_tokens": n,
 "total_tokens": n}} (n: the tokens read, special ones included, after any cut).
 
+What a text may cost is bounded before it is tokenized: each input at most the encoder's token
+limit times encoder.CHARS_PER_TOKEN characters, the request's inputs at most EMBED_MAX_CHARS
+together. Texts are tokenized only once the request has its place in the queue
+(EMBED_QUEUE_SIZE), by the encoder's threads, a piece at a time (embeddings/scheduler.py). A
+word of more characters than the tokenizer reads as one (100 for BERT's WordPiece) counts as
+the tokens of its pieces, never as one [UNK] (encoder.split_long_words).
+
 Refusals (errors.REFUSALS, OpenAI's envelope, `param` naming the field): 400
 embeddings_not_served (no encoder configured), 503 not_ready (the encoder is loading, or
 failed: `phase`), 400 invalid_input (empty, mixed types, a token id out of the vocabulary, a
-lone surrogate), 400 too_many_inputs, 400 input_too_long (names the input and the limit), 400
+lone surrogate), 400 too_many_inputs, 400 too_many_characters (names the input or the total,
+and the limit), 400 input_too_long (names the input and the limit), 400
 dimensions_unsupported, 503 overloaded (EMBED_QUEUE_SIZE), 413 and 415 as every route.
 """
 
@@ -34,11 +43,12 @@ import asyncio
 import base64
 import json
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from sidecar.embeddings.encoder import CHARS_PER_TOKEN
 from sidecar.embeddings.service import Embeddings, QueueFull
 from sidecar.web.deps import EmbeddingsDep, RecordDep, SettingsDep
 from sidecar.web.errors import RETRY_NOT_READY_S, ApiError, overloaded
@@ -48,7 +58,8 @@ from sidecar.web.reply import wait_for_disconnect
 if TYPE_CHECKING:
     import numpy as np
 
-    from sidecar.embeddings.encoder import Encoder
+    from sidecar.embeddings.encoder import Encoder, Ids
+    from sidecar.web.record import RequestRecord
 
 router = APIRouter()
 
@@ -82,35 +93,23 @@ async def create_embeddings(
 ) -> Response:
     body = await read_body(request, settings.embed_max_body_bytes, EmbeddingRequest)
     encoder = _ready_encoder(embeddings)
-    spec = encoder.spec
-    width = _width(body.dimensions, spec.dimensions, embeddings.matryoshka)
-    limit = _cut_at(body.truncate_prompt_tokens, spec.max_tokens)
+    width = _width(body.dimensions, encoder.spec.dimensions, embeddings.matryoshka)
+    limit = _cut_at(body.truncate_prompt_tokens, encoder.spec.max_tokens)
+    may_cut = body.truncate_prompt_tokens is not None
     texts, ids = read_inputs(body.input, settings.embed_max_inputs, encoder.vocab_size)
-    if texts is not None:
-        ids = await asyncio.to_thread(encoder.tokenize, texts)
-    assert ids is not None
-    record.embedding_inputs = len(ids)
-    for index, one in enumerate(ids):
-        if len(one) > limit:
-            if body.truncate_prompt_tokens is None:
-                raise ApiError(
-                    "input_too_long",
-                    f"input {index} has {len(one)} tokens; the encoder reads at most "
-                    f"{spec.max_tokens} an input: send shorter inputs, or set "
-                    "truncate_prompt_tokens to cut them",
-                    param="input",
-                    extra={"limit_tokens": spec.max_tokens},
-                )
-            ids[index] = encoder.cut(one, limit)
-    tokens = sum(len(t) for t in ids)
-    record.prompt_tokens = tokens
+    if texts is not None:  # before anything is tokenized: what the tokenizer may be given
+        texts = within_chars(texts, encoder.max_chars, settings.embed_max_chars, may_cut)
+    record.embedding_inputs = len(texts) if texts is not None else len(ids or ())
     try:
-        vectors = await _unless_gone(request, embeddings.embed(ids))
+        with embeddings.admitted():  # tokenized and encoded only with a place in the queue
+            work = _vectors(embeddings, encoder, texts, ids, limit, may_cut, record)
+            done = await _unless_gone(request, work)
     except QueueFull:
         raise overloaded() from None
-    if vectors is None:  # the client left: its batches still queued were dropped
+    if done is None:  # the client left: its parts still queued were dropped
         record.outcome = "cancelled"
         return Response(status_code=499)
+    vectors, tokens = done
     content = await asyncio.to_thread(
         render, vectors, width, body.encoding_format, embeddings.name, tokens
     )
@@ -118,9 +117,48 @@ async def create_embeddings(
     return Response(content, media_type="application/json")
 
 
-async def _unless_gone(request: Request, work: Awaitable[np.ndarray]) -> np.ndarray | None:
-    """The vectors, or None once the client has disconnected (an indexer that gave up must
-    not keep the encoder busy: the request's queued batches are skipped)."""
+async def _vectors(
+    embeddings: Embeddings,
+    encoder: Encoder,
+    texts: list[str] | None,
+    given: list[list[int]] | None,
+    limit: int,
+    may_cut: bool,
+    record: RequestRecord,
+) -> tuple[np.ndarray, int]:
+    """The vectors of the texts (tokenized by the encoder's threads) or of the token ids
+    given, and their tokens; each input's tokens checked against the limit (refused, or cut
+    when the request says so)."""
+    ids: list[Ids]
+    if texts is not None:
+        ids = list(await embeddings.tokenize(texts))
+    else:
+        assert given is not None
+        ids = list(given)
+    max_tokens = encoder.spec.max_tokens
+    for index, one in enumerate(ids):
+        if len(one) > limit:
+            if not may_cut:
+                raise ApiError(
+                    "input_too_long",
+                    f"input {index} has {len(one)} tokens; the encoder reads at most "
+                    f"{max_tokens} an input: send shorter inputs, or set "
+                    "truncate_prompt_tokens to cut them",
+                    param="input",
+                    extra={"limit_tokens": max_tokens},
+                )
+            ids[index] = encoder.cut(one, limit)
+    tokens = sum(len(one) for one in ids)
+    record.prompt_tokens = tokens
+    return await embeddings.embed(ids), tokens
+
+
+Gone = TypeVar("Gone")
+
+
+async def _unless_gone(request: Request, work: Awaitable[Gone]) -> Gone | None:
+    """The work's result, or None once the client has disconnected (an indexer that gave up
+    must not keep the encoder busy: the request's queued parts are skipped)."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
     try:
@@ -131,6 +169,34 @@ async def _unless_gone(request: Request, work: Awaitable[np.ndarray]) -> np.ndar
         return task.result()
     task.cancel()
     return None
+
+
+def within_chars(texts: list[str], each: int, total: int, may_cut: bool) -> list[str]:
+    """The texts, each within `each` characters (cut to them when the request allows cuts:
+    the tokens past them lie past the limit), together within `total`; ApiError
+    too_many_characters otherwise. Nothing here has been tokenized yet."""
+    for index, text in enumerate(texts):
+        if len(text) > each:
+            if not may_cut:
+                raise ApiError(
+                    "too_many_characters",
+                    f"input {index} has {len(text):,} characters; at most {each:,} an input "
+                    f"are read (the encoder's token limit times {CHARS_PER_TOKEN}): send "
+                    "shorter inputs, or set truncate_prompt_tokens to cut them",
+                    param="input",
+                    extra={"limit_chars": each},
+                )
+            texts[index] = text[:each]
+    length = sum(len(text) for text in texts)
+    if length > total:
+        raise ApiError(
+            "too_many_characters",
+            f"the inputs have {length:,} characters together; at most {total:,} a request "
+            "(EMBED_MAX_CHARS): send fewer or shorter inputs",
+            param="input",
+            extra={"limit_chars": total},
+        )
+    return texts
 
 
 def _ready_encoder(embeddings: Embeddings) -> Encoder:

@@ -84,6 +84,7 @@ REFUSALS: dict[str, Answer] = {
     "invalid_input": Answer(400, "invalid_input", 400, "invalid_input"),
     "too_many_inputs": Answer(400, "too_many_inputs", 400, "too_many_inputs"),
     "input_too_long": Answer(400, "input_too_long", 400, "context_length_exceeded"),
+    "too_many_characters": Answer(400, "too_many_characters", 400, "too_many_characters"),
     "dimensions_unsupported": Answer(400, "dimensions_unsupported", 400, "invalid_value"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
@@ -163,7 +164,14 @@ WHEN: dict[str, str] = {
     "too_many_inputs": "an embeddings request with more than `EMBED_MAX_INPUTS` inputs",
     "input_too_long": "an embeddings input with more tokens than the encoder reads (256 for "
     "all-MiniLM-L6-v2, 512 for bge-small), and no `truncate_prompt_tokens`; the message names "
-    "the input, `limit_tokens` the limit. Never cut silently",
+    "the input, `limit_tokens` the limit. Never cut silently. A word of more than 100 "
+    "characters without a separator counts as the tokens of its 100-character pieces, never "
+    "as one unknown token",
+    "too_many_characters": "an embeddings input of more characters than its encoder's token "
+    "limit times 100 (25,600 for all-MiniLM-L6-v2), or inputs of more than `EMBED_MAX_CHARS` "
+    "characters together; checked before anything is tokenized, `limit_chars` says the limit. "
+    "With `truncate_prompt_tokens` an input is cut to its first characters within the bound "
+    "instead (the tokens beyond them would be cut anyway)",
     "dimensions_unsupported": "`dimensions` other than the encoder's width, on an encoder not "
     "trained for shorter vectors (Matryoshka), or wider than its width",
     "start_failed": "the model worker could not start the generation",

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from sidecar.embeddings import scheduler
 from sidecar.embeddings.encoder import Encoder, pool
 from sidecar.embeddings.folder import EncoderFolderError, read_spec
 from sidecar.embeddings.scheduler import EncoderPool
@@ -73,7 +76,7 @@ def test_the_pool_threads_run_at_a_lower_priority(encoder: Encoder) -> None:
     seen: list[int] = []
     original = encoder.encode
 
-    def spy(batch: list[list[int]]) -> np.ndarray:
+    def spy(batch: Sequence[Any]) -> np.ndarray:
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         return original(batch)
 
@@ -86,6 +89,38 @@ def test_the_pool_threads_run_at_a_lower_priority(encoder: Encoder) -> None:
         del encoder.encode
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert seen == [min(19, base + 7)]
+
+
+def test_texts_are_tokenized_by_the_pool_in_pieces_at_its_priority(
+    encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 58: texts were tokenized whole, in a thread of the event loop's pool, before the
+    queue's bound; now by the encoder's threads, a bounded piece at a time."""
+    monkeypatch.setattr(scheduler, "TOKENIZE_CHARS", 50)
+    seen: list[tuple[int, int]] = []
+    original = encoder.token_arrays
+
+    def spy(texts: list[str]) -> list[np.ndarray]:
+        seen.append(
+            (sum(map(len, texts)), os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        )
+        return original(texts)
+
+    encoder.token_arrays = spy  # type: ignore[method-assign]
+    pool_ = EncoderPool(encoder, threads=1, nice=7, batch_tokens=64)
+    texts = ["the cat sat " * 2] * 7 + ["x" * 80]  # 24 characters each, then one over a piece
+    try:
+        ids = pool_.tokenize(texts).result(timeout=30)
+    finally:
+        pool_.stop()
+        del encoder.token_arrays
+    assert [one.tolist() for one in ids] == encoder.tokenize(texts)
+    assert all(one.dtype == np.int32 for one in ids)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert seen == [(48, min(19, base + 7))] * 3 + [
+        (24, min(19, base + 7)),
+        (80, min(19, base + 7)),
+    ]
 
 
 def test_a_batch_that_fails_fails_its_request_only(encoder: Encoder) -> None:

@@ -1,12 +1,14 @@
 """POST /v1/embeddings as clients see it: the official `openai` SDK (its default base64 and
 floats) and plain HTTP against a real sidecar on the tiny chat model and the tiny generated
 encoder (scripts/models/make_encoder.py); the vectors checked against the same encoder run
-in this process; every refusal; the API key, log line and metrics; a chat beside an index run."""
+in this process; every refusal; the API key, log line and metrics; a chat beside an index run;
+what huge inputs cost (issue 58)."""
 
 from __future__ import annotations
 
 import base64
 import concurrent.futures
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
+import psutil
 import pytest
 from openai import OpenAI
 
@@ -36,8 +39,8 @@ def service(
         tiny_model_dir,
         log,
         EMBED_MODEL_PATH=str(tiny_encoder_dir),
-        EMBED_MAX_INPUTS="300",
-        EMBED_MAX_BODY_BYTES="65536",
+        EMBED_MAX_INPUTS="300",  # the body keeps its default 8 MiB: huge inputs reach the route
+        EMBED_MAX_CHARS="20000",
         EMBED_BATCH_TOKENS="64",
         API_KEY=KEY,
     ) as running:
@@ -125,6 +128,10 @@ def test_a_batch_gives_each_input_the_vector_it_has_alone(service: Service) -> N
         ({"input": {"text": "a"}}, "invalid_input", "non-empty string or array"),
         ({"input": ["a"] * 301}, "too_many_inputs", "at most 300"),
         ({"input": "cat " * 40}, "context_length_exceeded", "at most 32"),
+        # 32 tokens times 100 characters an input, EMBED_MAX_CHARS together
+        ({"input": "x" * 3201}, "too_many_characters", "input 0 has 3,201 characters"),
+        ({"input": ["a", "x " * 1601]}, "too_many_characters", "at most 3,200 an input"),
+        ({"input": ["cat " * 700] * 8}, "too_many_characters", "22,400 characters together"),
         ({"input": "a", "dimensions": 8}, "invalid_value", "only 32"),
         ({"input": "a", "truncate_prompt_tokens": 100}, "invalid_input", "between 2"),
         ({"input": "a", "encoding_format": "int8"}, "invalid_value", "encoding_format"),
@@ -171,8 +178,79 @@ def test_a_lone_surrogate_and_bytes_that_are_not_utf8(service: Service) -> None:
 
 
 def test_a_body_over_embed_max_body_bytes_is_413(service: Service) -> None:
-    response = post(service, {"input": ["cat " * 5] * 280 + ["x" * 60_000]})
+    response = post(service, {"input": ["cat " * 5] * 280 + ["x" * 8 * 1024 * 1024]})
     assert response.status_code == 413
+
+
+def test_a_word_without_separators_counts_as_the_tokens_of_its_pieces(
+    client: OpenAI, service: Service, encoder: Encoder
+) -> None:
+    """Issue 58: a word longer than WordPiece's 100 characters was one [UNK] (a 7 MB word was
+    3 tokens): now each 100 characters are read as a word of their own, and counted."""
+    word = "x" * 150
+    ids = encoder.tokenize([word])[0]
+    assert len(ids) == 152 and 1 not in ids  # [CLS], x, ##x (99), x, ##x (49), [SEP]; no [UNK]
+    refused = post(service, {"input": word})
+    assert error(refused)["code"] == "context_length_exceeded"
+    assert "input 0 has 152 tokens" in error(refused)["message"]
+    cut = client.embeddings.create(
+        model="m", input=word, encoding_format="float", extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert cut.usage.prompt_tokens == 32
+    assert np.allclose(cut.data[0].embedding, encoder.encode([encoder.cut(ids, 32)])[0], atol=1e-6)
+
+
+def test_truncation_cuts_a_text_over_the_bound_of_characters_before_tokenizing(
+    client: OpenAI, encoder: Encoder
+) -> None:
+    long = "cat " * 2000  # 8,000 characters: over 3,200, so refused without truncation
+    cut = client.embeddings.create(
+        model="m", input=long, encoding_format="float", extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert cut.usage.prompt_tokens == 32
+    expected = encoder.encode([encoder.cut(encoder.tokenize([long])[0], 32)])[0]
+    assert np.allclose(cut.data[0].embedding, expected, atol=1e-6)
+
+
+def test_six_huge_inputs_at_once_are_refused_without_tokenizing_and_chat_goes_on(
+    service: Service,
+) -> None:
+    """Issue 58: a 7 MB input was tokenized whole before its length was checked, outside the
+    queue (3.6 GB at its peak, 2.4 GB kept; three at once, 10 GB). Now its characters are
+    counted first: the sidecar's memory grows by the bodies only, and gives them back."""
+    process = psutil.Process(service.process.pid)
+    before = process.memory_info().rss
+    peak = before
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not done.wait(0.005):
+            peak = max(peak, process.memory_info().rss)
+
+    def chat() -> httpx.Response:
+        body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+        url = service.url + "/v1/chat/completions"
+        return httpx.post(url, json=body, headers=HEADERS, timeout=60)
+
+    bodies = [{"input": "x" * 7_000_000}, {"input": ["cat " * 1_750_000]}] * 3
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(7) as pool:
+            talk = pool.submit(chat)
+            answers = list(pool.map(lambda body: post(service, body), bodies))
+            said = talk.result()
+    finally:
+        done.set()
+        watcher.join()
+    for answer in answers:
+        assert error(answer)["code"] == "too_many_characters", answer.text[:300]
+        assert error(answer)["limit_chars"] == 3200
+    assert said.status_code == 200 and said.json()["usage"]["completion_tokens"] > 0
+    mb = 1024 * 1024
+    assert (peak - before) / mb < 500
+    assert (process.memory_info().rss - before) / mb < 100
 
 
 def test_the_api_key_is_required(service: Service) -> None:
