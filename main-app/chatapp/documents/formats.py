@@ -42,6 +42,13 @@ class Limits:
         """What a DOCX may unpack to: its XML is verbose, but not 20 times its zip."""
         return 20 * self.max_bytes
 
+    @property
+    def max_text(self) -> int:
+        """The characters of text a file may yield, counted as they are extracted: as many as
+        the file may have bytes. A compressed format can hold far more (a 315 KB PDF whose
+        1,999 pages share one content stream yields 308 MB), which is not a document."""
+        return self.max_bytes
+
 
 def format_of(data: bytes, name: str, mime: str | None) -> str:
     """The format's name (a key of FORMATS); `unsupported_type` if none fits."""
@@ -85,10 +92,15 @@ def read(data: bytes, name: str, mime: str | None, limits: Limits) -> tuple[str,
         "markdown": parse_markdown,
         "rst": parse_rst,
         "html": parse_html,
-        "pdf": lambda body: parse_pdf(body, limits.max_pages),
-        "docx": lambda body: parse_docx(body, limits.max_unpacked),
+        "pdf": lambda body: parse_pdf(body, limits.max_pages, limits.max_text),
+        "docx": lambda body: parse_docx(body, limits.max_unpacked, limits.max_text),
     }
     blocks = parsers[format](data)
     if not any(block.kind != "heading" and block.text.strip() for block in blocks):
         raise Refused("no_text", "The file holds no text to read.")
+    text = sum(len(block.text) for block in blocks)
+    if text > limits.max_text:
+        raise Refused(
+            "too_large", f"The file holds {text} characters of text; at most {limits.max_text}."
+        )
     return format, blocks

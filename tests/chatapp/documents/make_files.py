@@ -4,12 +4,15 @@
 
 The PDFs are written by hand (a page is a content stream of text operators) and passed through
 pypdf's writer, which adds the outline and the encryption; the DOCX files with python-docx.
+The hostile files of issue 58 (`many_paragraphs_docx`, `runs_docx`, `understated_docx`,
+`shared_stream_pdf`) are made by the tests that read them, not kept here.
 """
 
 from __future__ import annotations
 
 import io
 import zipfile
+import zlib
 from pathlib import Path
 
 import docx
@@ -139,6 +142,85 @@ def _docx_without_body() -> bytes:
     with zipfile.ZipFile(out, "w") as archive:
         archive.writestr("[Content_Types].xml", "<Types/>")
     return out.getvalue()
+
+
+def docx_with_body(body: bytes) -> bytes:
+    """A python-docx document whose body is `body` (WordprocessingML elements)."""
+    base = io.BytesIO()
+    docx.Document().save(base)
+    source = zipfile.ZipFile(base)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == "word/document.xml":
+                head, _, rest = data.partition(b"<w:body>")
+                data = head + b"<w:body>" + body + b"</w:body>" + rest.partition(b"</w:body>")[2]
+            archive.writestr(info.filename, data)
+    return out.getvalue()
+
+
+def many_paragraphs_docx(count: int = 60_000) -> bytes:
+    """Short paragraphs, many of them (issue 58: 60,000 in 45 KB took 328 s to read)."""
+    return docx_with_body(b"<w:p><w:r><w:t>x</w:t></w:r></w:p>" * count)
+
+
+def runs_docx(xml_bytes: int) -> bytes:
+    """One paragraph of one-letter runs, `xml_bytes` of XML in a small zip (issue 58: 60 MB of
+    XML in 209 KB was still being read after 27 minutes, at 1.46 GB)."""
+    run = b"<w:r><w:t>a</w:t></w:r>"
+    return docx_with_body(b"<w:p>" + run * (xml_bytes // len(run)) + b"</w:p>")
+
+
+def understated_docx(real_bytes: int) -> bytes:
+    """A zip whose directory says its document part unpacks to 1,000 bytes, which really
+    unpacks to `real_bytes`: the sizes in both headers are rewritten after the fact."""
+    body = b"<w:p><w:r><w:t>" + b"a" * real_bytes + b"</w:t></w:r></w:p>"
+    data = bytearray(docx_with_body(body))
+    archive = zipfile.ZipFile(io.BytesIO(bytes(data)))
+    info = archive.getinfo("word/document.xml")
+    small = (1000).to_bytes(4, "little")
+    data[info.header_offset + 22 : info.header_offset + 26] = small  # local header
+    central = bytes(data).rindex(b"PK\x01\x02", 0, bytes(data).index(b"PK\x05\x06"))
+    while bytes(data[central + 46 : central + 46 + 17]) != b"word/document.xml":
+        central = bytes(data).rindex(b"PK\x01\x02", 0, central)
+    data[central + 24 : central + 28] = small  # the central directory's entry
+    return bytes(data)
+
+
+def shared_stream_pdf(pages: int, lines: int) -> bytes:
+    """`pages` pages that all draw one content stream of `lines` lines (issue 58: 1,999 such
+    pages in 315 KB read at 1.2 s a page, 308 MB of text)."""
+    ops = [b"BT /F1 10 Tf 72 720 Td 12 TL"]
+    ops += [b"(Line %d of the page every page draws.) Tj T*" % n for n in range(lines)]
+    stream = zlib.compress(b"\n".join([*ops, b"ET"]), 9)
+    objects = {
+        1: b"<< /Type /Catalog /Pages 2 0 R >>",
+        3: b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        4: b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream)
+        + stream
+        + b"\nendstream",
+    }
+    page = (
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+        b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>"
+    )
+    objects |= {5 + n: page for n in range(pages)}
+    kids = b" ".join(b"%d 0 R" % (5 + n) for n in range(pages))
+    objects[2] = b"<< /Type /Pages /Kids [" + kids + b"] /Count %d >>" % pages
+    out = b"%PDF-1.4\n"
+    offsets = {}
+    for number in sorted(objects):
+        offsets[number] = len(out)
+        out += _pdf_object(number, objects[number])
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offsets[n] for n in sorted(objects))
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return out
 
 
 def main() -> None:

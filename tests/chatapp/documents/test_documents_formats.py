@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import io
+import time
+import tracemalloc
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chatapp.documents.blocks import REFUSALS, Block, Refused
 from chatapp.documents.formats import Limits, format_of, read
+from tests.chatapp.documents import make_files
 
 FILES = Path(__file__).parent / "files"
 LIMITS = Limits(max_bytes=10_000_000, max_pages=100)
@@ -128,3 +132,58 @@ def test_a_pdf_named_docx_and_text_that_is_binary_are_broken() -> None:
     assert refusal("guide.docx", data=pdf).code == "broken"
     assert refusal("notes.txt", data=b"abc\x00\x01\x02").code == "broken"
     assert refusal("notes.pdf", data=b"hello").code == "broken"
+
+
+def test_a_docx_is_inflated_by_what_it_produces_not_what_its_directory_says() -> None:
+    """Its directory says 1,000 bytes; the part really unpacks to 30 MB: refused at the cap,
+    having held about a megabyte at a time (it was inflated whole: 200 MB took 449 MB)."""
+    data = make_files.understated_docx(30_000_000)
+    tracemalloc.start()
+    try:
+        caught = refusal("bomb.docx", Limits(100_000, 100), data=data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.code == "too_large" and "2000000" in caught.message
+    assert peak < 8_000_000, peak
+
+
+def test_a_docx_of_many_short_paragraphs_is_read_in_linear_time() -> None:
+    """60,000 short paragraphs in 40 KB (python-docx looked each one's style up among all the
+    styles: 328 s). A generous bound; it takes about a second."""
+    began = time.monotonic()
+    blocks = read(make_files.many_paragraphs_docx(), "many.docx", None, LIMITS)[1]
+    assert len(blocks) == 60_000 and blocks[0] == Block("text", "x")
+    assert time.monotonic() - began < 30
+
+
+def test_a_docx_holding_more_text_than_its_limit_is_too_large() -> None:
+    data = make_files.runs_docx(2_000_000)  # 86,956 one-letter runs in one paragraph
+    assert read(data, "runs.docx", None, LIMITS)[1] == [Block("text", "a" * 86_956)]
+    data = make_files.docx_with_body(b"<w:p><w:r><w:t>" + b"a" * 200_000 + b"</w:t></w:r></w:p>")
+    caught = refusal("long.docx", Limits(max_bytes=60_000, max_pages=100), data=data)
+    assert caught.code == "too_large" and "60000 characters" in caught.message
+
+
+def test_pdf_pages_that_share_one_content_stream_are_read_once_and_capped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """1,999 pages drawing one stream of 14 KB of text: one extraction, and the text past
+    the limit refused (each page was extracted again: 1.2 s a page, 308 MB of text)."""
+    from pypdf import PageObject
+
+    calls = []
+    extract = PageObject.extract_text
+
+    def counted(self: PageObject, *args: Any, **kwargs: Any) -> str:
+        calls.append(1)
+        return extract(self, *args, **kwargs)
+
+    monkeypatch.setattr(PageObject, "extract_text", counted)
+    data = make_files.shared_stream_pdf(pages=1999, lines=300)
+    caught = refusal("shared.pdf", Limits(max_bytes=1_000_000, max_pages=2000), data=data)
+    assert caught.code == "too_large" and "1000000 characters" in caught.message
+    assert len(calls) == 1
+    calls.clear()
+    blocks = read(make_files.shared_stream_pdf(pages=3, lines=3), "three.pdf", None, LIMITS)[1]
+    assert [b.page for b in blocks] == [1, 2, 3] and len(calls) == 1
