@@ -16,6 +16,7 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
+from chatapp import host as app_host
 from chatapp import logs as app_logs
 from chatapp import settings as app_settings
 from chatapp import telemetry as app_telemetry
@@ -26,6 +27,7 @@ from chatapp.errors import ApiError
 from sidecar import ipc
 from sidecar import jsonlog as sidecar_jsonlog
 from sidecar.settings import Settings
+from sidecar.web import access as sidecar_access
 from sidecar.web import errors as sidecar_errors
 from sidecar.web import messages as sidecar_messages
 from sidecar.web import request_log as sidecar_request_log
@@ -227,3 +229,18 @@ def test_a_long_word_is_counted_alike() -> None:
     app_tokens.split_long_words(bpe)
     sidecar_encoder.split_long_words(plain)
     assert bpe.pre_tokenizer is None and plain.pre_tokenizer is None  # left as they are
+
+
+def test_both_services_answer_host_names_alike() -> None:
+    """Issue 58: both answer only the loopback names by default (DNS rebinding), any name on
+    their probes, and match a list the same way."""
+    assert app_host.HOST.pattern == sidecar_access.HOST.pattern
+    assert app_host.PROBES == sidecar_access.PROBES
+    assert Settings().allowed_host_patterns == app_host.LOOPBACK
+    lists = [app_host.LOOPBACK, ("*.example.com", "chat.example.org"), ("*",)]
+    hosts = ["localhost:8080", "[::1]", "127.0.0.1.nip.io", "a.example.com", "example.com"]
+    hosts += ["evil.com#.example.com", "CHAT.example.org:443", "chat.example.org.", "", "x y"]
+    for patterns in lists:
+        for host in hosts:
+            app = app_host.host_allowed(host, patterns)
+            assert app == sidecar_access.host_allowed(host.encode(), patterns), (host, patterns)

@@ -30,7 +30,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from chatapp.chats import api as chats_api
     from chatapp.documents import routes as documents_routes
     from chatapp.documents.service import Documents
-    from chatapp.host import LowerCaseHost
+    from chatapp.host import AllowedHosts, allowed
     from chatapp.telemetry import Telemetry
     from chatapp.uploads import LargeBodies
 
@@ -62,7 +62,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.wsgi_app = LargeBodies(  # type: ignore[method-assign]
         app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], app.config["MAX_IMAGE_CHATS"]
     )
-    app.wsgi_app = LowerCaseHost(app.wsgi_app)  # type: ignore[method-assign]
+    # Outermost: a name the app is not meant to be reached by runs nothing (DNS rebinding).
+    app.wsgi_app = AllowedHosts(app.wsgi_app, allowed(app.config))  # type: ignore[method-assign]
     # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
     telemetry.install(app)

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from chatapp.host import allowed
+
 DEFAULTS: dict[str, Any] = {
     "SIDECAR_URL": "http://localhost:8000",
     "SIDECAR_CONNECT_TIMEOUT": 3.0,
@@ -37,7 +39,8 @@ DEFAULTS: dict[str, Any] = {
     "UPSTREAM_API": "predict",
     "UPSTREAM_MODEL": None,
     "UPSTREAM_API_KEY": None,
-    "TRUSTED_HOSTS": None,  # Flask's own name; the environment says ALLOWED_HOSTS
+    "ALLOWED_HOSTS": None,  # unset: the loopback names (chatapp/host.py)
+    "WEBSITE_HOSTNAME": None,
     "METRICS": True,
     # Documents (chatapp/documents/, docs/documents.md).
     "DOCUMENT_MAX_BYTES": 20 * 1024 * 1024,
@@ -145,9 +148,13 @@ DESCRIPTIONS: dict[str, str] = {
     "UPSTREAM_API_KEY": "Sent as `Authorization: Bearer <key>`, for our sidecar started with "
     "`API_KEY` or any server that wants a key.",
     "SIDECAR_API_KEY": "The same setting as `UPSTREAM_API_KEY`, by its older name.",
-    "ALLOWED_HOSTS": "The Host header values this app answers, comma-separated: names and "
-    "`*.example.com`; others get 400 `invalid_host`. Unset: any. Set it when the app is reached "
-    "directly (not behind App Service's front end, which only forwards the site's own names).",
+    "ALLOWED_HOSTS": "The Host header values this app answers, comma-separated: names, "
+    "`*.example.com` (its subdomains) or `*` (any); others get 400 `invalid_host`, against DNS "
+    "rebinding. Unset: the loopback names only (`localhost`, `127.0.0.1`, `[::1]`, any port). "
+    "Set it to every name the app is reached by: a custom domain, a compose or Kubernetes "
+    "service name. `/healthz`, `/readyz` and `/metrics` answer any name (probes and scrapers).",
+    "WEBSITE_HOSTNAME": "Set by App Service to the site's own name "
+    "(`<app>.azurewebsites.net`): answered beside the loopback names or `ALLOWED_HOSTS`.",
     "LOG_LEVEL": "`debug`, `info`, `warning` or `error`: the app's JSON log lines from that level "
     "up (one `info` line per chat, see `chatapp.logs`).",
     "METRICS": "Serve `GET /metrics` (Prometheus text; counts and timings, never text or ids); "
@@ -306,13 +313,15 @@ def _model(name: str, raw: str) -> str:
     return raw.strip()
 
 
-def _hosts(name: str, raw: str) -> list[str] | None:
+def _hosts(name: str, raw: str) -> list[str]:
     """host names, comma-separated"""
-    # As Flask's TRUSTED_HOSTS, where ".example.com" matches its subdomains.
-    hosts = [h.strip().lower() for h in raw.split(",") if h.strip()]
-    if "*" in hosts:
-        return None
-    return [h[1:] if h.startswith("*.") else h for h in hosts]
+    # Matched by chatapp/host.py: a name, "*.example.com" (its subdomains), "*" (any).
+    return [h.strip().lower() for h in raw.split(",") if h.strip()]
+
+
+def _host_name(name: str, raw: str) -> str:
+    """a host name"""
+    return raw.strip().lower()
 
 
 def _bool(name: str, raw: str) -> bool:
@@ -434,7 +443,8 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "UPSTREAM_MODEL": ("UPSTREAM_MODEL", _model),
     "UPSTREAM_API_KEY": ("UPSTREAM_API_KEY", _secret),
     "SIDECAR_API_KEY": ("UPSTREAM_API_KEY", _secret),  # the same setting by its #12 name
-    "ALLOWED_HOSTS": ("TRUSTED_HOSTS", _hosts),
+    "ALLOWED_HOSTS": ("ALLOWED_HOSTS", _hosts),
+    "WEBSITE_HOSTNAME": ("WEBSITE_HOSTNAME", _host_name),
     "METRICS": ("METRICS", _bool),
     "DOCUMENT_MAX_BYTES": ("DOCUMENT_MAX_BYTES", _positive_int),
     "DOCUMENT_MAX_PAGES": ("DOCUMENT_MAX_PAGES", _positive_int),
@@ -520,11 +530,10 @@ def access_summary(environ: Mapping[str, str]) -> dict[str, Any]:
     """For the start log line: whether a key goes to the model service (never the key), which
     hosts are answered, whether /metrics is served. The app itself asks nobody for a key."""
     config = {**DEFAULTS, **from_environ(environ)}
-    hosts = config["TRUSTED_HOSTS"]
     return {
         "upstream_api": config["UPSTREAM_API"],
         "upstream_key": "set" if config["UPSTREAM_API_KEY"] else "unset",
-        "allowed_hosts": "*" if not hosts else ",".join(hosts),
+        "allowed_hosts": ",".join(allowed(config)) or "*",
         "metrics": config["METRICS"],
     }
 

@@ -503,10 +503,13 @@ class Settings(BaseSettings):
         "default, for probes and scrapers).",
     )
     allowed_hosts: str = Field(
-        default="*",
+        default="localhost,127.0.0.1,[::1]",
         min_length=1,
         description="Host header values accepted, comma-separated: names, `*.example.com`, or "
-        "`*` for any (the default). Others get 400 invalid_host.",
+        "`*` for any; others get 400 invalid_host, against DNS rebinding. The default, the "
+        "loopback names (any port), is how the app reaches the sidecar in the product "
+        "(http://localhost:8000); a sidecar reached by another name needs it listed. /healthz, "
+        "/readyz and /metrics answer any name (probes and scrapers).",
     )
     # Telemetry (web/telemetry.py): traces only when one of the three destinations is set.
     otel_exporter_otlp_endpoint: str | None = Field(

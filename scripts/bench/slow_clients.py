@@ -42,8 +42,8 @@ import httpx
 from scripts.bench.common import BadArguments
 from scripts.run import services
 
-PARTIAL = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"  # never finished
-DRIP = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+PARTIAL = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"  # never finished
+DRIP = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
 KINDS = ("idle", "drip", "stalled_body", "endless_body")
 APP_CHAT = "/chat"
 SIDECAR_CHAT = "/v1/chat/completions"
@@ -51,13 +51,13 @@ SIDECAR_CHAT = "/v1/chat/completions"
 
 def stalled_body(path: str) -> bytes:
     """Complete headers announcing 4096 bytes of body, and only the first 16 of them."""
-    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
     return (head + "Content-Length: 4096\r\n\r\n").encode() + b'{"messages": [  '
 
 
 def endless_head(path: str) -> bytes:
     """Complete headers of a chunked body, whose chunks endless_chunks() sends."""
-    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
     return (head + "Transfer-Encoding: chunked\r\n\r\n").encode()
 
 

@@ -113,7 +113,12 @@ def test_the_start_says_whether_a_key_goes_to_the_model_service(
         return [line for line in lines if line.get("msg") == "access"]
 
     (line,) = access_lines(app)
-    assert (line["upstream_key"], line["allowed_hosts"], line["metrics"]) == ("unset", "*", True)
+    loopback = "localhost,127.0.0.1,[::1]"  # ALLOWED_HOSTS unset (issue 58)
+    assert (line["upstream_key"], line["allowed_hosts"], line["metrics"]) == (
+        "unset",
+        loopback,
+        True,
+    )
     env = {"UPSTREAM_API_KEY": "s3cret-key", "ALLOWED_HOSTS": "chat.example.com,127.0.0.1"}
     with services.chatapp(fake.url, tmp_path / "keyed.log", env=env) as keyed:
         (line,) = access_lines(keyed)

@@ -1,15 +1,20 @@
-"""Who may talk to the sidecar: an optional API key and an optional list of allowed hosts.
+"""Who may talk to the sidecar: an optional API key, and the host names it answers.
 
-Both are off by default: on App Service only the main container receives outside traffic and
-the sidecar is reached at localhost. Turn them on when the sidecar's port is reachable by
-others: a published compose port, a Kubernetes Service, a laptop on a shared network.
+On App Service only the main container receives outside traffic and the sidecar is reached at
+localhost: no key is needed, and the loopback names are all it answers by default. Set a key
+when the sidecar's port is reachable by others (a published compose port, a Kubernetes
+Service, a laptop on a shared network), and list the names it is reached by.
 
 - API_KEY: one or more keys, comma-separated. Requests must send `Authorization: Bearer <key>`
   (what OpenAI clients send with api_key=...). Each key is compared in constant time, and all of
   them always are, so the answer's timing says nothing about a key. /healthz, /readyz and
   /metrics stay open for probes and scrapers unless API_KEY_PROBES=true.
 - ALLOWED_HOSTS: the Host header values accepted (a name, `*.example.com`, or `*` for any; a
-  port is ignored), against DNS rebinding and requests meant for another site.
+  port is ignored; default the loopback names), against DNS rebinding (a page on a name made
+  to resolve to 127.0.0.1 is the same origin as the sidecar there, and could use its routes)
+  and requests meant for another site. The probes answer any name, as they answer without a
+  key: probes and scrapers ask by an address or a service name. The same rule as the app's
+  (chatapp/host.py; tests/test_contracts.py).
 
 Refusals use errors.REFUSALS: 401 `unauthorized` (with `WWW-Authenticate: Bearer`) and 400
 `invalid_host`.
@@ -74,7 +79,8 @@ class AccessMiddleware:
         return hashlib.sha256(token.strip()).hexdigest()
 
     def _refusal(self, path: str, headers: dict[bytes, bytes]) -> ApiError | None:
-        if self._hosts and not _host_allowed(headers.get(b"host", b""), self._hosts):
+        host = headers.get(b"host", b"")
+        if self._hosts and path not in PROBES and not host_allowed(host, self._hosts):
             return ApiError("invalid_host", "this host name is not served here")
         if self._keys and not (self._probes_open and path in PROBES):
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
@@ -97,7 +103,7 @@ _NAME = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-
 HOST = re.compile(rf"(?P<name>{_NAME}|\[[0-9a-f:.]+\])(?::[0-9]{{1,5}})?")
 
 
-def _host_allowed(raw: bytes, patterns: tuple[str, ...]) -> bool:
+def host_allowed(raw: bytes, patterns: tuple[str, ...]) -> bool:
     match = HOST.fullmatch(raw.decode("latin-1").strip().lower())
     if match is None:
         return False

@@ -110,7 +110,8 @@ WHEN: dict[str, str] = {
     "invalid_field": 'a field is wrong (`"field.path: reason"`; the input is never echoed)',
     "unauthorized": "`API_KEY` is set and the request has no valid `Authorization: Bearer <key>` "
     "(the answer carries `WWW-Authenticate: Bearer`)",
-    "invalid_host": "the `Host` is not one of `ALLOWED_HOSTS`",
+    "invalid_host": "the `Host` is not one of `ALLOWED_HOSTS` (by default the loopback names; "
+    "/healthz, /readyz and /metrics answer any)",
     "not_found": "no such path",
     "model_not_found": "`GET /v1/models/{id}` names a model this sidecar does not serve",
     "response_not_found": "`previous_response_id`, or `GET`/`DELETE /v1/responses/{id}`, names no "

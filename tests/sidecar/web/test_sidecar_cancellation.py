@@ -100,7 +100,7 @@ def queued_request(service: Service, request_id: str) -> Iterator[socket.socket]
     host, port = service.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
-            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"X-Request-Id: %s\r\nContent-Length: %d\r\n\r\n%s"
             % (request_id.encode(), len(body), body)
         )

@@ -163,7 +163,7 @@ def test_a_client_that_reads_very_slowly_gets_its_whole_reply(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
         sock.connect((host, int(port)))
         sock.sendall(
-            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         # While this client reads nothing, others are served.

@@ -268,6 +268,25 @@ def test_10_another_host_name_is_refused(guarded: Service) -> None:
         assert httpx.get(guarded.url + "/v1/models", headers=headers).is_success, host
 
 
+def test_10_by_default_only_the_loopback_names_are_answered(sidecar_service: Service) -> None:
+    """Issue 58: ALLOWED_HOSTS was `*` by default, so a page on a name rebound to 127.0.0.1
+    could use a local sidecar's routes as its own origin."""
+    url = sidecar_service.url + "/v1/models"
+    for host in ("rebound.attacker.example", "localhost.attacker.example:8000", "10.0.0.7"):
+        response = httpx.get(url, headers={"host": host}, timeout=10)
+        assert error_of(response, 400)["code"] == "invalid_host", host
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "LocalHost"):
+        assert httpx.get(url, headers={"host": host}, timeout=10).is_success, host
+
+
+def test_10_the_probes_answer_any_name(guarded: Service, sidecar_service: Service) -> None:
+    """A Kubernetes probe asks by the pod's address, a scraper by a service name."""
+    for service in (guarded, sidecar_service):
+        for path in ("/healthz", "/readyz", "/metrics"):
+            response = httpx.get(service.url + path, headers={"host": "10.244.0.9:8000"})
+            assert response.status_code == 200, (service.url, path)
+
+
 # -- beyond the list ------------------------------------------------------------------------------
 
 
@@ -288,7 +307,7 @@ def test_a_smuggling_attempt_is_refused_by_the_server(sidecar_service: Service) 
     """Content-Length and Transfer-Encoding together: the HTTP parser refuses the request."""
     host, port = sidecar_service.url.removeprefix("http://").split(":")
     request = (
-        "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
         "0\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n"
     )

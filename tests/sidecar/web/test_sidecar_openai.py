@@ -380,7 +380,7 @@ def test_a_disconnect_while_waiting_for_the_whole_reply_stops_it_too(
     host, port = service.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
-            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"X-Request-Id: whole-then-gone\r\nContent-Length: %d\r\n\r\n%s"
             % (PATH.encode(), len(body), body)
         )

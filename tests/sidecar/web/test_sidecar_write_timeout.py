@@ -83,8 +83,9 @@ def bulky_stream(service: Service, prompt: str, request_id: str) -> socket.socke
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
     sock.connect((host, int(port)))
     sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"X-Request-Id: %s\r\nContent-Length: %d\r\n\r\n%s" % (request_id.encode(), len(body), body)
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nX-Request-Id: %s\r\nContent-Length: %d\r\n\r\n%s"
+        % (request_id.encode(), len(body), body)
     )
     return sock
 
