@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from chatapp.documents.blocks import Refused
 from chatapp.documents.formats import Limits, format_of, mime_of
 from chatapp.documents.models import NAME_CHARS, Chunk, Document, DocumentFile
+from chatapp.documents.names import stored_name
 from chatapp.store import Store
 from chatapp.store.base import utcnow
 
@@ -31,7 +32,7 @@ def add(
 ) -> Added:
     """Store a file for indexing, or find it already held (same bytes, same owner), or record
     it as failed with the reason when it is refused before reading (size, type)."""
-    name = (name.replace("\x00", "").strip() or "untitled")[:NAME_CHARS]
+    name = (stored_name(name) or "untitled")[:NAME_CHARS]
     digest = hashlib.sha256(data).hexdigest()
     with store.session(write=True) as session:
         held = session.scalars(
