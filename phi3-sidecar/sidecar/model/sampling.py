@@ -6,8 +6,9 @@ ipc.MIN_TEMPERATURE: the caller passes None then) is greedy, the first of the hi
 one, are divided by the temperature (so every value is 0 or below: no temperature overflows
 them, and exp() never sees inf - inf); top_k keeps the k most likely tokens (0 or absent: all);
 top_p keeps the most likely ones until their probability adds up to top_p (at least one);
-one token is drawn from what is left. Each request has its own random generator, seeded with
-its seed, so a seeded request gets the same reply whatever else runs at the same time.
+one token is drawn from what is left, walked in vocabulary order (`_kept`). Each request has
+its own random generator, seeded with its seed, so a seeded request gets the same reply
+whatever else runs at the same time.
 
 A repetition penalty (onnxruntime-genai's `repetition_penalty`, llama.cpp's `repeat_penalty`)
 is applied first, with the usual meaning: the logit of every token already in the sequence
@@ -58,17 +59,27 @@ class Sampler:
         # The highest logit first: every value is then 0 or below (-inf for a banned token),
         # whatever the temperature divides, and the first of the order is exp(0) = 1.
         scaled = (logits.astype(np.float64) - top) / self.temperature
+        kept = self._kept(scaled)
+        probabilities = np.exp(scaled[kept])
+        probabilities /= probabilities.sum()
+        return int(kept[self._random.choice(len(kept), p=probabilities)])
+
+    def _kept(self, scaled: np.ndarray) -> np.ndarray:
+        """The ids top_k and top_p keep, in vocabulary order: the draw walks them in that
+        order, not by likelihood, so that two logits a last bit apart (a row decoded alone or
+        in a batch on a CPU whose kernels differ there, tests/support/kernels.py) swap no
+        places and the same seed lands on the same token."""
+        if not 0 < self.top_k < len(scaled) and self.top_p >= 1.0:
+            return np.arange(len(scaled))
         order = np.argsort(-scaled, kind="stable")
         if 0 < self.top_k < len(order):
             order = order[: self.top_k]
-        chosen = scaled[order]
-        probabilities = np.exp(chosen)
-        probabilities /= probabilities.sum()
         if self.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probabilities), self.top_p)) + 1
-            order, probabilities = order[:keep], probabilities[:keep]
+            probabilities = np.exp(scaled[order])
             probabilities /= probabilities.sum()
-        return int(order[self._random.choice(len(order), p=probabilities)])
+            keep = int(np.searchsorted(np.cumsum(probabilities), self.top_p)) + 1
+            order = order[:keep]
+        return np.sort(order)
 
 
 def penalize_repeats(logits: np.ndarray, seen: Sequence[int], penalty: float) -> np.ndarray:
