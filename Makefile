@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODEL ?= phi3
 
-.PHONY: run test test-quick lint docs bench coverage hooks venv peers export-deps export clean
+.PHONY: run test test-quick test-avx2 lint docs bench coverage hooks venv peers export-deps export clean
 
 $(VENV)/.installed: requirements-dev.txt pyproject.toml phi3-sidecar/pyproject.toml main-app/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,14 @@ test: lint export-deps
 QUICK := not (browser or containers or families or peers or realmodel or slow)
 test-quick: lint
 	$(PY) -m pytest -m "$(QUICK)" $(PYTEST_ARGS)
+
+# The tests whose form depends on the CPU (exact replies in batches and from the cache), run
+# as on a CPU without AVX-512 (scripts/run/avx2_only.py: cpuid masked for these processes).
+# make test runs them so too (tests/scripts/test_avx2_only.py); this is the whole files.
+test-avx2: venv
+	$(PY) -m scripts.run.avx2_only $(PY) -m pytest -p no:cacheprovider \
+	  tests/sidecar/model/test_sidecar_batch.py tests/sidecar/model/test_sidecar_prompt_cache.py \
+	  tests/models/test_models_variants.py $(PYTEST_ARGS)
 
 # Line and branch coverage of both services and scripts/, including the processes the tests
 # start; report on the terminal and in build/coverage/html. Takes a little longer than `test`.

@@ -198,6 +198,8 @@ SLOW_TESTS = (
     "tests/sidecar/web/test_sidecar_tutorial_apps.py::test_each_tutorial_app_reads_the_whole_",
     "tests/sidecar/web/test_sidecar_response_store.py::test_the_count_is_the_memory_really_",
     "tests/sidecar/web/test_sidecar_concurrency.py::test_simultaneous_greedy_replies_equal_",
+    # the batch and cache exactness tests again, as on a CPU without AVX-512 (about 2 min)
+    "tests/scripts/test_avx2_only.py::test_the_batch_and_cache_",
 )
 
 

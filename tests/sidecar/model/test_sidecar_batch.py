@@ -25,6 +25,7 @@ from sidecar.model.generation import Generation
 from sidecar.model.sampling import Sampler
 from tests.sidecar import reference
 from tests.sidecar.support import metrics, predict, request_line
+from tests.support.kernels import rows_exact_in_batches
 
 PROMPTS = [
     "Write a long poem about the sea.",
@@ -61,6 +62,16 @@ def expected(model: Path, prompt: str, new: int = NEW, **search: Any) -> str:
     return reference.generate(model, [{"role": "user", "content": prompt}], new, **search).text
 
 
+def agree(
+    model: Path, prompts: list[str], replies: list[str], new: int = NEW, **search: Any
+) -> None:
+    """Each reply is its prompt's reference reply (reference.assert_agrees: to the bit on a CPU
+    whose kernels are exact in batches)."""
+    assert len(replies) == len(prompts)
+    for prompt, reply in zip(prompts, replies, strict=True):
+        reference.assert_agrees(reply, model, [{"role": "user", "content": prompt}], new, **search)
+
+
 def together(url: str, bodies: list[dict[str, Any]]) -> list[str]:
     barrier = threading.Barrier(len(bodies))
 
@@ -82,7 +93,7 @@ def test_greedy_replies_are_the_generators_with_several_users_at_once(
     replies = together(
         batch_service.url, [{"input_text": p, "max_new_tokens": NEW} for p in prompts]
     )
-    assert replies == [expected(small_model_dir, p) for p in prompts]
+    agree(small_model_dir, prompts, replies)
 
 
 def test_requests_join_and_leave_while_a_long_reply_decodes(
@@ -99,8 +110,8 @@ def test_requests_join_and_leave_while_a_long_reply_decodes(
             batch_service.url, [{"input_text": p, "max_new_tokens": 8} for p in PROMPTS[:4]]
         )
         pieces.extend(chunks)
-    assert "".join(pieces) == expected(small_model_dir, long_prompt, 200)
-    assert short == [expected(small_model_dir, p, 8) for p in PROMPTS[:4]]
+    agree(small_model_dir, [long_prompt], ["".join(pieces)], 200)
+    agree(small_model_dir, PROMPTS[:4], short, 8)
 
 
 def test_a_disconnect_cancels_its_row_and_the_others_go_on(
@@ -130,7 +141,7 @@ def test_a_disconnect_cancels_its_row_and_the_others_go_on(
     assert line["outcome"] == "cancelled"
     assert line["generated_tokens"] < 300
     thread.join(300)
-    assert result == [expected(small_model_dir, PROMPTS[4], 40)]
+    agree(small_model_dir, [PROMPTS[4]], result, 40)
     assert metrics(batch_service.url)["sidecar_active_generations"] == 0
 
 
@@ -157,7 +168,13 @@ def test_a_seeded_sampling_reply_is_the_same_whoever_else_runs(batch_service: Se
     crowd = [{"input_text": p, "max_new_tokens": 30} for p in PROMPTS[:3]]
     crowd.append({"input_text": "Hi", "temperature": 0.9, "max_new_tokens": 30})  # unseeded
     replies = together(batch_service.url, [seeded, *crowd, {**seeded, "seed": 12}])
-    assert replies[0] == alone
+    if rows_exact_in_batches():
+        assert replies[0] == alone
+    else:
+        # An AVX2-only CPU's one-row and many-row kernels drift apart by up to ~0.1 in a logit
+        # (tests/support/kernels.py): enough to move a draw. What holds there: the seed alone
+        # gives the same reply again (docs/models.md, "Exact replies and the CPU").
+        assert predict(batch_service.url, seeded).text == alone
     assert replies[-1] != alone  # another seed, another reply
     assert (
         predict(batch_service.url, {**seeded, "top_k": 1}).text
@@ -189,9 +206,9 @@ def test_a_repetition_penalty_gives_the_generators_reply_in_a_batch(
     )
     thread.join(300)
     search = {"do_sample": False, "repetition_penalty": 1.5}
-    assert result == [expected(small_model_dir, PROMPTS[0], NEW, **search)]
+    agree(small_model_dir, PROMPTS[:1], result, NEW, **search)
     assert result[0] != expected(small_model_dir, PROMPTS[0], NEW)
-    assert others == [expected(small_model_dir, p) for p in PROMPTS[1:3]]
+    agree(small_model_dir, PROMPTS[1:3], others)
 
 
 # --- the pieces, in this process ---------------------------------------------------------------
@@ -212,6 +229,21 @@ def test_the_sampler_is_greedy_without_temperature_and_reproducible_with_a_seed(
     peaked = logits.copy()
     peaked[7] = 50.0
     assert {Sampler(1.0, None, 0.5, 2).pick(peaked) for _ in range(50)} == {7}
+
+
+def test_a_seeded_draw_is_the_same_when_two_nearly_equal_logits_swap_places() -> None:
+    """What an AVX2-only CPU does to a row decoded alone and in a batch (tests/support/
+    kernels.py): logits a last bit apart. The draw walks the tokens in vocabulary order, so
+    the same seed lands on the same token whichever of two near ties is ahead."""
+    logits = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    logits[[10, 500]] = 5.0  # two near ties that hold most of the probability
+    nudged = logits.copy()
+    nudged[500] = np.nextafter(np.float32(5.0), np.float32(6.0))  # now ahead of 10
+    for top_k, top_p in ((None, None), (50, None), (None, 0.9)):
+        draws = [Sampler(1.0, top_k, top_p, seed).pick(logits) for seed in range(300)]
+        nudged_draws = [Sampler(1.0, top_k, top_p, seed).pick(nudged) for seed in range(300)]
+        assert draws == nudged_draws
+        assert {10, 500} <= set(draws)
 
 
 def test_a_decoder_with_other_inputs_keeps_the_generator(tiny_model_dir: Path) -> None:
@@ -248,9 +280,10 @@ def test_rows_join_leave_and_free_their_slots_in_the_real_engine(tiny_model_dir:
             live.pop(0).release(reusable=True)
         if not live and step > 8:
             break
-    for i in (1, 2, 3):
-        assert texts[i] == expected(tiny_model_dir, PROMPTS[i], 30)
-    assert texts[0] == expected(tiny_model_dir, PROMPTS[0], 30)[: len(texts[0])]
+    agree(tiny_model_dir, PROMPTS[1:4], [texts[i] for i in (1, 2, 3)], 30)
+    reference.assert_agrees(
+        texts[0], tiny_model_dir, [{"role": "user", "content": PROMPTS[0]}], 30, cut=True
+    )
     assert not batch.busy
     assert all(not key.any() for key in batch.pool.keys)  # freed pages read as zeros
 
@@ -307,8 +340,7 @@ def test_prompts_that_arrive_together_get_first_tokens_one_after_another(
     chunks = -(-len(engine.prompts.fit((("user", PROMPTS[4]),), 5, engine.max_length).ids) // 16)
     assert chunks >= 3
     assert first_token_step[2] - first_token_step[1] >= chunks - 1
-    for i, prompt in enumerate(prompts):
-        assert texts[i] == expected(tiny_model_dir, prompt, 5)
+    agree(tiny_model_dir, prompts, [texts[i] for i in range(len(prompts))], 5)
 
 
 def test_the_generators_model_is_loaded_only_when_a_request_needs_it(
