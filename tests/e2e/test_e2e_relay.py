@@ -20,7 +20,7 @@ from scripts.models import make_model
 from scripts.run import services
 from tests.e2e import live
 from tests.e2e.conftest import AppFactory
-from tests.support.engines import paced
+from tests.support.engines import gated, open_gate, paced
 
 HI = {"role": "user", "content": "Hi"}
 MIXED_INPUT = "Café, naïve — 😀👩‍👩‍👧 中文字符 日本語 한국어 العربية עברית Привет"
@@ -183,9 +183,14 @@ def test_sidecar_dies_mid_reply(
 
 
 def test_sidecar_loading(tiny_model_dir: Path, tmp_path: Path, start_app: AppFactory) -> None:
-    settings = paced(pace=0.0, load_delay=3.0)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    # The load waits for the gate, not for a timer: "still loading" lasts as long as this test
+    # needs it to on any machine, however loaded.
     with (
-        services.sidecar(tiny_model_dir, tmp_path / "sidecar.log", wait=False, env=settings) as sc,
+        services.sidecar(
+            tiny_model_dir, tmp_path / "sidecar.log", wait=False, env=gated(gate)
+        ) as sc,
         start_app(sc.url) as app,
     ):
         services.wait_for(sc.url + "/healthz", sc.process, sc.log_path, 30)
@@ -197,6 +202,7 @@ def test_sidecar_loading(tiny_model_dir: Path, tmp_path: Path, start_app: AppFac
         health = httpx.get(app.url + "/healthz", timeout=10).json()["sidecar"]
         assert health["reachable"] is True and health["ready"] is False
         assert health["detail"]["phase"] in ("starting", "loading", "warming_up")
+        open_gate(gate, 1)
         services.wait_for(sc.url + "/readyz", sc.process, sc.log_path, 30)
         assert live.chat(app.url, messages)[-1]["done"] is True
 

@@ -50,7 +50,7 @@ def _model(model_dir: Path) -> Any:
     return og.Model(str(model_dir))
 
 
-def reference(exported: Exported, hf_tokenizer: Any, user: str) -> Reply:
+def reference(exported: Exported, hf_tokenizer: Any, user: str, limit: int = MAX_NEW) -> Reply:
     family = exported.family
     ids = hf_tokenizer.apply_chat_template(
         [{"role": "user", "content": user}],
@@ -68,7 +68,7 @@ def reference(exported: Exported, hf_tokenizer: Any, user: str) -> Reply:
     generator.append_tokens(ids)
     stream = og.Tokenizer(model).create_stream()
     text, count = "", 0
-    while count < MAX_NEW:
+    while count < limit:
         generator.generate_next_token()
         token = int(generator.get_next_tokens()[0])
         count += 1
@@ -92,11 +92,19 @@ def ending(replies: dict[str, Reply]) -> str:
 
 
 @pytest.fixture(scope="module")
-def running_on(replies: dict[str, Reply]) -> str:
-    """A prompt whose reply has no end token within MAX_NEW tokens."""
+def running_on(
+    exported: Exported, hf_tokenizer: Any, replies: dict[str, Reply]
+) -> tuple[str, int, Reply]:
+    """A prompt, a token limit its reply reaches before any end token, and that reply: MAX_NEW
+    where a reply runs on that far; else (a CPU on which every random reply ends early) the
+    longest reply's length less one."""
     found = [u for u, r in replies.items() if not r.eos]
-    assert found, replies
-    return found[0]
+    if found:
+        return found[0], MAX_NEW, replies[found[0]]
+    user = max(replies, key=lambda u: replies[u].tokens)
+    limit = replies[user].tokens - 1
+    assert limit >= 1, replies
+    return user, limit, reference(exported, hf_tokenizer, user, limit)
 
 
 def test_v1_models_names_the_model(exported: Exported, family_sidecar: services.Service) -> None:
@@ -123,12 +131,14 @@ def test_the_end_token_ends_the_reply(
 
 
 def test_a_reply_without_an_end_token_stops_at_the_length(
-    family_sidecar: services.Service, replies: dict[str, Reply], running_on: str
+    family_sidecar: services.Service, running_on: tuple[str, int, Reply]
 ) -> None:
-    body = {"messages": [{"role": "user", "content": running_on}], "max_tokens": MAX_NEW}
+    user, limit, expected = running_on
+    assert not expected.eos and expected.tokens == limit
+    body = {"messages": [{"role": "user", "content": user}], "max_tokens": limit}
     answer = httpx.post(family_sidecar.url + "/v1/chat/completions", json=body, timeout=60).json()
     assert answer["choices"][0]["finish_reason"] == "length"
-    assert answer["choices"][0]["message"]["content"] == replies[running_on].text
+    assert answer["choices"][0]["message"]["content"] == expected.text
 
 
 def test_the_chat_app_relays_the_family_s_reply(

@@ -19,7 +19,7 @@ from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e import live
 from tests.e2e.browser.support import reply, send
 from tests.e2e.conftest import AppFactory
-from tests.support.engines import paced
+from tests.support.engines import gated, open_gate
 
 pytestmark = pytest.mark.browser
 
@@ -95,9 +95,12 @@ def test_sidecar_down_shows_a_sentence(page: Page, start_app: AppFactory) -> Non
 def test_model_loading_then_ready(
     page: Page, tiny_model_dir: Path, tmp_path: Path, start_app: AppFactory
 ) -> None:
-    settings = paced(pace=0.0, load_delay=2.0)
+    gate = tmp_path / "gate"
+    gate.mkdir()  # the load waits for the gate, not a timer that a loaded machine outruns
     with (
-        services.sidecar(tiny_model_dir, tmp_path / "sc.log", wait=False, env=settings) as sidecar,
+        services.sidecar(
+            tiny_model_dir, tmp_path / "sc.log", wait=False, env=gated(gate)
+        ) as sidecar,
         start_app(sidecar.url) as app,
     ):
         services.wait_for(sidecar.url + "/healthz", sidecar.process, sidecar.log_path, 30)
@@ -106,5 +109,6 @@ def test_model_loading_then_ready(
         send(page, "Hello")
         answer = reply(page)
         expect(answer.locator(".meta")).to_contain_text("Model loading, retrying in")
-        expect(answer).to_have_attribute("data-state", "done", timeout=20_000)
+        open_gate(gate, 1)
+        expect(answer).to_have_attribute("data-state", "done", timeout=30_000)
         page.context.close()
