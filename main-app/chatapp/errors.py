@@ -8,7 +8,7 @@ unexpected exceptions (500) use the same envelope instead of an HTML page or a s
 
 from __future__ import annotations
 
-from flask import Flask, Response, current_app, jsonify
+from flask import Flask, Response, current_app, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException, SecurityError
 
 # Flask's own HTTP errors, rephrased for people. Anything else keeps a generic sentence.
@@ -66,9 +66,24 @@ def _http_error(error: HTTPException) -> Response:
         return error_response(400, "This host name is not served here.", "invalid_host")
     status = error.code or 500
     message, type = _HTTP_ERRORS.get(status, ("The request could not be handled.", "http_error"))
+    if status == 413 and has_request_context() and request.mimetype == "multipart/form-data":
+        message, type = _form_too_large()
     # Keep headers such as Allow (405) or Retry-After, but not the HTML content type.
     headers = {k: v for k, v in error.get_headers() if k.lower() != "content-type"}
     return error_response(status, message, type, headers)
+
+
+def _form_too_large() -> tuple[str, str]:
+    """Werkzeug refuses a form too large and a form of too many parts with the same 413; an
+    upload is no conversation (issue 58: both were "The conversation is too long to send.").
+    A declared length within the limit means the parts were too many."""
+    limit, length = request.max_content_length, request.content_length
+    if limit is not None and length is not None and length <= limit:
+        parts = request.max_form_parts
+        cap = f"; at most {parts} are read" if parts else ""
+        return f"The upload has too many parts{cap}. Send fewer files at a time.", "too_many_parts"
+    most = f"at most {limit / 1024 / 1024:.0f} MB" if limit else "less"
+    return f"The upload is too large: send {most} at a time, files together.", "payload_too_large"
 
 
 def _unexpected(error: Exception) -> Response:

@@ -63,6 +63,34 @@ def test_413_when_body_too_large(make_app: Callable[..., Flask]) -> None:
     assert_envelope(response, 413, "payload_too_large")
 
 
+def test_an_upload_too_large_says_so_not_that_a_conversation_is(client: FlaskClient) -> None:
+    """Issue 58: a 100 MB upload was told "The conversation is too long to send."."""
+    response = client.post(
+        "/api/documents",
+        data=b"--x\r\n",
+        content_type="multipart/form-data; boundary=x",
+        environ_overrides={"CONTENT_LENGTH": str(100 * 1024 * 1024)},
+    )
+    message = assert_envelope(response, 413, "payload_too_large")
+    assert message.startswith("The upload is too large: send at most ") and "MB" in message
+    assert "conversation" not in message
+
+
+def test_a_form_of_too_many_parts_says_so(client: FlaskClient) -> None:
+    """Issue 58: a 3,000-part request was told "The conversation is too long to send."."""
+    parts = b"".join(
+        b'--x\r\nContent-Disposition: form-data; name="f%d"\r\n\r\nv\r\n' % n for n in range(3000)
+    )
+    response = client.post(
+        "/api/documents", data=parts + b"--x--\r\n", content_type="multipart/form-data; boundary=x"
+    )
+    message = assert_envelope(response, 413, "too_many_parts")
+    assert (
+        message
+        == "The upload has too many parts; at most 1000 are read. Send fewer files at a time."
+    )
+
+
 def test_empty_assistant_turn_is_accepted(client: FlaskClient, fake: Any) -> None:
     # A reply stopped before its first word leaves an empty assistant turn in some clients.
     body = {"messages": [USER, {"role": "assistant", "content": ""}, USER]}
