@@ -222,8 +222,9 @@ DESCRIPTIONS: dict[str, str] = {
     "comma-separated) of the proxy that signs people in; the identity header is believed only "
     "on connections from them (required in that mode). Make the app reachable only through "
     "the proxy too.",
-    "CHAT_RETENTION_DAYS": "Delete the chats not updated for this many days (each app process "
-    "sweeps at start and hourly); unset: kept until their owner deletes them.",
+    "CHAT_RETENTION_DAYS": "Delete the chats and library documents not updated for this many "
+    "days, a document with its kept file and passages (each app process sweeps at start and "
+    "hourly); unset: kept until their owner deletes them.",
     "HOST": "The address the server listens on.",
     "PORT": "The port the server listens on (App Service sends outside traffic to 8080).",
     "WEB_CONCURRENCY": "gunicorn worker processes.",

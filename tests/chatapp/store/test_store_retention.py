@@ -1,14 +1,19 @@
-"""Retention: chats not updated for CHAT_RETENTION_DAYS are deleted with their messages; off
-by default."""
+"""Retention: chats and documents not updated for CHAT_RETENTION_DAYS are deleted, with their
+messages, kept bytes and passages; off by default."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
 
+import numpy as np
 from flask import Flask
 from sqlalchemy import func, select
 
+from chatapp.documents import library
+from chatapp.documents.formats import Limits
+from chatapp.documents.models import Chunk, Document, DocumentFile
+from chatapp.documents.search_index import index_for
 from chatapp.store import Store
 from chatapp.store import chats as store_chats
 from chatapp.store.chats import NewMessage
@@ -46,6 +51,50 @@ def test_chats_older_than_the_retention_go_with_their_messages(store: Store) -> 
         assert store_chats.list_chats(session, 1, "hello") != []
     assert old not in _left(store)
     assert retention.maybe_sweep() == 0  # not again within the hour
+
+
+def _document_updated(store: Store, days_ago: float, subject: str = "alice") -> int:
+    """A document, its bytes and one passage with its vector, last updated `days_ago`."""
+    with store.session(write=True) as session:
+        owner = ensure_user(session, subject).id
+    data = f"descaling the kettle, {days_ago} days".encode()
+    limits = Limits(max_bytes=1000, max_pages=10)
+    document_id = library.add(store, owner, "notes.txt", data, "text/plain", limits).document.id
+    index = index_for(store)
+    with store.session(write=True) as session:
+        index.prepare(session, 4)
+    with store.session(write=True) as session:
+        chunk = Chunk(
+            document_id=document_id, owner_id=owner, ordinal=0, text=data.decode(), tokens=8
+        )
+        session.add(chunk)
+        session.flush()
+        index.add(session, owner, [(chunk.id, np.array([1, 0, 0, 0], np.float32))])
+        document = session.get(Document, document_id)
+        assert document is not None
+        document.status, document.updated_at = "ready", NOW - dt.timedelta(days=days_ago)
+    return document_id
+
+
+def test_documents_older_than_the_retention_go_with_their_bytes_and_passages(
+    store: Store,
+) -> None:
+    """Issue 58: CHAT_RETENTION_DAYS never removed a document, its kept bytes or passages."""
+    _document_updated(store, 31)
+    _document_updated(store, 45, subject="bob")
+    recent = _document_updated(store, 29)
+    assert Retention(store, days=30).maybe_sweep() == 2
+    index = index_for(store)
+    with store.session() as session:
+        assert list(session.scalars(select(Document.id))) == [recent]
+        assert list(session.scalars(select(DocumentFile.document_id).distinct())) == [recent]
+        assert list(session.scalars(select(Chunk.document_id))) == [recent]
+        alice, bob = (ensure_user(session, name).id for name in ("alice", "bob"))
+        vector = np.array([1, 0, 0, 0], np.float32)
+        assert len(index.dense(session, alice, vector, 10)) == 1
+        assert index.dense(session, bob, vector, 10) == []
+        assert len(index.keyword(session, alice, "kettle", 10)) == 1
+        assert index.keyword(session, bob, "kettle", 10) == []
 
 
 def test_retention_is_off_by_default(
