@@ -7,6 +7,7 @@ See `chatapp.accounts` for the modes. The routes that keep or read a person's th
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +28,11 @@ PRINCIPAL_NAME = "X-MS-CLIENT-PRINCIPAL-NAME"
 PREFIX_CHARS = 16
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Never in a subject: a control character (FORBIDDEN_CHARS spares the tab and new lines, which
+# text may hold and an id may not), nor a comma: the server joins two headers of one name with
+# one ("alice,bob"), which would otherwise be a user of its own.
+NOT_IN_SUBJECT = re.compile(r"[\x00-\x1f\x7f-\x9f,]")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,14 @@ def _clean(value: str | None, limit: int) -> str | None:
     return value
 
 
+def _subject(value: str | None, limit: int) -> str | None:
+    """A header's value as a subject: `_clean`, and one value without any control character."""
+    subject = _clean(value, limit)
+    if subject is None or NOT_IN_SUBJECT.search(subject):
+        return None
+    return subject
+
+
 def from_proxy(remote_addr: str | None, proxies: Sequence[Network]) -> bool:
     """Whether the connection comes from one of the trusted proxies."""
     try:
@@ -79,14 +93,14 @@ def identify(config: Mapping[str, Any], headers: Headers, remote_addr: str | Non
         return Identity(LOCAL_SUBJECT, None)
     limit = SUBJECT_CHARS - PREFIX_CHARS
     if mode == "appservice":
-        subject = _clean(headers.get(PRINCIPAL_ID), limit)
+        subject = _subject(headers.get(PRINCIPAL_ID), limit)
         if subject is None:
             raise not_signed_in()
         return Identity(f"appservice:{subject}", _clean(headers.get(PRINCIPAL_NAME), NAME_CHARS))
     # header: the proxy's word counts only on the proxy's own connections.
     if not from_proxy(remote_addr, config["TRUSTED_PROXIES"]):
         raise not_signed_in("Sign in through this site's sign-in proxy.")
-    subject = _clean(headers.get(config["AUTH_HEADER"]), limit)
+    subject = _subject(headers.get(config["AUTH_HEADER"]), limit)
     if subject is None:
         raise not_signed_in()
     name_header = config["AUTH_NAME_HEADER"]

@@ -7,8 +7,10 @@ from collections.abc import Callable
 
 import pytest
 from flask import Flask
+from sqlalchemy import func, select
 
 from chatapp.settings import SettingsError, from_environ
+from chatapp.store.models import User
 
 ALICE = {"X-MS-CLIENT-PRINCIPAL-ID": "alice-oid", "X-MS-CLIENT-PRINCIPAL-NAME": "alice@example.com"}
 
@@ -54,6 +56,34 @@ def test_under_appservice_no_principal_header_is_a_401(
     # The page and the probes need nobody.
     assert client.get("/").status_code == 200
     assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"X-MS-CLIENT-PRINCIPAL-ID": "alice\toid"},
+        {"X-MS-CLIENT-PRINCIPAL-ID": "alice\x85oid"},
+        [("X-MS-CLIENT-PRINCIPAL-ID", "alice-oid"), ("X-MS-CLIENT-PRINCIPAL-ID", "bob-oid")],
+        {"X-MS-CLIENT-PRINCIPAL-ID": "alice-oid,bob-oid"},
+    ],
+)
+def test_a_malformed_or_repeated_principal_id_names_nobody(
+    make_app: Callable[..., Flask], database_url: str, headers: object
+) -> None:
+    """Issue 58: a tab in the id was a user, and two id headers (joined by the server into
+    "alice-oid, bob-oid") were a new user."""
+    app = make_app(DATABASE_URL=database_url, AUTH_MODE="appservice")
+    response = app.test_client().get("/api/chats", headers=headers)
+    assert response.status_code == 401
+    assert response.get_json()["error"]["type"] == "unauthenticated"
+    proxied = make_app(DATABASE_URL=database_url, AUTH_MODE="header", TRUSTED_PROXIES=["10.0.0.7"])
+    proxy = proxied.test_client()
+    proxy.environ_base["REMOTE_ADDR"] = "10.0.0.7"
+    forwarded = [("X-Forwarded-User", "alice"), ("X-Forwarded-User", "bob")]
+    for user in (forwarded, {"X-Forwarded-User": "alice\tbob"}):
+        assert proxy.get("/api/chats", headers=user).status_code == 401
+    with app.extensions["store"].session() as session:
+        assert session.scalar(select(func.count()).select_from(User)) == 0  # nobody was made
 
 
 def test_under_header_the_header_counts_only_from_a_trusted_proxy(
