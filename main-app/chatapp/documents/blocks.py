@@ -12,8 +12,10 @@ Kind = Literal["heading", "text", "table"]
 REFUSALS: dict[str, str] = {
     "unsupported_type": "The file is not one of the formats read here (text, Markdown, "
     "reStructuredText, HTML, PDF, DOCX).",
-    "too_large": "The file, or what it unpacks to, is larger than `DOCUMENT_MAX_BYTES` allows, "
-    "or has more pages than `DOCUMENT_MAX_PAGES`.",
+    "too_large": "The file, what it unpacks to or the text it holds is larger than "
+    "`DOCUMENT_MAX_BYTES` allows, it has more pages than `DOCUMENT_MAX_PAGES`, or reading it "
+    "needed more memory than `DOCUMENT_READ_MEMORY_MB`.",
+    "too_slow": "Reading the file took longer than `DOCUMENT_READ_TIMEOUT` allows.",
     "encrypted": "The file is protected by a password.",
     "broken": "The file is damaged or is not what its name says.",
     "no_text": "The file holds no text to read (a scanned PDF has only pictures of pages; "

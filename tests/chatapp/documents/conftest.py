@@ -1,5 +1,5 @@
 """A real WordPiece tokenizer (the `tokenizers` library, BERT's pipeline) for passage sizes,
-and a migrated store on each engine with two owners."""
+a migrated store on each engine with two owners, and a file that takes seconds to read."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 
 from chatapp.store import Store, migrate
 from chatapp.store.users import ensure_user
+from tests.chatapp.documents import make_files
 
 WORDS = (
     "the kettle boils a litre of water in three minutes descale once a month in hard water "
@@ -57,3 +58,10 @@ def owners(store: Store) -> tuple[int, int]:
     """Two users' ids: the libraries that must never meet."""
     with store.session(write=True) as session:
         return ensure_user(session, "alice").id, ensure_user(session, "bob").id
+
+
+@pytest.fixture(scope="session")
+def slow_docx() -> bytes:
+    """80 KB of zip, 19 MB of one-letter runs (under 20 times its size counted as a mebibyte):
+    about 5 s of reading on a 2-vCPU EPYC, to be cancelled, timed out or killed meanwhile."""
+    return make_files.runs_docx(19_000_000)

@@ -172,6 +172,13 @@ def runs_docx(xml_bytes: int) -> bytes:
     return docx_with_body(b"<w:p>" + run * (xml_bytes // len(run)) + b"</w:p>")
 
 
+def slow_note_docx(xml_bytes: int = 19_000_000) -> bytes:
+    """`xml_bytes` of empty runs, then one sentence: seconds to read, one passage to embed."""
+    empty = b"<w:r><w:t></w:t></w:r>"
+    note = b"<w:p><w:r><w:t>The kettle boils a litre in three minutes.</w:t></w:r></w:p>"
+    return docx_with_body(b"<w:p>" + empty * (xml_bytes // len(empty)) + b"</w:p>" + note)
+
+
 def understated_docx(real_bytes: int) -> bytes:
     """A zip whose directory says its document part unpacks to 1,000 bytes, which really
     unpacks to `real_bytes`: the sizes in both headers are rewritten after the fact."""

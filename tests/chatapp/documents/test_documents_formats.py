@@ -187,3 +187,14 @@ def test_pdf_pages_that_share_one_content_stream_are_read_once_and_capped(
     calls.clear()
     blocks = read(make_files.shared_stream_pdf(pages=3, lines=3), "three.pdf", None, LIMITS)[1]
     assert [b.page for b in blocks] == [1, 2, 3] and len(calls) == 1
+
+
+def test_a_small_docx_may_unpack_to_20_times_its_size_not_to_20_times_the_limit() -> None:
+    """A 180 KB DOCX of 60 MB of XML (issue 58's was 209 KB) is refused: 20 times its size,
+    a file under a mebibyte counted as one, not 20 times DOCUMENT_MAX_BYTES (400 MB)."""
+    data = make_files.runs_docx(60_000_000)
+    assert len(data) < 250_000
+    began = time.monotonic()
+    caught = refusal("runs.docx", Limits(max_bytes=20 * 1024 * 1024, max_pages=100), data=data)
+    assert caught.code == "too_large" and str(20 * 1024 * 1024) in caught.message
+    assert time.monotonic() - began < 60  # about 5 s: 20 MB of XML read, not 60
