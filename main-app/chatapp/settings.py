@@ -49,6 +49,8 @@ DEFAULTS: dict[str, Any] = {
     "DOCUMENT_SEARCH": "dense",
     "DOCUMENT_INDEXER": "thread",
     "DOCUMENT_INDEXER_THREADS": 2,
+    "DOCUMENT_READ_TIMEOUT": 120.0,
+    "DOCUMENT_READ_MEMORY_MB": 512,
     "DOCUMENT_PASSAGES": 6,
     "DOCUMENT_CONTEXT_TOKENS": 1200,
     "DOCUMENT_MIN_SCORE": 0.2,
@@ -173,7 +175,16 @@ DESCRIPTIONS: dict[str, str] = {
     "DOCUMENT_INDEXER_THREADS": "Documents the indexer process reads at once (with "
     "`DOCUMENT_INDEXER=process`). Each document asks the model service for its own passages' "
     "vectors, so one small file at a time leaves the encoder's second thread idle: two read "
-    "the FAQ's small files 1.6x as fast as one (docs/documents.md).",
+    "the FAQ's small files 1.6x as fast as one (docs/documents.md). With two or more, the last "
+    "is a quick lane: it gives a document back after 5 s, so a small file never waits for a "
+    "large one.",
+    "DOCUMENT_READ_TIMEOUT": "Seconds a document's reading (parsing and cutting, in a process "
+    "of its own) may take; past it the reader is killed and the document fails `too_slow`. "
+    "Embedding its passages is not counted.",
+    "DOCUMENT_READ_MEMORY_MB": "The address space of each reader process (one per indexer "
+    "thread), in MiB: a file that needs more fails `too_large`, and the indexer's own memory "
+    "never grows with a file. Keep `DOCUMENT_INDEXER_THREADS` times this within the app's "
+    "memory.",
     "DOCUMENT_PASSAGES": 'The most passages a grounded turn (`"documents": true`) is given.',
     "DOCUMENT_CONTEXT_TOKENS": "The most chat-model tokens a grounded turn's passages take "
     "(estimated from the encoder's count, docs/documents.md): room left in a 4,096-token "
@@ -407,6 +418,14 @@ def _similarity(name: str, raw: str) -> float:
     return value
 
 
+def _read_memory(name: str, raw: str) -> int:
+    """whole number, 64 or more"""
+    value = _positive_int(name, raw)
+    if value < 64:  # Python and the readers need about 20 MiB before any file
+        raise SettingsError(f"{name} must be at least 64, got {raw!r}")
+    return value
+
+
 def _embed_tokens(name: str, raw: str) -> int:
     """whole number, 16 to 8192"""
     value = _positive_int(name, raw)
@@ -453,6 +472,8 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DOCUMENT_SEARCH": ("DOCUMENT_SEARCH", _search_method),
     "DOCUMENT_INDEXER": ("DOCUMENT_INDEXER", _indexer),
     "DOCUMENT_INDEXER_THREADS": ("DOCUMENT_INDEXER_THREADS", _positive_int),
+    "DOCUMENT_READ_TIMEOUT": ("DOCUMENT_READ_TIMEOUT", _positive_float),
+    "DOCUMENT_READ_MEMORY_MB": ("DOCUMENT_READ_MEMORY_MB", _read_memory),
     "DOCUMENT_PASSAGES": ("DOCUMENT_PASSAGES", _positive_int),
     "DOCUMENT_CONTEXT_TOKENS": ("DOCUMENT_CONTEXT_TOKENS", _positive_int),
     "DOCUMENT_MIN_SCORE": ("DOCUMENT_MIN_SCORE", _similarity),

@@ -1,6 +1,8 @@
 """`python -m chatapp.documents`: the indexer process (chatapp/documents/indexer.py), with the
 app's settings from the same environment, until SIGTERM or SIGINT. `chatapp.gunicorn_conf`
-starts it beside the web workers."""
+starts it beside the web workers (indexer_process.py, which starts it again when it dies,
+under the same INSTANCE name: this process takes over the documents its predecessor was
+reading, claims.take_over)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,16 @@ import signal
 import threading
 
 log = logging.getLogger("chatapp.documents.indexer")
+# The name this process's claims carry, set by indexer_process.py: the same for every process it
+# starts, so the next one takes over the documents of the one that died.
+INSTANCE = "CHATAPP_INDEXER_INSTANCE"
 
 
 def main() -> None:
     """`python -m chatapp.documents`: the indexer process, with the app's settings
     (the same environment), until SIGTERM or SIGINT."""
     from chatapp import settings
+    from chatapp.documents import claims
     from chatapp.documents.service import make_indexer
     from chatapp.logs import configure_logging
     from chatapp.store import Store, migrate
@@ -29,12 +35,20 @@ def main() -> None:
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
     count = config["DOCUMENT_INDEXER_THREADS"]
-    log.info("indexer started", extra={"fields": {"pid": os.getpid(), "threads": count}})
+    instance = os.environ.get(INSTANCE, "").strip() or None
+    taken = claims.take_over(store, instance) if instance else 0
+    fields = {"pid": os.getpid(), "threads": count, "taken_over": taken}
+    log.info("indexer started", extra={"fields": fields})
     # Several documents at once, each thread an indexer of its own (its own connection to the
-    # model service): their claims never take the same document (indexer.py `claim`).
-    threads = [
-        threading.Thread(target=make_indexer(store, config).run, args=(stop,), name=f"indexer-{n}")
+    # model service, its own reader process): their claims never take the same document
+    # (claims.py). With two or more, the last is the quick lane (indexer.py).
+    indexers = [
+        make_indexer(store, config, quick=count > 1 and n == count - 1, instance=instance)
         for n in range(count)
+    ]
+    threads = [
+        threading.Thread(target=indexer.run, args=(stop,), name=f"indexer-{n}")
+        for n, indexer in enumerate(indexers)
     ]
     for thread in threads:
         thread.start()

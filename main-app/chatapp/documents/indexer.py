@@ -1,49 +1,64 @@
 """Indexing outside the request: a job in the database, taken up by an indexer that is not a
 web worker.
 
-A document is the job: `queued` until an indexer claims it (`claim`: one transaction, so two
-indexers never take the same one; `FOR UPDATE SKIP LOCKED` on PostgreSQL, SQLite's write
-lock), then `reading` with a lease (`lease_until`) that the indexer renews at every batch.
-`index_document(document_id)` reads the stored bytes, parses and cuts them (the same result
-every time: the parsers and the chunker are deterministic), and writes the passages in
-batches: each batch's passages, vectors and progress in one transaction. An indexer that dies
-(a restart, a crash) leaves a lease that lapses; the next indexer claims the document again
-and starts at the first passage not written ((document, ordinal) is unique): nothing is
-written twice. Between batches it reads the document's status: cancelled or deleted, it
-stops. A document whose indexing killed its indexer `MAX_ATTEMPTS` times fails instead of
-taking the next one down too.
+A document is the job: `queued` until an indexer claims it (`claims.py`: owners in turn, a
+random claim id, a lease kept alive by a `Watch` thread), then `reading`.
+`index_document(claim)` hands the stored bytes to a reader process (`reader.py`), which
+parses and cuts them within the document's budgets (DOCUMENT_READ_TIMEOUT, its own address
+space of DOCUMENT_READ_MEMORY_MB; the same passages every time: the parsers and the cutter
+are deterministic), then embeds and writes the passages in batches: each batch's passages,
+vectors and progress in one transaction that names the claim. An indexer that dies (a
+restart, the OOM killer) leaves a lease that lapses, or its process's successor takes its
+documents over at once (`claims.take_over`); the next claim starts at the first passage not
+written ((document, ordinal) is unique): nothing is written twice.
+
+Nothing a file does stops the others:
+
+- a file over a budget (time, memory, its text, what it unpacks to) fails at once with its
+  reason (`too_slow`, `too_large`) and is not claimed again;
+- cancelled, deleted or taken by another indexer, the document is dropped within a second
+  whatever is being done: the watch sees it and the reader process is killed mid-read;
+- the lanes: with several indexers (DOCUMENT_INDEXER_THREADS, `python -m chatapp.documents`)
+  the last is a quick lane (`quick_s`): it works on a document at most `quick_s` seconds,
+  reading and embedding together, then gives it back (`claims.hand_back`: queued again, its
+  passages kept, for the other lanes only). A small file thus waits for at most `quick_s`
+  however long the other lanes read, and a library of small files keeps every lane busy.
 
 `run(stop)` is the loop: claim, index, repeat; it sleeps `poll_s` when there is nothing to do.
-It runs in its own process (`python -m chatapp.documents`, which `gunicorn_conf` starts
-beside the web workers), so parsing a 300-page PDF never holds a web worker's GIL.
+It runs in its own process (`python -m chatapp.documents`, which `gunicorn_conf` starts beside
+the web workers and starts again within seconds when it dies), so no web worker reads a file.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
+import math
 import threading
 import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import select
 
-from chatapp.documents.blocks import Refused
+from chatapp.documents import claims
 from chatapp.documents.chunker import Chunk as Passage
-from chatapp.documents.chunker import chunk
+from chatapp.documents.claims import Claim, Watch
 from chatapp.documents.embedder import Embedder, EmbeddingsFailed
-from chatapp.documents.formats import Limits, read
+from chatapp.documents.formats import Limits
 from chatapp.documents.models import Chunk, Document, DocumentFile
+from chatapp.documents.reader import Answer, Job, Reader
 from chatapp.documents.search_index import SearchIndex
-from chatapp.documents.tokens import TokenCounter
 from chatapp.documents.vector_space import DimensionsChanged
 from chatapp.store import Store
 from chatapp.store.base import utcnow
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = claims.MAX_ATTEMPTS
+QUICK_S = 5.0  # how long the quick lane works on one document before it gives it back
 
 
 @dataclass
@@ -51,89 +66,105 @@ class Indexer:
     store: Store
     index: SearchIndex
     embedder: Embedder
-    counter: TokenCounter
+    tokenizer: str | None  # EMBED_TOKENIZER, read by the reader process
     limits: Limits
     chunk_tokens: int
+    read_timeout_s: float = 120.0  # DOCUMENT_READ_TIMEOUT
+    read_memory_mb: int = 512  # DOCUMENT_READ_MEMORY_MB
+    quick_s: float | None = None  # a quick lane's time per document; None: not a quick lane
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     lease_s: float = 60.0
+    check_s: float = 0.25  # how often a claim is looked at while its document is worked on
     poll_s: float = 1.0
     batch: int = 32  # passages embedded and written per transaction
     _prepared: int | None = field(default=None, init=False)  # the vectors' width, once made
+    _reader: Reader | None = field(default=None, init=False)
 
-    def claim(self) -> int | None:
-        """Take the oldest queued document, or one whose indexer's lease lapsed."""
-        now = utcnow()
-        with self.store.session(write=True) as session:
-            query = (
-                select(Document)
-                .where(
-                    or_(
-                        Document.status == "queued",
-                        (Document.status == "reading") & (Document.lease_until < now),
-                    )
-                )
-                .order_by(Document.updated_at, Document.id)
-                .limit(1)
-            )
-            if self.store.dialect == "postgresql":
-                query = query.with_for_update(skip_locked=True)
-            document = session.scalars(query).first()
-            if document is None:
-                return None
-            document.attempts += 1
-            document.updated_at = now
-            if document.attempts > MAX_ATTEMPTS:
-                _fail(
-                    document,
-                    "broken",
-                    f"Reading this file stopped the indexer {MAX_ATTEMPTS} times; it is not read.",
-                )
-                return None
-            document.status = "reading"
-            document.lease_until = now + dt.timedelta(seconds=self.lease_s)
-            return document.id
+    @property
+    def reader(self) -> Reader:
+        if self._reader is None:
+            self._reader = Reader(self.read_memory_mb, self.read_timeout_s)
+        return self._reader
 
-    def index_document(self, document_id: int) -> None:
-        """Read, cut, embed and store one claimed document, from where it was left."""
+    def claim(self) -> Claim | None:
+        return claims.claim(self.store, self.instance, self.lease_s, quick=self.quick_s is not None)
+
+    def index_document(self, claim: Claim) -> str:
+        """Read, cut, embed and store one claimed document, from where it was left; what
+        came of it (`ready`, a refusal's code, `lost`, `handed_back`)."""
         with self.store.session() as session:
-            document = session.get(Document, document_id)
-            file = session.get(DocumentFile, document_id)
-            if document is None or document.status != "reading":
-                return
+            document = session.scalars(select(Document).where(claims.holds(claim))).first()
+            if document is None:
+                return "lost"
             owner_id, name, mime = document.owner_id, document.name, document.mime
+            parts = session.scalars(
+                select(DocumentFile.data)
+                .where(DocumentFile.document_id == claim.document_id)
+                .order_by(DocumentFile.part)
+            ).all()
             written = set(
-                session.scalars(select(Chunk.ordinal).where(Chunk.document_id == document_id))
+                session.scalars(select(Chunk.ordinal).where(Chunk.document_id == claim.document_id))
             )
-        try:
-            if file is None:
-                raise Refused("broken", "The file's bytes are not kept; add it again.")
-            _, blocks = read(file.data, name, mime, self.limits)
-            passages = chunk(blocks, self.counter, self.chunk_tokens)
-        except Refused as refused:
-            self._finish(document_id, "failed", refused.code, refused.message)
-            return
-        todo = [p for p in passages if p.ordinal not in written]
-        done = len(passages) - len(todo)
-        for start in range(0, len(todo), self.batch):
-            batch = todo[start : start + self.batch]
-            try:
-                vectors = self.embedder.embed([p.embedded for p in batch])
-            except EmbeddingsFailed as failed:
-                self._finish(document_id, "failed", "embeddings_failed", str(failed))
-                return
-            done += len(batch)
-            try:
-                if not self._write(document_id, owner_id, batch, vectors, done / len(passages)):
-                    return  # cancelled or deleted meanwhile
-            except DimensionsChanged as changed:
-                self._finish(document_id, "failed", "embeddings_failed", str(changed))
-                return
-        self._finish(document_id, "ready", None, None, chunks=len(passages))
+        if not parts:
+            return self._fail(claim, "broken", "The file's bytes are not kept; add it again.")
+        began = time.monotonic()
+        until = math.inf if self.quick_s is None else began + self.quick_s
+        with Watch(self.store, claim, self.lease_s, self.check_s) as watch:
+            job = Job(b"".join(parts), name, mime, self.limits, self.tokenizer, self.chunk_tokens)
+            del parts
+            answer = self.reader.read(
+                job, give_up=lambda: watch.lost.is_set() or time.monotonic() > until
+            )
+            self._log_read(claim, answer)
+            if answer.stopped:
+                return self._stopped(claim, watch)
+            if answer.passages is None:
+                return self._fail(claim, answer.code or "broken", answer.message)
+            passages = answer.passages
+            todo = [p for p in passages if p.ordinal not in written]
+            done = len(passages) - len(todo)
+            for start in range(0, len(todo), self.batch):
+                if watch.lost.is_set() or time.monotonic() > until:
+                    return self._stopped(claim, watch)
+                batch = todo[start : start + self.batch]
+                try:
+                    vectors = self.embedder.embed([p.embedded for p in batch])
+                except EmbeddingsFailed as failed:
+                    return self._fail(claim, "embeddings_failed", str(failed))
+                done += len(batch)
+                try:
+                    if not self._write(claim, owner_id, batch, vectors, done / len(passages)):
+                        return "lost"  # cancelled, deleted or taken meanwhile
+                except DimensionsChanged as changed:
+                    return self._fail(claim, "embeddings_failed", str(changed))
+            claims.finish(self.store, claim, "ready", chunks=len(passages))
+            return "ready"
+
+    def _stopped(self, claim: Claim, watch: Watch) -> str:
+        if watch.lost.is_set():
+            return "lost"
+        claims.hand_back(self.store, claim)  # the quick lane's time is up
+        return "handed_back"
+
+    def _fail(self, claim: Claim, code: str, message: str) -> str:
+        claims.finish(self.store, claim, "failed", code, message)
+        return code
+
+    def _log_read(self, claim: Claim, answer: Answer) -> None:
+        fields: dict[str, Any] = {
+            "document_id": claim.document_id,
+            "read_seconds": answer.seconds,
+            "read_peak_mb": answer.peak_mb,
+        }
+        if answer.passages is not None:
+            fields["passages"] = len(answer.passages)
+        log.info("read", extra={"fields": fields | {"outcome": _outcome(answer)}})
 
     def _write(
         self,
-        document_id: int,
+        claim: Claim,
         owner_id: int,
-        batch: list[Passage],
+        batch: Sequence[Passage],
         vectors: np.ndarray,
         progress: float,
     ) -> bool:
@@ -143,12 +174,13 @@ class Indexer:
                 self.index.prepare(session, width)
             self._prepared = width
         with self.store.session(write=True) as session:
-            document = session.get(Document, document_id)
-            if document is None or document.status != "reading":
+            # The claim, not the id alone: an id may name another document by now.
+            document = session.scalars(select(Document).where(claims.holds(claim))).first()
+            if document is None:
                 return False
             rows = [
                 Chunk(
-                    document_id=document_id,
+                    document_id=claim.document_id,
                     owner_id=owner_id,
                     ordinal=p.ordinal,
                     text=p.text,
@@ -165,58 +197,36 @@ class Indexer:
             )
             document.progress = round(progress, 4)
             document.updated_at = utcnow()
-            document.lease_until = utcnow() + dt.timedelta(seconds=self.lease_s)
             return True
-
-    def _finish(
-        self,
-        document_id: int,
-        status: str,
-        error_type: str | None,
-        error: str | None,
-        chunks: int = 0,
-    ) -> None:
-        with self.store.session(write=True) as session:
-            values = {
-                "status": status,
-                "error_type": error_type,
-                "error": error,
-                "lease_until": None,
-                "updated_at": utcnow(),
-                "chunks": chunks,
-                "progress": 1.0 if status == "ready" else 0.0,
-            }
-            session.execute(
-                update(Document)
-                .where(Document.id == document_id, Document.status == "reading")
-                .values(**values)
-            )
-            if status == "failed":
-                session.execute(delete(Chunk).where(Chunk.document_id == document_id))
 
     def run(self, stop: threading.Event, wake: threading.Event | None = None) -> None:
         """Claim and index documents until `stop` is set; `wake` cuts a poll's sleep short."""
         wake = wake or threading.Event()
-        while not stop.is_set():
-            try:
-                claimed = self.claim()
-                if claimed is None:
-                    wake.wait(self.poll_s)
-                    wake.clear()
-                    continue
-                began = time.monotonic()
-                self.index_document(claimed)
-                log.info(
-                    "indexed",
-                    extra={"document_id": claimed, "seconds": round(time.monotonic() - began, 3)},
-                )
-            except Exception:  # the loop outlives any one document's failure
-                log.exception("indexing failed")
-                stop.wait(self.poll_s)
+        try:
+            while not stop.is_set():
+                try:
+                    claimed = self.claim()
+                    if claimed is None:
+                        wake.wait(self.poll_s)
+                        wake.clear()
+                        continue
+                    began = time.monotonic()
+                    outcome = self.index_document(claimed)
+                    seconds = round(time.monotonic() - began, 3)
+                    fields = {"document_id": claimed.document_id, "outcome": outcome}
+                    log.info("indexed", extra={"fields": fields | {"seconds": seconds}})
+                except Exception:  # the loop outlives any one document's failure
+                    log.exception("indexing failed")
+                    stop.wait(self.poll_s)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
 
 
-def _fail(document: Document, code: str, message: str) -> None:
-    document.status = "failed"
-    document.error_type = code
-    document.error = message
-    document.lease_until = None
+def _outcome(answer: Answer) -> str:
+    if answer.stopped:
+        return "stopped"
+    return "read" if answer.passages is not None else answer.code or "broken"

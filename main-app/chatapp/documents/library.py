@@ -3,22 +3,41 @@
 Every function takes the owner's user id and every statement filters by it in SQL: another
 owner's document is "not found", never read, never changed. Indexing itself is the indexer's
 (`indexer.py`): here a document is only stored (`queued`) or refused at once (`failed`).
+
+A file's bytes are written a part at a time (`PART_BYTES`), each part in a transaction of its
+own, after the short one that adds the document: SQLite has one writer at a time, and 16
+uploads of 6 MB each holding it for a whole file made the last of them wait past the busy
+timeout (500s). The document is held (`claim` `storing`) until its last part is in, so no
+indexer reads half a file; an upload that fails takes its document away again, and one whose
+process died is failed by the next claim once it has been storing for `claims.STALE_STORING`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from chatapp.documents.blocks import Refused
 from chatapp.documents.formats import Limits, format_of, mime_of
-from chatapp.documents.models import NAME_CHARS, Chunk, Document, DocumentFile
+from chatapp.documents.models import (
+    NAME_CHARS,
+    PART_BYTES,
+    STORING,
+    Chunk,
+    Document,
+    DocumentFile,
+)
 from chatapp.documents.names import stored_name
 from chatapp.store import Store
 from chatapp.store.base import utcnow
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +68,7 @@ def add(
             progress=0.0,
             chunks=0,
             attempts=0,
+            claim=STORING,
         )
         try:
             if len(data) > limits.max_bytes:
@@ -66,8 +86,37 @@ def add(
             return Added(document, already_held=False)
         session.add(document)
         session.flush()
-        session.add(DocumentFile(document_id=document.id, data=data))
-        return Added(document, already_held=False)
+    try:
+        _store_parts(store, document.id, data)
+    except BaseException:
+        # Best effort: if this fails too, the indexer fails the document once it is stale.
+        with contextlib.suppress(Exception), store.session(write=True) as session:
+            session.execute(delete(Document).where(Document.id == document.id))
+        raise
+    document.claim = None
+    return Added(document, already_held=False)
+
+
+def _store_parts(store: Store, document_id: int, data: bytes) -> None:
+    """The bytes, a part per transaction; the last one lets the indexers have the document."""
+    starts = range(0, max(len(data), 1), PART_BYTES)
+    for part, start in enumerate(starts):
+        piece = DocumentFile(
+            document_id=document_id, part=part, data=data[start : start + PART_BYTES]
+        )
+        try:
+            with store.session(write=True) as session:
+                session.add(piece)
+                session.flush()
+                if part == len(starts) - 1:
+                    session.execute(
+                        update(Document)
+                        .where(Document.id == document_id, Document.claim == STORING)
+                        .values(claim=None, updated_at=utcnow())
+                    )
+        except IntegrityError:  # deleted meanwhile: its parts went with it
+            log.info("upload deleted as stored", extra={"fields": {"document_id": document_id}})
+            return
 
 
 def listing(store: Store, owner_id: int) -> list[Document]:
@@ -98,11 +147,13 @@ def delete_document(store: Store, owner_id: int, document_id: int) -> bool:
 
 def cancel(store: Store, owner_id: int, document_id: int) -> Document | None:
     """Stop indexing a queued or reading document: failed, `cancelled`, its passages gone. The
-    indexer sees it at its next batch and stops."""
+    indexer reading it sees it within a second (indexer.Watch) and stops, its reader killed."""
     with store.session(write=True) as session:
         document = _owned(session, owner_id, document_id)
         if document is not None and document.status in ("queued", "reading"):
             _fail(document, "cancelled", "Indexing was cancelled.")
+            if document.claim != STORING:  # an indexer's claim ends; an upload finishes
+                document.claim = None
             session.execute(
                 delete(Chunk).where(Chunk.document_id == document.id, Chunk.owner_id == owner_id)
             )
@@ -113,7 +164,7 @@ def retry(store: Store, owner_id: int, document_id: int) -> Document | None:
     """Queue a failed document again (its bytes are kept; a refused file fails again)."""
     with store.session(write=True) as session:
         document = _owned(session, owner_id, document_id)
-        if document is not None and document.status == "failed":
+        if document is not None and document.status == "failed" and document.claim != STORING:
             session.execute(
                 update(Document)
                 .where(Document.id == document.id)
@@ -125,6 +176,7 @@ def retry(store: Store, owner_id: int, document_id: int) -> Document | None:
                     error_type=None,
                     attempts=0,
                     lease_until=None,
+                    long_read=False,
                     updated_at=utcnow(),
                 )
             )

@@ -5,11 +5,12 @@ Vectors and keyword search are not mapped here: they differ by engine and live b
 `chunks`; PostgreSQL: a `vector(dim)` table with an HNSW index, and a generated `tsvector`
 column on `chunks` with a GIN index). Every query of these tables takes the owner's user id.
 
-A document's life: `queued` (its bytes stored, waiting for the indexer) -> `reading` (parsed,
-cut, embedded; `progress` 0..1) -> `ready`, or `failed` with `error_type` and `error` (a
-refusal of `blocks.REFUSALS`, `cancelled`, or `embeddings_failed`). Retry sets it `queued`
-again. `content_hash` (SHA-256 of the bytes) is unique per owner: the same file twice is the
-same document.
+A document's life: `queued` (its bytes stored, waiting for the indexer; `claim` is `storing`
+while they are being written) -> `reading` (parsed, cut, embedded; `progress` 0..1; `claim`
+the indexer's) -> `ready`, or `failed` with `error_type` and `error` (a refusal of
+`blocks.REFUSALS`, `cancelled`, or `embeddings_failed`). Retry sets it `queued` again.
+`content_hash` (SHA-256 of the bytes) is unique per owner: the same file twice is the same
+document.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import (
+    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -25,6 +27,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -37,6 +40,8 @@ from chatapp.store.base import Base, UtcDateTime, utcnow
 
 NAME_CHARS = 255
 STATUSES = ("queued", "reading", "ready", "failed")
+STORING = "storing"  # Document.claim while the upload writes the bytes
+PART_BYTES = 1024 * 1024  # the most bytes of a file in one document_files row
 
 
 class Document(Base):
@@ -63,18 +68,26 @@ class Document(Base):
     # While an indexer reads it: until when its claim holds (renewed as it goes). A claim that
     # lapsed belongs to an indexer that died (a restart): another takes the document up again.
     lease_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    # Who holds it: STORING while its upload writes its bytes, else the claim id of the indexer
+    # reading it (random: an id of a deleted document may come back on SQLite, a claim never
+    # does, so every write of an indexer names its claim). None: nobody.
+    claim: Mapped[str | None] = mapped_column(String(64))
+    # An indexer's quick lane gave it up after its time there: only the other lanes take it.
+    long_read: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
 
 
 class DocumentFile(Base):
-    """The uploaded bytes, kept so indexing can start again after a restart or a retry."""
+    """The uploaded bytes, kept so indexing can start again after a restart or a retry: in
+    parts of at most `PART_BYTES`, each written in a transaction of its own (library.add)."""
 
     __tablename__ = "document_files"
 
     document_id: Mapped[int] = mapped_column(
         ForeignKey("documents.id", ondelete="CASCADE"), primary_key=True
     )
+    part: Mapped[int] = mapped_column(Integer, primary_key=True, server_default="0")
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 

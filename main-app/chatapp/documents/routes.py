@@ -10,6 +10,10 @@ owner (`owner.current_owner_id`); another owner's document is 404, as one that n
     POST   /api/documents/<id>/cancel, /retry   the document as GET shows it
     POST   /api/search           {"query", "k"} -> {"results": [{"document_id", "name", "text",
                                  "page", "score"}]} best first
+
+A database too busy to take a write in time (SQLite's one writer, past its busy timeout) is
+503 `busy` with Retry-After, never a 500: the request may simply be sent again (an upload
+sent again finds the files it already stored by their hash).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
+from sqlalchemy.exc import OperationalError
 
 from chatapp.documents import library
 from chatapp.documents.embedder import EmbeddingsFailed
@@ -24,15 +29,17 @@ from chatapp.documents.formats import Limits
 from chatapp.documents.models import Document
 from chatapp.documents.owner import current_owner_id
 from chatapp.documents.retrieval import Searcher
-from chatapp.errors import ApiError
+from chatapp.errors import ApiError, error_response
 from chatapp.images import body_limit
 from chatapp.store import current_store
+from chatapp.store.database import busy
 from chatapp.uploads import FULL
 
 bp = Blueprint("documents", __name__)
 
 MAX_K = 50
 MAX_QUERY_CHARS = 2000
+BUSY_RETRY_AFTER_S = 2
 
 
 def limits() -> Limits:
@@ -154,6 +161,17 @@ def search() -> Response:
             ]
         }
     )
+
+
+@bp.errorhandler(OperationalError)
+def _database_error(error: OperationalError) -> Response:
+    if busy(error):
+        headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)}
+        message = "The library is busy storing other files; try again shortly."
+        return error_response(503, message, "busy", headers)
+    # Anything else as the app answers an unexpected error (chatapp/errors.py).
+    current_app.logger.exception("unhandled error")
+    return error_response(500, "Something went wrong in the chat app.", "internal_error")
 
 
 def _found(document: Document | None) -> Document:

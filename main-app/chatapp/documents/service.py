@@ -19,7 +19,7 @@ from sqlalchemy import select
 from chatapp.documents.embedder import Embedder
 from chatapp.documents.formats import Limits
 from chatapp.documents.grounding import ChatTokenRatio
-from chatapp.documents.indexer import Indexer
+from chatapp.documents.indexer import QUICK_S, Indexer
 from chatapp.documents.models import Document
 from chatapp.documents.retrieval import Searcher
 from chatapp.documents.search_index import index_for
@@ -36,15 +36,25 @@ def _pending(store: Store) -> bool:
         return found is not None
 
 
-def make_indexer(store: Store, config: Mapping[str, Any]) -> Indexer:
-    return Indexer(
+def make_indexer(
+    store: Store, config: Mapping[str, Any], *, quick: bool = False, instance: str | None = None
+) -> Indexer:
+    """An indexer of the app's settings; `quick`: the quick lane (indexer.py); `instance`: the
+    name its claims carry (claims.take_over), a random one if None."""
+    indexer = Indexer(
         store=store,
         index=index_for(store),
         embedder=embedder_for(config),
-        counter=counter_for(config["EMBED_TOKENIZER"]),
+        tokenizer=config["EMBED_TOKENIZER"] or None,
         limits=Limits(config["DOCUMENT_MAX_BYTES"], config["DOCUMENT_MAX_PAGES"]),
         chunk_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
+        read_timeout_s=config["DOCUMENT_READ_TIMEOUT"],
+        read_memory_mb=config["DOCUMENT_READ_MEMORY_MB"],
+        quick_s=QUICK_S if quick else None,
     )
+    if instance is not None:
+        indexer.instance = instance
+    return indexer
 
 
 def embedder_for(config: Mapping[str, Any]) -> Embedder:

@@ -31,6 +31,23 @@ class DatabaseUrlError(ValueError):
     """DATABASE_URL names an engine or a form the app does not take."""
 
 
+# What says "another writer holds it, try again": SQLite's SQLITE_BUSY and SQLITE_LOCKED (its
+# busy timeout ran out), PostgreSQL's lock_not_available, deadlock_detected and
+# serialization_failure.
+_SQLITE_BUSY = {5, 6}
+_POSTGRESQL_BUSY = {"55P03", "40P01", "40001"}
+
+
+def busy(error: BaseException) -> bool:
+    """Whether `error` (a SQLAlchemy error) says the database was busy, not broken: worth a 503
+    and a retry, not a 500."""
+    original = getattr(error, "orig", None)
+    code = getattr(original, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF in _SQLITE_BUSY  # extended codes keep the primary in the low byte
+    return getattr(original, "sqlstate", None) in _POSTGRESQL_BUSY
+
+
 def default_url(data_dir: str | Path) -> str:
     """The SQLite file in DATA_DIR (made if missing)."""
     folder = Path(data_dir).expanduser().resolve()

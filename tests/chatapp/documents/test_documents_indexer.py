@@ -5,14 +5,18 @@ tiny generated encoder): every format, refusals found while reading, a restart m
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from sqlalchemy import func, select, update
 
 from chatapp.documents import library
+from chatapp.documents.claims import Claim
 from chatapp.documents.embedder import Embedder
 from chatapp.documents.formats import Limits
 from chatapp.documents.indexer import Indexer
@@ -22,6 +26,7 @@ from chatapp.documents.search_index import index_for
 from chatapp.documents.tokens import EncoderTokens
 from chatapp.store import Store
 from scripts.run.services import Service
+from tests.chatapp.documents.test_documents_reader import alive
 
 FILES = Path(__file__).parent / "files"
 LIMITS = Limits(max_bytes=1_000_000, max_pages=50)
@@ -33,7 +38,7 @@ def make_indexer(store: Store, url: str, encoder_dir: Path, batch: int = 32) -> 
         store=store,
         index=index_for(store),
         embedder=Embedder(url, model="tiny"),
-        counter=EncoderTokens(encoder_dir),
+        tokenizer=str(encoder_dir),
         limits=LIMITS,
         chunk_tokens=ENCODER_LIMIT,
         batch=batch,
@@ -135,7 +140,7 @@ def test_a_restart_mid_document_resumes_without_duplicates(
     crashing = CrashingEmbedder(encoder_sidecar.url, calls=2)
     first.embedder = crashing
     claimed = first.claim()
-    assert claimed == document_id
+    assert claimed is not None and claimed.document_id == document_id
     with pytest.raises(Crash):
         first.index_document(claimed)
     with store.session() as session:
@@ -204,7 +209,7 @@ from chatapp.store import Store, migrate
 store = Store.open(sys.argv[1])
 migrate.upgrade(store.engine)  # already migrated: Alembic's env.py never runs here
 config = {**settings.DEFAULTS, "EMBED_TOKENIZER": ""}
-print(make_indexer(store, config).claim())
+print(make_indexer(store, config).claim().document_id)
 """
 
 
@@ -243,9 +248,9 @@ def test_indexers_side_by_side_read_each_document_once(
     taken: list[int] = []
     original = Indexer.index_document
 
-    def counted(self: Indexer, document_id: int) -> None:
-        taken.append(document_id)
-        original(self, document_id)
+    def counted(self: Indexer, claim: Claim) -> str:
+        taken.append(claim.document_id)
+        return original(self, claim)
 
     stop = threading.Event()
     indexers = []
@@ -273,3 +278,152 @@ def test_indexers_side_by_side_read_each_document_once(
         assert set(session.scalars(select(Document.status))) == {"ready"}
         pairs = session.execute(select(Chunk.document_id, Chunk.ordinal)).all()
         assert len(pairs) == len(set(pairs)) > len(documents)
+
+
+def add_bytes(store: Store, owner_id: int, name: str, data: bytes) -> int:
+    limits = Limits(max_bytes=30_000_000, max_pages=50)
+    return library.add(store, owner_id, name, data, None, limits).document.id
+
+
+def reading_indexer(store: Store, **fields: Any) -> Indexer:
+    """An indexer whose documents never reach the model service (they end while read)."""
+    indexer = make_indexer(store, "http://127.0.0.1:9", Path("unused"))
+    indexer.tokenizer = None
+    indexer.limits = Limits(max_bytes=30_000_000, max_pages=50)
+    for name, value in fields.items():
+        setattr(indexer, name, value)
+    return indexer
+
+
+@pytest.mark.parametrize("stop", ["cancel", "delete"])
+def test_cancel_and_delete_stop_a_reading_document_within_a_second(
+    stop: str,
+    store: Store,
+    owners: tuple[int, int],
+    slow_docx: bytes,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Cancel and DELETE were seen only at the next batch, which a file being read never
+    reached: 27 minutes on, both threads still read it. Now the reader is killed."""
+    import threading
+
+    caplog.set_level(logging.INFO, logger="chatapp.documents.indexer")
+    alice, _ = owners
+    document_id = add_bytes(store, alice, f"{stop}.docx", slow_docx)
+    indexer = reading_indexer(store)
+    claim = indexer.claim()
+    assert claim is not None and claim.document_id == document_id
+    outcome: list[str] = []
+    worker = threading.Thread(target=lambda: outcome.append(indexer.index_document(claim)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while indexer.reader.pid is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = indexer.reader.pid
+        assert pid is not None
+        time.sleep(0.3)  # reading
+        if stop == "cancel":
+            library.cancel(store, alice, document_id)
+        else:
+            library.delete_document(store, alice, document_id)
+        stopped = time.monotonic()
+        worker.join(10)
+        assert outcome == ["lost"] and time.monotonic() - stopped < 1.5
+        assert not alive(pid)
+        read = [r for r in caplog.records if r.getMessage() == "read"]
+        assert read[-1].fields["outcome"] == "stopped"  # type: ignore[attr-defined]
+    finally:
+        worker.join()
+        indexer.close()
+    with store.session() as session:
+        assert session.scalar(select(func.count()).select_from(Chunk)) == 0
+
+
+def test_a_file_over_its_time_fails_too_slow_and_is_not_claimed_again(
+    store: Store, owners: tuple[int, int], slow_docx: bytes
+) -> None:
+    alice, _ = owners
+    document_id = add_bytes(store, alice, "slow.docx", slow_docx)
+    indexer = reading_indexer(store, read_timeout_s=1.0)
+    try:
+        claim = indexer.claim()
+        assert claim is not None
+        assert indexer.index_document(claim) == "too_slow"
+        document = library.get(store, alice, document_id)
+        assert document is not None
+        assert (document.status, document.error_type, document.attempts) == (
+            "failed",
+            "too_slow",
+            1,
+        )
+        assert "DOCUMENT_READ_TIMEOUT" in (document.error or "")
+        assert indexer.claim() is None  # failed for good: not read again and again
+        retried = library.retry(store, alice, document_id)
+        assert retried is not None and retried.status == "queued"  # unless asked
+    finally:
+        indexer.close()
+
+
+def test_the_quick_lane_gives_a_long_read_back_and_a_long_lane_finishes_it(
+    store: Store, owners: tuple[int, int], encoder_sidecar: Service, tiny_encoder_dir: Path
+) -> None:
+    """A small file never waits for a large one: the quick lane works on a document for its
+    time at most, then gives it back to the other lanes, passages written so far kept."""
+    alice, _ = owners
+    big = "\n\n".join(f"Paragraph {n}: the kettle boils a litre of water." for n in range(200))
+    document_id = add_bytes(store, alice, "big.txt", big.encode())
+    quick = make_indexer(store, encoder_sidecar.url, tiny_encoder_dir, batch=4)
+    quick.quick_s = 0.0  # its time is up after the first batch
+    long = make_indexer(store, encoder_sidecar.url, tiny_encoder_dir)
+    try:
+        claim = quick.claim()
+        assert claim is not None
+        assert quick.index_document(claim) == "handed_back"
+        given = library.get(store, alice, document_id)
+        assert given is not None and (given.status, given.long_read) == ("queued", True)
+        assert quick.claim() is None
+        assert drain(long) == 1
+        done = library.get(store, alice, document_id)
+        assert done is not None and (done.status, done.attempts) == ("ready", 1)
+        with store.session() as session:
+            ordinals = session.scalars(
+                select(Chunk.ordinal).where(Chunk.document_id == document_id)
+            )
+            assert sorted(ordinals) == list(range(done.chunks))
+    finally:
+        quick.close()
+        long.close()
+
+
+def test_a_late_batch_of_a_deleted_document_never_lands_in_the_next_one(
+    store: Store, owners: tuple[int, int], encoder_sidecar: Service, tiny_encoder_dir: Path
+) -> None:
+    """The batch's write checked only `status`, and SQLite gives a deleted document's id to the
+    next: a late batch could land in another owner's new document. It names its claim now."""
+    alice, bob = owners
+    first = add(store, alice, "guide.md")
+    other = make_indexer(store, encoder_sidecar.url, tiny_encoder_dir)
+    replaced: list[int] = []
+
+    class Replacing(Embedder):
+        def embed(self, texts: Sequence[str]) -> np.ndarray:
+            if not replaced:  # meanwhile: deleted, another added and claimed by another
+                library.delete_document(store, alice, first)
+                replaced.append(add(store, bob, "guide.txt"))
+                assert other.claim() is not None
+            return super().embed(texts)
+
+    late = make_indexer(store, encoder_sidecar.url, tiny_encoder_dir)
+    late.embedder = Replacing(encoder_sidecar.url, model="tiny")
+    try:
+        claim = late.claim()
+        assert claim is not None
+        assert late.index_document(claim) == "lost"
+        if store.dialect == "sqlite":
+            assert replaced == [first]  # the same id, another document
+        with store.session() as session:
+            assert session.scalar(select(func.count()).select_from(Chunk)) == 0
+    finally:
+        late.close()
+        other.close()

@@ -3,13 +3,17 @@ filter on every id, cancel, retry, delete."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from chatapp.documents import library
 from chatapp.documents.formats import Limits
-from chatapp.documents.models import Chunk, Document, DocumentFile
+from chatapp.documents.models import PART_BYTES, STORING, Chunk, Document, DocumentFile
 from chatapp.store import Store
 
 FILES = Path(__file__).parent / "files"
@@ -76,3 +80,39 @@ def test_cancel_retry_delete(store: Store, owners: tuple[int, int]) -> None:
         assert session.scalar(select(func.count()).select_from(Document)) == 0
         assert session.scalar(select(func.count()).select_from(DocumentFile)) == 0
         assert session.scalar(select(func.count()).select_from(Chunk)) == 0
+
+
+def test_a_file_is_stored_a_part_per_transaction_and_held_until_its_last(
+    store: Store, owners: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 uploads of 6 MB each held SQLite's one writer for a whole file: the last waited past
+    the busy timeout (500). Each part is a transaction of its own now, and the document is
+    not the indexers' (`claim` `storing`) until the last part is in."""
+    alice, _ = owners
+    data = bytes(range(256)) * (PART_BYTES * 5 // 2 // 256)  # two and a half parts
+    transactions: list[bool] = []
+    seen_claims: list[str | None] = []
+    session = store.session
+
+    def counted(*, write: bool = False) -> Iterator[Session]:
+        transactions.append(write)
+        with session(write=write) as opened:
+            seen_claims.extend(opened.scalars(select(Document.claim)).all())
+            yield opened
+
+    monkeypatch.setattr(store, "session", contextlib.contextmanager(counted))
+    added = library.add(store, alice, "data.txt", data, "text/plain", Limits(10_000_000, 10))
+    assert transactions == [True] * (1 + 3)  # the document, then each part
+    assert STORING in seen_claims  # held while its parts went in
+    monkeypatch.undo()
+    with store.session() as opened:
+        parts = opened.execute(
+            select(DocumentFile.part, DocumentFile.data)
+            .where(DocumentFile.document_id == added.document.id)
+            .order_by(DocumentFile.part)
+        ).all()
+        document = opened.get(Document, added.document.id)
+    assert [part for part, _ in parts] == [0, 1, 2]
+    assert all(len(piece) <= PART_BYTES for _, piece in parts)
+    assert b"".join(piece for _, piece in parts) == data
+    assert document is not None and document.claim is None and document.status == "queued"

@@ -169,3 +169,48 @@ def test_a_file_larger_than_a_chat_body_is_taken(client: FlaskClient) -> None:
         headers=USERS["alice"],
     )
     assert response.status_code == 202, response.get_json()
+
+
+def test_a_busy_database_answers_503_with_retry_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer holds SQLite's write lock past the busy timeout (16 uploads of 6 MB at
+    once did): the upload is answered 503 `busy` with Retry-After, in the app's error
+    envelope, not 500; sent again once the lock is free, it is taken."""
+    from chatapp.store import database, vectors_sqlite
+
+    monkeypatch.setattr(database, "SQLITE_BUSY_TIMEOUT_MS", 200)  # read at each connect
+    path = tmp_path / "chatapp.db"
+    app = create_app(
+        {
+            "TESTING": True,
+            "DATABASE_URL": f"sqlite:///{path}",
+            "DOCUMENT_INDEXER": "off",
+            "AUTH_MODE": "appservice",
+        }
+    )
+    client = app.test_client()
+    assert client.get("/api/documents", headers=USERS["alice"]).status_code == 200
+    other = vectors_sqlite.driver().connect(str(path), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's long write
+    try:
+        files = {"file": [(io.BytesIO(b"The kettle boils."), "kettle.txt")]}
+        busy = client.post(
+            "/api/documents", data=files, content_type="multipart/form-data", headers=USERS["alice"]
+        )
+        assert busy.status_code == 503, busy.get_json()
+        assert busy.headers["Retry-After"] == "2"
+        assert busy.get_json()["error"]["type"] == "busy"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    files = {"file": [(io.BytesIO(b"The kettle boils."), "kettle.txt")]}
+    again = client.post(
+        "/api/documents", data=files, content_type="multipart/form-data", headers=USERS["alice"]
+    )
+    assert again.status_code == 202
+    assert client.get("/api/documents", headers=USERS["alice"]).get_json()["documents"][0][
+        "status"
+    ] in ("queued", "reading")
+    app.extensions["documents"].close()
+    app.extensions["store"].close()
