@@ -154,6 +154,7 @@ SLOW_TESTS = (
     "tests/sidecar/web/test_sidecar_stream_start.py",  # prompts read slowly, 30-s timeouts
     "tests/chatapp/accounts/test_accounts_two_instances.py",  # two gunicorn apps, PostgreSQL
     "tests/chatapp/documents/test_documents_grounding.py::test_a_grounded",  # two chats, both DBs
+    "tests/chatapp/documents/test_documents_indexer_process.py",  # gunicorn, an indexer killed
     "tests/scripts/test_bench_rag.py::test_turn_run",  # a sidecar and the app, a library indexed
     "tests/chatapp/chats/test_chats_import.py::test_through_gunicorn",  # MBs through gunicorn
     "tests/scripts/test_bench_store.py::test_through_chat",  # gunicorn and a sidecar

@@ -50,6 +50,8 @@ def on_starting(server: object) -> None:
 
 
 def when_ready(server: object) -> None:
+    # The indexer process, and a thread of this master that starts it again whenever it dies
+    # (chatapp/documents/indexer_process.py).
     indexer_process.start(os.environ)
 
 
@@ -60,7 +62,6 @@ def on_exit(server: object) -> None:
 
 def child_exit(server: object, worker: object) -> None:
     gunicorn_metrics.child_exit(server, worker)
-    indexer_process.start(os.environ)  # again, if it died
 
 
 # No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.

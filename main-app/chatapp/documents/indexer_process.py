@@ -1,40 +1,159 @@
-"""The indexer process under gunicorn: started by the master when it is ready, stopped when
-it exits, and started again when a worker exits if it has died meanwhile.
+"""The indexer process under gunicorn: started by the master when it is ready, watched by a
+thread of the master and started again within seconds whenever it dies, stopped when the
+master exits.
 
-Only the standard library here: gunicorn's master imports it before its workers patch anything.
+Whatever ends it (an exception, SIGKILL from the OOM killer or a person), the watcher sees it
+at once (it waits on the process itself, `waitid`, without reaping it: gunicorn's master reaps
+every child it did not start), logs `indexer exited` with how it ended, counts it in
+`chatapp_indexer_restarts_total{cause}` (`killed`: a signal; `exited`: an exit code), and
+starts the next one: at once if the last one ran for a while, else after a back-off that
+doubles up to `MAX_BACKOFF_S` (a database that is down is not hammered). Every process it
+starts carries the same instance name (`CHATAPP_INDEXER_INSTANCE`, new for each master), so
+the next one takes over the documents the dead one was reading (claims.take_over) instead of
+waiting for their leases to lapse.
+
+Only the standard library at import: gunicorn's master imports this module before its
+workers patch anything; prometheus-client is imported when the first restart is counted (the
+master has set PROMETHEUS_MULTIPROC_DIR by then: gunicorn_metrics.on_starting).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from collections.abc import Mapping
+from typing import Any
 
 log = logging.getLogger("chatapp.start")
-_process: subprocess.Popen[bytes] | None = None
+
+INSTANCE = "CHATAPP_INDEXER_INSTANCE"  # the name __main__.py gives its claims
+MAX_BACKOFF_S = 8.0
+STEADY_S = 30.0  # a process that ran this long is started again at once
+
+
+class Supervisor:
+    """One indexer process, started again whenever it dies, until `stop`."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = {**environ, INSTANCE: uuid.uuid4().hex[:12]}
+        self.process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._restarts: Any = None
+        self._thread = threading.Thread(target=self._watch, name="indexer-watch", daemon=True)
+
+    def start(self) -> None:
+        self._start_process()
+        self._thread.start()
+
+    def _start_process(self) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            command = [sys.executable, "-m", "chatapp.documents"]
+            self.process = subprocess.Popen(command, env=self.environ)
+            log.info("indexer", extra={"fields": {"pid": self.process.pid}})
+
+    def _watch(self) -> None:
+        backoff = 0.0
+        while not self._stopping.is_set():
+            process = self.process
+            if process is None:
+                return
+            began = time.monotonic()
+            status = _wait(process.pid)
+            process.poll()  # reaped here unless gunicorn's master reaped it first
+            if self._stopping.is_set():
+                return
+            ran = time.monotonic() - began
+            backoff = 0.0 if ran >= STEADY_S else min(max(2 * backoff, 1.0), MAX_BACKOFF_S)
+            cause, fields = _ended(status, process)
+            fields |= {"pid": process.pid, "ran_s": round(ran, 1), "restart_in_s": backoff}
+            log.warning("indexer exited", extra={"fields": fields | {"cause": cause}})
+            self._count(cause)
+            if self._stopping.wait(backoff):
+                return
+            self._start_process()
+
+    def _count(self, cause: str) -> None:
+        try:
+            if self._restarts is None:
+                from prometheus_client import Counter
+
+                self._restarts = Counter(
+                    "chatapp_indexer_restarts",
+                    "Indexer processes started again after one died, by how it ended.",
+                    ["cause"],
+                    registry=None,  # multiprocess mode: the value lives in the shared folder
+                )
+            self._restarts.labels(cause).inc()
+        except Exception:  # a metric is never worth the restart
+            log.warning("indexer restart not counted", exc_info=True)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        with self._lock:
+            self._stopping.set()
+            process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+
+def _wait(pid: int) -> os.waitid_result | None:
+    """Block until the process has ended, leaving it to be reaped (WNOWAIT); its status, or
+    None when someone else reaped it first."""
+    while True:
+        try:
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            return None
+        except InterruptedError:
+            continue
+
+
+def _ended(
+    status: os.waitid_result | None, process: subprocess.Popen[bytes]
+) -> tuple[str, dict[str, Any]]:
+    """How the process ended: `killed` (by a signal, named) or `exited` (with its code)."""
+    if status is not None and status.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return "killed", {"signal": signal.Signals(status.si_status).name}
+    if status is not None:
+        return "exited", {"exit_code": status.si_status}
+    code = process.returncode  # reaped by gunicorn: Popen saw no status (0) or the real one
+    if code is not None and code < 0:
+        return "killed", {"signal": signal.Signals(-code).name}
+    return "exited", {"exit_code": code}
+
+
+_supervisor: Supervisor | None = None
 
 
 def start(environ: Mapping[str, str]) -> None:
-    """Start `python -m chatapp.documents` when DOCUMENT_INDEXER is `process` (and it is not
-    running)."""
-    global _process
+    """Start `python -m chatapp.documents`, and the thread that keeps it running, when
+    DOCUMENT_INDEXER is `process` (and they are not running)."""
+    global _supervisor
     if environ.get("DOCUMENT_INDEXER", "").strip().lower() != "process":
         return
-    if _process is not None and _process.poll() is None:
+    if _supervisor is not None:
         return
-    _process = subprocess.Popen([sys.executable, "-m", "chatapp.documents"], env=dict(environ))
-    log.info("indexer", extra={"fields": {"pid": _process.pid}})
+    _supervisor = Supervisor(environ)
+    _supervisor.start()
 
 
 def stop(timeout: float = 20.0) -> None:
-    global _process
-    if _process is None:
-        return
-    _process.terminate()
-    try:
-        _process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        _process.kill()
-        _process.wait()
-    _process = None
+    global _supervisor
+    if _supervisor is not None:
+        _supervisor.stop(timeout)
+    _supervisor = None

@@ -1,0 +1,92 @@
+"""The indexer process under gunicorn, supervised (issue 58): killed as the OOM killer kills
+(SIGKILL), a new one runs within seconds, says so in a log line and a metric, and takes the
+document the dead one was reading over at once; before, nothing started it again until a web
+worker happened to exit (85 s and more with uploads queued)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chatapp.documents.models import Document
+from chatapp.store import Store
+from scripts.run import services
+from tests.chatapp.documents import make_files
+from tests.sidecar.support import metrics
+
+ALICE = {"X-MS-CLIENT-PRINCIPAL-ID": "alice-oid", "X-MS-CLIENT-PRINCIPAL-NAME": "Alice"}
+
+
+def lines(app: services.Service, message: str) -> list[dict[str, Any]]:
+    found = []
+    for line in app.log_lines():
+        if line.startswith("{"):
+            data = json.loads(line)
+            if data.get("msg") == message:
+                found.append(data)
+    return found
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def test_a_killed_indexer_is_started_again_and_resumes_its_document(
+    encoder_sidecar: services.Service, tiny_encoder_dir: Path, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    with services.chatapp(
+        encoder_sidecar.url,
+        tmp_path / "chatapp.log",
+        DATA_DIR=str(data_dir),
+        AUTH_MODE="appservice",
+        EMBED_MODEL="tiny",
+        EMBED_TOKENIZER=str(tiny_encoder_dir),
+        EMBED_MAX_TOKENS="32",
+    ) as app:
+        first = wait_for(lambda: lines(app, "indexer started"), 30, "no indexer")[0]
+        upload = httpx.post(
+            app.url + "/api/documents",
+            files={"file": ("slow.docx", make_files.slow_note_docx())},
+            headers=ALICE,
+            timeout=30,
+        )
+        assert upload.status_code == 202, upload.text
+        document_id = upload.json()["documents"][0]["id"]
+
+        def status() -> str:
+            response = httpx.get(f"{app.url}/api/documents/{document_id}", headers=ALICE)
+            return str(response.json()["status"])
+
+        wait_for(lambda: status() == "reading", 30, "never read")
+        time.sleep(0.5)  # into the reading (about 5 s of it)
+        os.kill(first["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        second = wait_for(lambda: lines(app, "indexer started")[1:], 10, "not started again")[0]
+        assert time.monotonic() - killed < 10
+        assert second["pid"] != first["pid"] and second["taken_over"] == 1
+        (exited,) = lines(app, "indexer exited")
+        assert (exited["cause"], exited["signal"], exited["pid"]) == (
+            "killed",
+            "SIGKILL",
+            first["pid"],
+        )
+        assert metrics(app.url)['chatapp_indexer_restarts_total{cause="killed"}'] == 1
+        wait_for(lambda: status() == "ready", 60, "not resumed")
+    store = Store.open(f"sqlite:///{data_dir / 'chatapp.db'}")
+    with store.session() as session:
+        document = session.get(Document, document_id)
+        assert document is not None and document.attempts == 2  # the killed claim, and this
+    store.close()
