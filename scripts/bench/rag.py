@@ -122,7 +122,7 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
     from chatapp.documents import library
     from chatapp.documents.embedder import Embedder
     from chatapp.documents.formats import Limits
-    from chatapp.documents.indexer import Indexer
+    from chatapp.documents.indexer import QUICK_S, Indexer
     from chatapp.documents.search_index import index_for
     from chatapp.settings import DEFAULTS
     from chatapp.store import Store, migrate
@@ -146,22 +146,25 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
     for number, pair in enumerate(pairs):
         library.add(store, owner, f"answer-{number}.rst", pair.answer.encode(), None, limits)
     # As the indexer process runs (chatapp/documents/__main__.py): DOCUMENT_INDEXER_THREADS
-    # indexers, each with its own connection to the model service.
+    # indexers, each with its own connection to the model service and its own reader
+    # process, the last of them the quick lane.
     stop = threading.Event()
+    count = DEFAULTS["DOCUMENT_INDEXER_THREADS"]
     threads = [
         threading.Thread(
             target=Indexer(
                 store,
                 index_for(store),
                 Embedder(args.embeddings_url, model=args.embeddings_model),
-                counter,
+                args.tokenizer,
                 limits,
                 args.chunk_tokens,
+                quick_s=QUICK_S if count > 1 and n == count - 1 else None,
                 poll_s=0.05,
             ).run,
             args=(stop,),
         )
-        for _ in range(DEFAULTS["DOCUMENT_INDEXER_THREADS"])
+        for n in range(count)
     ]
     for thread in threads:
         thread.start()
