@@ -80,7 +80,7 @@ def test_onnxruntime_genai_is_imported_by_the_engine_and_the_generator_path_only
     importers = imports_of(SIDECAR, "onnxruntime_genai")
     assert sorted(importers) == [
         "phi3-sidecar/sidecar/model/engine.py",
-        "phi3-sidecar/sidecar/model/generator_path.py",
+        "phi3-sidecar/sidecar/model/generator/path.py",
     ]
 
 

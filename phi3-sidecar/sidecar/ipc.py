@@ -52,7 +52,7 @@ Refusal = Literal[
     "overloaded",
     "invalid_image",
 ]
-# Where a turn's cached tokens came from (model/kv_tiers.py): its KV slot, compact RAM, the
+# Where a turn's cached tokens came from (model/kv/tiers.py): its KV slot, compact RAM, the
 # disk tier; None: nothing was reused (the prompt is read, "recomputed").
 CacheTier = Literal["ram", "compact", "disk"]
 GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
@@ -96,7 +96,7 @@ def owned_scope(owner: str, scope: str | None) -> str | None:
 
 
 def in_unscoped_pool(scope: str | None) -> bool:
-    """Whether `scope` is an unscoped pool (model/prompt_cache.py's rules for one): the shared
+    """Whether `scope` is an unscoped pool (model/kv/prompt_cache.py's rules for one): the shared
     one (None) or an owner's own (a request of that owner that named no scope)."""
     return scope is None or (scope.startswith(OWNER) and "/" not in scope)
 
@@ -111,7 +111,7 @@ class Generate:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    # Who may reuse this conversation's cached tokens (model/prompt_cache.py); None: the
+    # Who may reuse this conversation's cached tokens (model/kv/prompt_cache.py); None: the
     # shared unscoped pool. `cache_scope` is the scope's one internal name in both services;
     # the names clients send stay as documented (docs/api.md) and map to it: the chat page's
     # `conversation_id` (chatapp/wire.py puts it in the payload's `cache_scope`, sent as
@@ -200,7 +200,7 @@ class Rejected:
     limit_tokens: int | None = None
     # What the refusal cost (issue 46): seconds the worker's side spent on the request before
     # refusing it (building its prompt, in the prompt process or in the worker), and whether
-    # the byte bound refused it before any tokenization (model/token_bound.py)
+    # the byte bound refused it before any tokenization (model/prompt/token_bound.py)
     spent_s: float = 0.0
     byte_bound: bool = False
 
@@ -212,12 +212,12 @@ class Started:
     dropped_messages: int
     max_new_tokens: int
     cached_tokens: int = 0  # leading prompt tokens the conversation cache already held
-    cache_reason: str = ""  # why those, or none (model/prompt_cache.py, REASONS)
+    cache_reason: str = ""  # why those, or none (model/kv/prompt_cache.py, REASONS)
     cache_tier: CacheTier | None = None  # where those came from
     restore_s: float = 0.0  # the time it took to put them back into a KV slot
     image_tokens: int = 0  # prompt tokens that stand for images (counted in prompt_tokens)
     # Characters of text tokenized to build the prompt (0: its tokens were kept from an
-    # earlier turn, or given as ids) and the seconds that took (model/prompt_process.py)
+    # earlier turn, or given as ids) and the seconds that took (model/prompt/process.py)
     tokenized_chars: int = 0
     prepare_s: float = 0.0
     # Seconds it waited for room under the KV bound (KV_MEMORY_MB) before it started
@@ -254,8 +254,8 @@ class Piece:
 
 @dataclass(frozen=True, slots=True)
 class Drafts:
-    """Prompt-lookup drafts of one reply (model/drafts.py, PROMPT_LOOKUP_TOKENS): draft tokens
-    the model checked, those it accepted, and the model calls its tokens took."""
+    """Prompt-lookup drafts of one reply (model/generator/drafts.py, PROMPT_LOOKUP_TOKENS): draft
+    tokens the model checked, those it accepted, and the model calls its tokens took."""
 
     checked: int
     accepted: int
@@ -282,7 +282,7 @@ class End:
     # replies beside it went on. None for any other end (a dead worker's too).
     fault: str | None = None
     # Seconds the reply waited, once started, for room to grow its KV reservation under the
-    # bound (model/kv_bound.py): its stream was silent meanwhile
+    # bound (model/kv/bound.py): its stream was silent meanwhile
     kv_paused_s: float = 0.0
 
 
@@ -297,7 +297,7 @@ class CacheStats:
     # (their type: fp32, int8, ...; layers, KV heads, head size) at warm-up; reported with
     # the rest after each reply (0 before the first).
     bytes_per_token: int = 0
-    # With batched decode (model/kv_tiers.py): idle conversations kept in compact RAM and on
+    # With batched decode (model/kv/tiers.py): idle conversations kept in compact RAM and on
     # the disk tier, the one KV bound, what running replies reserved of it, and how many
     # requests have had to wait for it.
     compact_entries: int = 0
@@ -307,7 +307,7 @@ class CacheStats:
     kv_memory_bytes: int = 0
     kv_reserved_bytes: int = 0
     kv_waits: int = 0
-    kv_pauses: int = 0  # times a running reply waited to grow its reservation (kv_bound.py)
+    kv_pauses: int = 0  # times a running reply waited to grow its reservation (kv/bound.py)
 
 
 ToWorker = Generate | Cancel | Stop | Ping

@@ -85,7 +85,7 @@ def flood(url: str, seconds: float, clients: int, log: Path) -> dict[str, Any]:
         with httpx.Client(timeout=120) as client:
             count = 0
             while time.monotonic() < deadline:
-                # New text each time: text sent before has its ids kept (prompt_memo.py)
+                # New text each time: text sent before has its ids kept (prompt/memo.py)
                 content = noise(ATTACK_BYTES, seed * 1_000_000 + count)
                 body = {"messages": [{"role": "user", "content": content}], "max_tokens": 16}
                 sent = time.monotonic()

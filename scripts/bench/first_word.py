@@ -7,7 +7,7 @@
 3. the cache full of idle conversations (`--fill` chats of `--fill-tokens`, `KV_MEMORY_MB` set
    so that a new chat needs one compacted): a new chat that arrives at once (the room made on
    its path, as before, unless the worker was quick) and one that arrives after `--idle-s`
-   seconds (the room made while the worker was idle, model/kv_idle.py).
+   seconds (the room made while the worker was idle, model/kv/idle.py).
 
 One sidecar, its own settings; each chat a scope of its own; greedy, `--reply-tokens` each.
 The log line of each timed request gives its `cache_reason` (`shared`: it started from the

@@ -36,9 +36,9 @@ from typing import Any
 
 from scripts.bench.drivers import cpu_name
 from sidecar.ipc import Generate, Guidance
-from sidecar.model.batch_scheduler import BatchGeneration
+from sidecar.model.batch.scheduler import BatchGeneration
 from sidecar.model.engine import Engine
-from sidecar.model.generation import Generation
+from sidecar.model.generator.generation import Generation
 from sidecar.settings import Settings
 from sidecar.web.guidance import TEXT_RULE, prepared
 

@@ -1,6 +1,6 @@
 """What reading a prompt costs in one model call against several (issue 45: the sidecar read a
 130-token prompt at 0.82x the bare engine): onnxruntime-genai's Generator appending the prompt
-at once (the hops table's `engine`), and the batched path's decoder (model/batch_decoder.py)
+at once (the hops table's `engine`), and the batched path's decoder (model/batch/decoder.py)
 reading it in chunks of each `--chunks` size, in this process, interleaved.
 
 Besides wall time it reports each reading's CPU time (user and system, every thread of this
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from scripts.bench.common import ensure_model, machine
-from sidecar.model.batch_decoder import BatchDecoder, read_spec
+from sidecar.model.batch.decoder import BatchDecoder, read_spec
 from sidecar.model.cpus import cpu_budget, session_options
 from sidecar.model.engine import og
 from sidecar.model.folder import read_genai_config

@@ -1,7 +1,7 @@
-"""What a conversation kept compactly (sidecar/model/kv_compact.py, KV_COMPACT) costs in
+"""What a conversation kept compactly (sidecar/model/kv/compact.py, KV_COMPACT) costs in
 quality when its user returns: `scripts/bench/quality.py --model DIR --kv-restore int8,fp16`.
 
-On one model folder, through the sidecar's own batched path (batch_decoder.BatchDecoder over
+On one model folder, through the sidecar's own batched path (batch.decoder.BatchDecoder over
 its KvPool, prompts fed PREFILL_CHUNK tokens a call, replies one token a call), for each text
 of scripts/bench/quality_texts.json:
 
@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sidecar.model import kv_compact
-from sidecar.model.batch_decoder import BatchDecoder, read_spec
+from sidecar.model.batch.decoder import BatchDecoder, read_spec
 from sidecar.model.cpus import cpu_budget, session_options
 from sidecar.model.folder import read_genai_config
-from sidecar.model.kv_compact import ENCODINGS, Encoding
+from sidecar.model.kv import compact as kv_compact
+from sidecar.model.kv.compact import ENCODINGS, Encoding
 
 REPLY_TOKENS = 48  # as scripts/bench/quality.py's chats
 PREFILL_CHUNK = 64  # the sidecar's default (settings.py): chunk boundaries change the logits
@@ -47,7 +47,7 @@ GIB = 2**30
 
 
 def parse_encodings(text: str) -> list[Encoding]:
-    """'int8,fp16' as encodings, in kv_compact's order (ValueError names an unknown one)."""
+    """'int8,fp16' as encodings, in kv.compact's order (ValueError names an unknown one)."""
     names = {name.strip() for name in text.split(",") if name.strip()}
     unknown = sorted(names - set(ENCODINGS))
     if unknown or not names:
@@ -112,7 +112,7 @@ class KvModel:
 
         genai_config = read_genai_config(folder)
         spec = read_spec(genai_config)
-        # As model/batch_setup.py's batch_path: the session's config, the CPU budget's threads.
+        # As model/batch/setup.py's batch_path: the session's config, the CPU budget's threads.
         options = session_options(threads, thread_spinning=True)
         config = {k: str(v) for k, v in options.items() if k.startswith("session.")}
         length = int(genai_config["model"]["context_length"])

@@ -376,11 +376,11 @@ def restore_budget_mb(model_dir: Path, encoding: str, tokens: int, grown: int) -
     """A PROMPT_CACHE_MB that holds a `tokens` conversation's compact copy (grown by `grown`
     tokens) but neither its KV slot nor two such compact copies: so it moves to compact RAM
     when it goes idle, and to the disk tier when a second one goes idle (the least recently
-    used moves first: kv_tiers.py). SystemExit where whole MiB cannot do that."""
+    used moves first: kv/tiers.py). SystemExit where whole MiB cannot do that."""
     import numpy as np
 
-    from sidecar.model import kv_compact
-    from sidecar.model.batch_decoder import KvPool, read_spec
+    from sidecar.model.batch.decoder import KvPool, read_spec
+    from sidecar.model.kv import compact as kv_compact
 
     spec = read_spec(json.loads((model_dir / "genai_config.json").read_text()))
     pool = KvPool(spec, 1, 1, np.float32)  # one position: for the sizes only

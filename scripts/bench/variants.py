@@ -17,8 +17,8 @@ Hugging Face folder) exported with each of scripts/models/export_model.py's vari
 perplexity). The pruned LM head has no logits for every position, which quality.py reads; it gives
 the default int4 model's tokens (tests/models/test_models_variants.py).
 
-drafts: greedy replies with PROMPT_LOOKUP_TOKENS (the sidecar's own model/drafts.py) on and
-off, alternately in one process each: a rewrite task and a plain chat on SmolLM2, and a plain
+drafts: greedy replies with PROMPT_LOOKUP_TOKENS (the sidecar's own model/generator/drafts.py) on
+and off, alternately in one process each: a rewrite task and a plain chat on SmolLM2, and a plain
 chat on the phi3-mini shapes; decode tokens a second, accepted drafts, tokens a model call, and
 whether the replies are the same.
 """
@@ -135,8 +135,8 @@ class Child:
 
 def _serve(conn: Connection, folder: str, draft_tokens: int) -> None:
     from sidecar.model.cpus import cpu_budget, session_options
-    from sidecar.model.drafts import draft_counts, use_prompt_lookup
     from sidecar.model.engine import og
+    from sidecar.model.generator.drafts import draft_counts, use_prompt_lookup
 
     config = og.Config(folder)
     overlay = {"model": {"decoder": {"session_options": session_options(cpu_budget().count, True)}}}

@@ -1,7 +1,7 @@
 """Batched decode (DECODE_BATCH_ROWS > 1) on each family's exported model: the direct
 onnxruntime path takes the builder's decoder (it does not fall back to the Generator), and
 four users at once get onnxruntime-genai's greedy replies, guided ones too (each family's
-tokenizer.json as llguidance reads it, model/batch_guidance.py)."""
+tokenizer.json as llguidance reads it, model/batch/guidance.py)."""
 
 from __future__ import annotations
 

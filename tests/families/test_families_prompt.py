@@ -11,7 +11,7 @@ import pytest
 
 from sidecar.ipc import Role
 from sidecar.model.engine import Engine
-from sidecar.model.prompt import TemplateRefused
+from sidecar.model.prompt.builder import TemplateRefused
 from tests.families.conftest import Exported
 
 pytestmark = pytest.mark.families
@@ -126,7 +126,7 @@ def test_role_markers_typed_by_users_stay_text(exported: Exported, engine: Engin
         i for i in engine.prompts.encode(neutral) if i in specials
     ]
     # The content is all there, as text. (Cut apart, a SentencePiece tokenizer spells each
-    # piece as a new word, so spaces may appear between the pieces: prompt.py's trade-off.)
+    # piece as a new word, so spaces may appear between the pieces: prompt/builder.py's trade-off.)
     decoded = "".join(engine.tokenizer.decode(ids).split())
     assert decoded.count("".join(forged.split())) >= 2
 

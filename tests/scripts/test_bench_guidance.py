@@ -29,7 +29,7 @@ def test_the_guidance_benchmark_runs(
     assert on["text"] == off["text"] and on["tokens"] == off["tokens"]
     if rows == "1":  # the Generator's llguidance adds forced tokens without a step each
         assert on["steps"] < off["steps"] == off["tokens"]  # one step a token without forcing
-    else:  # forced runs read in one call (batch_guidance.py); the first token ends the prompt
+    else:  # forced runs read in one call (batch/guidance.py); the first token ends the prompt
         assert on["steps"] < off["steps"] == off["tokens"] - 1
         beside = json.loads(out.read_text())["beside"]
         assert set(beside) == {"guided JSON", "unguided text"}

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from sidecar.model.batch.sampling import penalize_repeats
 from sidecar.model.engine import og  # the sidecar's import: telemetry off first
-from sidecar.model.sampling import penalize_repeats
 from tests.support.kernels import rows_exact_in_batches
 
 

@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 
 from sidecar import ipc
-from sidecar.model.batch_scheduler import BatchGeneration, BatchScheduler
+from sidecar.model.batch.scheduler import BatchGeneration, BatchScheduler
 from sidecar.model.engine import Engine
 from sidecar.model.engine import load_engine as load_real_engine
-from sidecar.model.generation import Generation
-from sidecar.model.kv_tiers import Restored
-from sidecar.model.prompt import Prompt
-from sidecar.model.prompt_process import PromptSpec
+from sidecar.model.generator.generation import Generation
+from sidecar.model.kv.tiers import Restored
+from sidecar.model.prompt.builder import Prompt
+from sidecar.model.prompt.process import PromptSpec
 from sidecar.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,11 +1,11 @@
-"""onnxruntime-genai behind a small interface (with generator_path.py, the only modules that
+"""onnxruntime-genai behind a small interface (with generator/path.py, the only modules that
 import it).
 
 It runs in the model worker process only (see worker.py), so the GIL that every Generator call
 holds never stalls the web process's event loop. The engine loads the model and tokenizer, sizes
-the conversation cache, and makes generators; a reply is a Generation (generation.py) or, with
-batched decode, a BatchGeneration (batch_scheduler.py). Where it runs: device.py; its threads:
-cpus.py. A vision model (vision.py) reads a request's images on the Generator path.
+the conversation cache, and makes generators; a reply is a Generation (generator/generation.py)
+or, with batched decode, a BatchGeneration (batch/scheduler.py). Where it runs: device.py; its
+threads: cpus.py. A vision model (vision.py) reads a request's images on the Generator path.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from pathlib import Path
 import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Generate, Guidance
-from sidecar.model import batch_setup
-from sidecar.model.batch_guidance import Grammars, RowGuide
-from sidecar.model.batch_scheduler import BatchGeneration, BatchScheduler, serves
-from sidecar.model.batch_setup import BatchOptions, KvOptions, batch_path, size_kv_memory
+from sidecar.model.batch import setup as batch_setup
+from sidecar.model.batch.guidance import Grammars, RowGuide
+from sidecar.model.batch.scheduler import BatchGeneration, BatchScheduler, serves
+from sidecar.model.batch.setup import BatchOptions, KvOptions, batch_path, size_kv_memory
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.model.device import use_device
 from sidecar.model.family import read_facts
 from sidecar.model.folder import read_genai_config
-from sidecar.model.generation import Generation
-from sidecar.model.generator_path import (
+from sidecar.model.generator.generation import Generation
+from sidecar.model.generator.path import (
     GeneratorOptions,
     GeneratorPath,
     TemplateTokenizer,
@@ -40,11 +40,11 @@ from sidecar.model.generator_path import (
     grammar_eos,
     rewind_slack,
 )
+from sidecar.model.kv.prompt_cache import ROUND_TOKENS, PromptCache
 from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
-from sidecar.model.prompt import Prompt, PromptBuilder
-from sidecar.model.prompt_cache import ROUND_TOKENS, PromptCache
-from sidecar.model.prompt_process import PromptSpec
-from sidecar.model.token_bound import max_token_bytes
+from sidecar.model.prompt.builder import Prompt, PromptBuilder
+from sidecar.model.prompt.process import PromptSpec
+from sidecar.model.prompt.token_bound import max_token_bytes
 from sidecar.model.vision import ImageRefused, check_slots, fit_with_images, image_tags
 from sidecar.settings import Settings
 
@@ -90,7 +90,7 @@ class Engine:
         self.cache = PromptCache(0, 1, self.max_length, prefill_chunk, prompt_cache_exact)
         self.cache.unscoped = prompt_cache_unscoped
         self._cache_budget = prompt_cache_mb * 2**20
-        self._shared_prefixes = tuple(shared_prefixes)  # batch_setup.prepare_idle
+        self._shared_prefixes = tuple(shared_prefixes)  # batch.setup.prepare_idle
         self._kv = KvOptions.chosen(
             kv_memory_mb=kv_memory_mb,
             kv_compact=kv_compact,
@@ -113,7 +113,7 @@ class Engine:
                 "batched decode is off: every reply gets a Generator",
                 extra={"fields": {"reason": unbatched}},
             )
-        # With batched decode the decoder's weights live in batch_decoder.py's session; the
+        # With batched decode the decoder's weights live in batch/decoder.py's session; the
         # Generator's model (the same weights again) is loaded only if a request needs it.
         self.tokenizer = og.Tokenizer(config)
         template = TemplateTokenizer(self.tokenizer)
@@ -140,7 +140,7 @@ class Engine:
             max_token_bytes=max_token_bytes(path / "tokenizer.json"),
             vocab_size=self.vocab_size,
         )
-        # DECODE_BATCH_ROWS > 1: replies the direct path serves are batched (batch_scheduler.py)
+        # DECODE_BATCH_ROWS > 1: replies the direct path serves are batched (batch/scheduler.py)
         # and own the conversation cache's budget; the Generator path keeps no cache then.
         self.batch: BatchScheduler | None = None
         self.grammars: Grammars | None = None  # guided replies on the batched path
@@ -175,14 +175,14 @@ class Engine:
     def model(self) -> og.Model:  # onnxruntime-genai's (loaded on first use when batched)
         return self.generators.model
 
-    def prompt_spec(self) -> PromptSpec:  # what prompt_process.py builds prompts with
+    def prompt_spec(self) -> PromptSpec:  # what prompt/process.py builds prompts with
         return PromptSpec.of(self.prompts, self._path, self.max_length)
 
     def start(
         self, request: Generate, *, cached: bool = True, prompt: Prompt | None = None
     ) -> Generation | BatchGeneration:
         """Fit the prompt unless given (PromptTooLong); continue a cached generator or slot, or
-        make a new one. `prompt`: built by the prompt process (prompt_process.py)."""
+        make a new one. `prompt`: built by the prompt process (prompt/process.py)."""
         if request.images:
             return self._start_with_images(request, cached=cached)
         prompt = prompt or self.prompts.build(request, self.max_length)
@@ -197,7 +197,7 @@ class Engine:
             generation.logprobs = self.logprobs_for(request)
             return generation
         if request.logprobs is not None and self.generators.options.prompt_lookup_tokens:
-            cached = False  # a cached generator may draft (drafts.py): a fresh one does not
+            cached = False  # a cached generator may draft (generator/drafts.py), a fresh one not
         return Generation(self, prompt, request, cached=cached)
 
     def _start_with_images(self, request: Generate, *, cached: bool) -> Generation:

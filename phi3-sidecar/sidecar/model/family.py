@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.model.folder import read_json
-from sidecar.model.prompt import Tokenizer, added_tokens_of
+from sidecar.model.prompt.builder import Tokenizer, added_tokens_of
 
 
 @dataclass(frozen=True)

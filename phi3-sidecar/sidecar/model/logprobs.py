@@ -9,11 +9,11 @@ not applied: they cut the set a sampled token is then drawn from, and the values
 being comparable between requests. A token the grammar forces (the only one it allows) has
 log probability 0.
 
-- Batched path (batch_scheduler.py): `BatchGeneration.take` hands the row it chose from.
-- Generator path (generation.py): onnxruntime-genai 0.18's `Generator.get_logits()` returns a
-  copy of the logits the next `generate_next_token()` chooses from, before its processing
+- Batched path (batch/scheduler.py): `BatchGeneration.take` hands the row it chose from.
+- Generator path (generator/generation.py): onnxruntime-genai 0.18's `Generator.get_logits()`
+  returns a copy of the logits the next `generate_next_token()` chooses from, before its processing
   (computing them early changes nothing: the step then uses them); the penalty and the ban are
-  applied here as the Generator applies them (sampling.penalize_repeats), and a grammar's mask
+  applied here as the Generator applies them (batch.sampling.penalize_repeats), and a grammar's mask
   comes from an llguidance matcher of the same grammar that follows the reply (`shadow`),
   since onnxruntime-genai's own is not readable. Tokens it forces in front of a sampled one
   are listed with log probability 0. A request with log probabilities takes no prompt-lookup

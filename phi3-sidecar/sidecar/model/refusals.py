@@ -1,12 +1,12 @@
 """What the worker answers for a request it cannot start: each exception of building or
-starting one (prompt.py, vision.py, guidance.py) as its ipc.Rejected; the web process picks the
-status (web/errors.py, REFUSALS)."""
+starting one (prompt/builder.py, vision.py, guidance.py) as its ipc.Rejected; the web process
+picks the status (web/errors.py, REFUSALS)."""
 
 from __future__ import annotations
 
 from sidecar import ipc
 from sidecar.model.guidance import GuidanceRefused
-from sidecar.model.prompt import PromptTooLong, TemplateRefused, UnsafePrompt
+from sidecar.model.prompt.builder import PromptTooLong, TemplateRefused, UnsafePrompt
 from sidecar.model.vision import ImageRefused
 
 

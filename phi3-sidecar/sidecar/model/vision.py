@@ -1,6 +1,6 @@
 """Images on a vision model: which model types read them, how a prompt marks them, and what
 one costs in prompt tokens. Pure Python; onnxruntime-genai's processor is called in
-generator_path.py.
+generator/path.py.
 
 `image_tokens` is the one home of Phi-3-vision's token count (docs/models.md quotes it;
 tests/models checks it against onnxruntime-genai's own processor, so a version of
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from sidecar.ipc import Generate
-from sidecar.model.prompt import ImagePlacement, Prompt, PromptBuilder
+from sidecar.model.prompt.builder import ImagePlacement, Prompt, PromptBuilder
 
 log = logging.getLogger("sidecar.model.vision")
 

@@ -35,10 +35,10 @@ from sidecar import ipc
 from sidecar.jsonlog import configure_logging
 from sidecar.model.download import download_if_needed
 from sidecar.model.folder import ModelFolderError, first_line
-from sidecar.model.kv_tiers import NoRoom, Restored
+from sidecar.model.kv.tiers import NoRoom, Restored
 from sidecar.model.memory import return_freed_memory
-from sidecar.model.prompt import Prompt, PromptTooLong
-from sidecar.model.prompt_process import Built, Job, PromptProcess, PromptSpec
+from sidecar.model.prompt.builder import Prompt, PromptTooLong
+from sidecar.model.prompt.process import Built, Job, PromptProcess, PromptSpec
 from sidecar.model.refusals import rejection
 from sidecar.settings import Settings
 
@@ -46,16 +46,16 @@ log = logging.getLogger("sidecar.model.worker")
 
 
 class Stepper(Protocol):
-    """What the scheduler needs of a generation (generation.Generation; tests wrap it)."""
+    """What the scheduler needs of a generation (generator.generation.Generation; tests wrap it)."""
 
     prompt: Prompt
     generated: int
     cached_tokens: int
-    cache_reason: str  # the conversation cache's lease.reason (prompt_cache.REASONS)
-    restored: Restored  # where the reused tokens came from (kv_tiers.py) and what it cost
+    cache_reason: str  # the conversation cache's lease.reason (kv.prompt_cache.REASONS)
+    restored: Restored  # where the reused tokens came from (kv/tiers.py) and what it cost
     finish: ipc.Finish | None
     # What ended it with finish "error" inside a step that went on for the others (the batched
-    # path isolates each row, batch_scheduler.py); None otherwise.
+    # path isolates each row, batch/scheduler.py); None otherwise.
     fault: Exception | None
 
     def step(self) -> str | None:
@@ -78,7 +78,7 @@ class Stepper(Protocol):
 
 
 class Batch(Protocol):
-    """What the scheduler needs of the batched path (batch_scheduler.BatchScheduler)."""
+    """What the scheduler needs of the batched path (batch.scheduler.BatchScheduler)."""
 
     @property
     def busy(self) -> bool: ...
@@ -191,7 +191,7 @@ class Scheduler:
         prompts: PromptProcess | None = None,
     ) -> None:
         self._engine = engine
-        # Where text prompts are built, off the step loop (prompt_process.py); None: here
+        # Where text prompts are built, off the step loop (prompt/process.py); None: here
         self._prompts = prompts
         self._building: dict[int, ipc.Generate] = {}  # handed to it, not answered yet
         self._inbox = inbox
@@ -200,12 +200,12 @@ class Scheduler:
         # "Invoked with: '<the whole prompt>'", llguidance's last tokens): logged only then.
         self._log_prompts = log_prompts
         self._jobs: dict[int, _Job] = {}
-        # Requests whose KV does not fit beside the running replies (kv_tiers.NoRoom), in
+        # Requests whose KV does not fit beside the running replies (kv.tiers.NoRoom), in
         # arrival order: retried when a reply ends (its reservation is free again).
         self._waiting: deque[_Pending] = deque()
         self._retry = False
         self._stopping = False
-        self._books_changed = False  # a running reply's KV reservation grew (kv_bound.py)
+        self._books_changed = False  # a running reply's KV reservation grew (kv/bound.py)
 
     def run(self) -> None:
         """Until Stop; EOFError/OSError when the web process is gone."""
@@ -214,7 +214,7 @@ class Scheduler:
             self._read(block=not self._jobs and not self._tidy())
             if batch is not None and batch.busy:
                 self._end_expired()
-                # One model call for every batched reply (batch_scheduler.py).
+                # One model call for every batched reply (batch/scheduler.py).
                 keys = {id(job.generation): key for key, job in self._jobs.items()}
                 for generation, text in batch.step():
                     key = keys.get(id(generation))
@@ -238,7 +238,7 @@ class Scheduler:
 
     def _tidy(self) -> bool:
         """With no reply to run and nothing in the pipe, one small piece of the batched path's
-        idle work (BatchScheduler.tidy: room for a new chat, kv_idle.py); False when it had
+        idle work (BatchScheduler.tidy: room for a new chat, kv/idle.py); False when it had
         none (the worker then blocks on its pipe)."""
         tidy = getattr(getattr(self._engine, "batch", None), "tidy", None)
         if tidy is None or self._jobs or self._waiting or self._inbox.poll():

@@ -3,7 +3,7 @@
 What evaluation harnesses (lm-evaluation-harness's `local-completions`) and the Kubernetes
 Gateway API Inference Extension's model-server protocol call beside Chat Completions. The same
 pipeline as the other generation routes (pipeline.py): admission, worker, statuses, log line,
-metrics, cancellation; the prompt is read as it is (model/prompt.py, PromptBuilder.plain).
+metrics, cancellation; the prompt is read as it is (model/prompt/builder.py, PromptBuilder.plain).
 
 Request, application/json (unknown fields are refused with 400 invalid_value, naming them):
   prompt        a string (its text encoded as the model's tokenizer encodes it, BOS

@@ -36,8 +36,8 @@ from pydantic import Field
 
 # n_predict: -1 means "no limit of its own" (llama.cpp's default); 0 is refused with a reason.
 PredictLimit = Annotated[int, Field(ge=-1, le=131072)]
-# It runs in float32, the logits' type (model/sampling.py): bounded both ways, so that dividing
-# or multiplying a logit by it changes the logit tenfold at most and never overflows (7e-39
+# It runs in float32, the logits' type (model/batch/sampling.py): bounded both ways, so that
+# dividing or multiplying a logit by it changes the logit tenfold at most and never overflows (7e-39
 # made an inf logit, then a NaN probability).
 MIN_REPEAT_PENALTY, MAX_REPEAT_PENALTY = 0.1, 10.0
 RepeatPenalty = Annotated[

@@ -81,7 +81,7 @@ _EMBEDDING_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 _RESTORE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
 _WORK_BUCKETS = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 # How a refused request was ruled out: by the byte bound before any tokenization, or once its
-# prompt was built (model/prompt_process.py)
+# prompt was built (model/prompt/process.py)
 REFUSAL_CHECKS = ("byte_bound", "built")
 # Where a request's prompt tokens came from (ipc.CacheTier, and the rest read by the model)
 TOKEN_SOURCES = ("ram", "compact", "disk", "recomputed")
@@ -225,7 +225,7 @@ class Metrics:
         self.kv_paused = counter(
             "sidecar_kv_paused_seconds",
             "Seconds running replies waited for room to grow their KV reservation under the "
-            "bound (KV_MEMORY_MB; model/kv_bound.py): their streams were silent meanwhile.",
+            "bound (KV_MEMORY_MB; model/kv/bound.py): their streams were silent meanwhile.",
         )
         self.kv_wait = histogram(
             "sidecar_kv_wait_seconds",
@@ -375,7 +375,7 @@ class _GaugesCollector(Collector):
         yield CounterMetricFamily(
             "sidecar_kv_growth_pauses",
             "Times a running reply had to wait for room to grow its KV reservation under the "
-            "bound (since the model worker started; model/kv_bound.py).",
+            "bound (since the model worker started; model/kv/bound.py).",
             value=g.cache.kv_pauses,
         )
         yield CounterMetricFamily(

@@ -201,7 +201,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: StopSequences | None = None
-    # Scope the conversation cache (model/prompt_cache.py): only requests with the same key
+    # Scope the conversation cache (model/kv/prompt_cache.py): only requests with the same key
     # (else the same user) reuse each other's cached tokens; neither: the unscoped pool.
     prompt_cache_key: CacheScope | None = None
     user: CacheScope | None = None

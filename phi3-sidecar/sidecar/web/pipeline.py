@@ -172,7 +172,7 @@ class Pipeline:
             deadline = record.started_at + self._time_limit_s
             generate = dataclasses.replace(generate, deadline=deadline)
         # The worker starts it at once, or keeps it until the KV memory it needs is free
-        # (model/kv_tiers.py): a client that leaves meanwhile takes its request with it (run).
+        # (model/kv/tiers.py): a client that leaves meanwhile takes its request with it (run).
         reply = model.submit(generate)
         try:
             start = await reply.start

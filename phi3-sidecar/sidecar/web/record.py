@@ -42,14 +42,14 @@ class RequestRecord:
     images: int | None = None
     image_tokens: int | None = None
     cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
-    cache_reason: str | None = None  # why (model/prompt_cache.py, REASONS)
+    cache_reason: str | None = None  # why (model/kv/prompt_cache.py, REASONS)
     # where those came from: ram (its KV slot), compact (compact RAM), disk (the disk tier);
-    # and the time it took to put them back into a KV slot (model/kv_tiers.py)
+    # and the time it took to put them back into a KV slot (model/kv/tiers.py)
     cache_tier: str | None = None
     restore_ms: float | None = None
     embedding_inputs: int | None = None  # /v1/embeddings: inputs (prompt_tokens: their tokens)
     dropped_messages: int | None = None
-    # Building the prompt (model/prompt_process.py): characters tokenized (0: none, the
+    # Building the prompt (model/prompt/process.py): characters tokenized (0: none, the
     # tokens were kept) and the time it took; the time the request waited for room under the
     # KV bound (KV_MEMORY_MB) before it started
     tokenized_chars: int | None = None
@@ -60,7 +60,7 @@ class RequestRecord:
     room_ms: float | None = None
     room_compacted: int | None = None
     room_spilled: int | None = None
-    kv_paused_ms: float | None = None  # once started, waiting for room to grow (kv_bound.py)
+    kv_paused_ms: float | None = None  # once started, waiting for room to grow (kv/bound.py)
     # A refusal by the model worker: the time its side spent on the request before refusing
     # it, and true when the byte bound refused it before any tokenization (issue 46)
     refusal_ms: float | None = None

@@ -295,7 +295,7 @@ def byte_tokenizer() -> llguidance.LLTokenizer:
 
 
 class _Bytes:
-    """What llguidance.TokenizerWrapper reads (as model/batch_guidance.py's _TokenSource)."""
+    """What llguidance.TokenizerWrapper reads (as model/batch/guidance.py's _TokenSource)."""
 
     bos_token_id = None
     eos_token_id = _EOS

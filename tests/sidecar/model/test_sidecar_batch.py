@@ -18,11 +18,11 @@ import pytest
 from scripts.run import services
 from scripts.run.services import Service
 from sidecar.ipc import Generate
-from sidecar.model.batch_decoder import KvPool, Unsupported, read_spec
+from sidecar.model.batch.decoder import KvPool, Unsupported, read_spec
+from sidecar.model.batch.sampling import Sampler
 from sidecar.model.engine import Engine
 from sidecar.model.folder import read_genai_config
-from sidecar.model.generation import Generation
-from sidecar.model.sampling import Sampler
+from sidecar.model.generator.generation import Generation
 from tests.sidecar import reference
 from tests.sidecar.support import metrics, predict, request_line
 from tests.support.kernels import rows_exact_in_batches

@@ -1,4 +1,4 @@
-"""KV_MEMORY_MB on the Generator path (model/generator_memory.py): a generator made for one
+"""KV_MEMORY_MB on the Generator path (model/generator/memory.py): a generator made for one
 reply reserves its bytes before it is made, the conversation cache's budget is set aside, a reply
 that does not fit beside the running ones must wait (NoRoom), one alone always runs, and on a
 device the bound holds only where KV_MEMORY_MB is set. The same through a real sidecar:
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.model.generator_memory import GeneratorMemory
-from sidecar.model.kv_tiers import NoRoom
+from sidecar.model.generator.memory import GeneratorMemory
+from sidecar.model.kv.tiers import NoRoom
 from sidecar.model.memory import MIB
 
 

@@ -1,9 +1,9 @@
-"""The KV bound's books (model/kv_bound.py): reservations that grow, and the banker's rule that
+"""The KV bound's books (model/kv/bound.py): reservations that grow, and the banker's rule that
 keeps every running reply able to finish."""
 
 from __future__ import annotations
 
-from sidecar.model.kv_bound import Memory
+from sidecar.model.kv.bound import Memory
 
 
 def test_a_reply_alone_always_starts() -> None:

@@ -1,4 +1,4 @@
-"""kv_compact on a real KV pool: the tiny generated model's decoder (batch_decoder.py) reads a
+"""kv_compact on a real KV pool: the tiny generated model's decoder (batch/decoder.py) reads a
 prompt into a slot, and its K/V go through each encoding. fp32 comes back bit for bit; int8
 within half a scale step of every value; fp16 as numpy rounds it; an encoding grown by
 `extend` and cut by `truncate` is the encoding of those positions at once; a restore of N
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.model import kv_compact
-from sidecar.model.batch_decoder import BatchDecoder, KvPool, read_spec
+from sidecar.model.batch.decoder import BatchDecoder, KvPool, read_spec
 from sidecar.model.folder import read_genai_config
-from sidecar.model.kv_compact import ENCODINGS, CompactKv, Encoding
-from sidecar.model.kv_disk import DiskTier, Shape
+from sidecar.model.kv import compact as kv_compact
+from sidecar.model.kv.compact import ENCODINGS, CompactKv, Encoding
+from sidecar.model.kv.disk import DiskTier, Shape
 
 TOKENS = 100  # positions read into slot 0 (two prefill chunks and a part)
 

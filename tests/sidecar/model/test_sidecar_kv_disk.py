@@ -1,4 +1,4 @@
-"""The disk tier's directory and files (model/kv_folder.py, model/kv_disk.py): it touches only
+"""The disk tier's directory and files (model/kv/folder.py, model/kv/disk.py): it touches only
 files it wrote (never through a link, only its own names, never a folder it does not own or
 one of other files), and no file's content, a crafted one with this model's fingerprint
 included, stops it from starting or makes a restore fail other than as a miss."""
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from scripts.run import services
-from sidecar.model import kv_disk
-from sidecar.model.kv_compact import Block, CompactKv
-from sidecar.model.kv_disk import DiskTier, Shape, Stored, Writing
+from sidecar.model.kv import disk as kv_disk
+from sidecar.model.kv.compact import Block, CompactKv
+from sidecar.model.kv.disk import DiskTier, Shape, Stored, Writing
 from tests.sidecar.model.test_sidecar_kv_tiers import chat_on_disk, make_engine
 from tests.sidecar.support import predict
 
@@ -300,7 +300,7 @@ def random_kv(tokens: int, runs: int, seed: int) -> CompactKv:
 
 
 def test_a_file_written_a_piece_at_a_time_is_the_file_written_whole(tmp_path: Path) -> None:
-    """kv_disk.Writing, as idle work drives it: a tensor a step, of a snapshot taken at the
+    """kv.disk.Writing, as idle work drives it: a tensor a step, of a snapshot taken at the
     start (the copy growing meanwhile changes nothing), the same bytes as one write."""
     kv = random_kv(6, runs=3, seed=1)
     at_once = whole(tier(tmp_path / "whole").begin(kv, list(range(6)), "s", False, 5))
@@ -335,7 +335,7 @@ def test_an_abandoned_write_leaves_no_file(tmp_path: Path) -> None:
 def test_a_forgotten_file_leaves_the_tier_at_once_and_the_disk_off_the_callers_path(
     tmp_path: Path,
 ) -> None:
-    """Deleted by a thread of its own (kv_folder.Folder.discard): its name is gone at once, so
+    """Deleted by a thread of its own (kv.folder.Folder.discard): its name is gone at once, so
     no scan (a restart) can take it back, and the file itself soon after."""
     directory = tmp_path / "kv"
     disk = tier(directory)

@@ -1,4 +1,4 @@
-"""Room for a new chat made while the worker is idle (model/kv_idle.py), in one process on the
+"""Room for a new chat made while the worker is idle (model/kv/idle.py), in one process on the
 real engine and the tiny model, by counting: idle work encodes one small piece at a time, a new
 chat then compacts nothing on its own path, a user who returns during an early compaction finds
 their conversation in its slot (nothing of it encoded or decoded for them), and a conversation
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.ipc import Generate
-from sidecar.model.batch_scheduler import BatchScheduler
+from sidecar.model.batch.scheduler import BatchScheduler
 from sidecar.model.engine import Engine
 from tests.sidecar.model.test_sidecar_kv_tiers import NEW, Chat, make_engine, message
 from tests.sidecar.support import worker_idle_until
@@ -80,7 +80,7 @@ def test_idle_work_comes_in_pieces_and_leaves_the_new_chat_nothing(tiny_model_di
     kv = oldest.generator.holding.compact
     assert kv is not None and kv.tokens == PIECE  # one piece, the slot still held
     assert batch.tiers.tier_of(oldest) == "ram"
-    while tidy(engine):  # then the new chat's pages mapped (kv_warm.py): counted apart
+    while tidy(engine):  # then the new chat's pages mapped (kv/warm.py): counted apart
         pass
     steps = batch.idle.pieces
     assert steps == -(-tokens // PIECE)  # the whole conversation, a piece a step

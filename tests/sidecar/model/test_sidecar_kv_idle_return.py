@@ -1,5 +1,5 @@
-"""Room for a returning user made while the worker is idle (model/kv_idle.py, kv_tiers.py,
-kv_disk.Writing), in one process on the real engine and the tiny model with a disk tier: a user
+"""Room for a returning user made while the worker is idle (model/kv/idle.py, kv/tiers.py,
+kv.disk.Writing), in one process on the real engine and the tiny model with a disk tier: a user
 whose conversation is on disk needs RAM for its copy read back, and without idle work their
 start wrote another conversation to disk on its own path. Idle work writes that conversation a
 piece at a time instead, so the start moves nothing; a start that comes mid-write finishes the
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sidecar.model.batch_scheduler import BatchScheduler
+from sidecar.model.batch.scheduler import BatchScheduler
 from sidecar.model.engine import Engine
 from tests.sidecar.model.test_sidecar_kv_tiers import Chat, make_engine, tiers, to_disk
 
@@ -114,7 +114,7 @@ def test_no_room_is_kept_for_returning_users_before_one_needed_it(
     batch.idle._returns.clear()  # as before any returning user
     steps = tidy_all(batch)
     assert batch.idle.written_pieces == 0 and tiers(engine)["u0"] == "compact"
-    assert steps == batch.warm.pieces  # only the slot pages mapped (kv_warm.py)
+    assert steps == batch.warm.pieces  # only the slot pages mapped (kv/warm.py)
 
 
 def test_without_a_disk_tier_idle_work_writes_nothing(tiny_model_dir: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from sidecar.model import kv_pages
+from sidecar.model.kv import pages as kv_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's mremap")
 

@@ -1,4 +1,4 @@
-"""The conversation cache's tiers on the batched path (model/kv_tiers.py), in one process on the
+"""The conversation cache's tiers on the batched path (model/kv/tiers.py), in one process on the
 real engine and the tiny model: idle conversations move from their KV slot to compact RAM and
 to the disk tier, least recently used first, with their bytes counted as they really are; a
 returning conversation is restored instead of read again; the disk tier keeps scopes apart,
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from sidecar.ipc import Generate
-from sidecar.model.batch_scheduler import BatchGeneration
+from sidecar.model.batch.scheduler import BatchGeneration
 from sidecar.model.engine import Engine
-from sidecar.model.kv_compact import bytes_per_token
-from sidecar.model.kv_tiers import NoRoom
+from sidecar.model.kv.compact import bytes_per_token
+from sidecar.model.kv.tiers import NoRoom
 from tests.sidecar.support import words
 
 NEW = 8

@@ -1,4 +1,4 @@
-"""The next prompt's KV pages mapped while the worker is idle (model/kv_warm.py), in one
+"""The next prompt's KV pages mapped while the worker is idle (model/kv/warm.py), in one
 process on the real engine and the tiny model: which pages are resident is read from the
 kernel (mincore), and replies are compared with an engine that maps nothing ahead."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.ipc import Generate
-from sidecar.model.batch_decoder import KvPool
-from sidecar.model.batch_scheduler import BatchGeneration, BatchScheduler, SlotHolder
+from sidecar.model.batch.decoder import KvPool
+from sidecar.model.batch.scheduler import BatchGeneration, BatchScheduler, SlotHolder
 from sidecar.model.engine import Engine
 from tests.sidecar.model.test_sidecar_kv_tiers import NEW, Chat, make_engine, message
 from tests.sidecar.support import worker_idle_until

@@ -10,8 +10,8 @@ import pytest
 
 from sidecar.ipc import Role
 from sidecar.model.engine import Engine
-from sidecar.model.prompt import PromptBuilder, PromptTooLong
-from sidecar.model.prompt_memo import PieceMemo
+from sidecar.model.prompt.builder import PromptBuilder, PromptTooLong
+from sidecar.model.prompt.memo import PieceMemo
 
 Messages = list[tuple[Role, str]]
 
@@ -154,7 +154,7 @@ def test_the_byte_bound_refuses_before_any_encode(engine: Engine) -> None:
 
 
 def test_a_conversations_next_turn_encodes_only_what_it_adds(engine: Engine) -> None:
-    """The pieces of earlier turns are kept (prompt_memo.py): the next turn's ids are a fresh
+    """The pieces of earlier turns are kept (prompt/memo.py): the next turn's ids are a fresh
     builder's, and only its new text is read."""
     builder = PromptBuilder(engine.prompts._tokenizer, engine.facts.added_tokens, None)
     messages = conversation(3, 30)

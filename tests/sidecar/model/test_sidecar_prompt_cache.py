@@ -453,7 +453,7 @@ def test_the_first_cached_reply_continues_the_generator_made_while_loading(
 def test_the_log_line_says_why_a_turn_was_reused_or_not(
     tiny_pair: tuple[Service, Service],
 ) -> None:
-    """cache_reason in the request's log line (prompt_cache.REASONS): a new conversation is a
+    """cache_reason in the request's log line (kv.prompt_cache.REASONS): a new conversation is a
     miss (or takes the spare), its next turn reuses it, cache_prompt false declines, and a
     seeded sampling request starts fresh."""
     on, _ = tiny_pair

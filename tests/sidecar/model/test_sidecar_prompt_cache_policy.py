@@ -1,4 +1,4 @@
-"""model/prompt_cache.py's books, without a model: which entry is lent and how much of it,
+"""model/kv/prompt_cache.py's books, without a model: which entry is lent and how much of it,
 how much room a new generator gets, what is evicted, what a lease decides and why. The real
 engine's side (rewinds, appends, the replies) is tested through the sidecar in
 test_sidecar_prompt_cache.py."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sidecar.ipc import Generate, Guidance
-from sidecar.model.prompt_cache import GROWTH_TOKENS, REASONS, Entry, PromptCache
+from sidecar.model.kv.prompt_cache import GROWTH_TOKENS, REASONS, Entry, PromptCache
 
 KB = 1024
 

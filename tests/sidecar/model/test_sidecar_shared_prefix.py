@@ -1,4 +1,4 @@
-"""Shared prefixes (SHARED_PREFIXES, model/shared_prefix.py) on the real tiny model: a declared
+"""Shared prefixes (SHARED_PREFIXES, model/kv/shared_prefix.py) on the real tiny model: a declared
 system message is read once at start, a new chat that sends it reads only the rest, the reply
 is the one without it token for token, `cached_tokens` does not count it, and a scope's own
 tokens never reach another scope through it; while the worker is idle the prefix is written
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from sidecar.ipc import Generate
-from sidecar.model import kv_compact, shared_prefix
-from sidecar.model.batch_scheduler import BatchGeneration
+from sidecar.model.batch.scheduler import BatchGeneration
 from sidecar.model.engine import Engine
+from sidecar.model.kv import compact as kv_compact
+from sidecar.model.kv import shared_prefix
 from tests.sidecar.support import worker_idle_until
 
 SYSTEM = (
@@ -136,7 +137,7 @@ def count_restores(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def idle(engine: Engine) -> int:
     """Run the worker's idle work to its end (worker._tidy); the pieces it did, less those
-    that mapped the next new chat's pages (kv_warm.py, counted apart)."""
+    that mapped the next new chat's pages (kv/warm.py, counted apart)."""
     assert engine.batch is not None
     pieces, warmed = 0, engine.batch.warm.pieces
     while engine.batch.tidy():

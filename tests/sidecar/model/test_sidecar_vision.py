@@ -1,8 +1,9 @@
-"""Images in the model worker (model/vision.py, the engine's image path, generation.py's first
-step, worker.py's refusals) on the real tiny phi3v model and onnxruntime-genai's own image
-processor: images change the reply, typed tags stay text, an image costs its tokens against
-the context, guidance holds with an image, a refused image is a refusal with the worker alive,
-and text-only requests on the vision model work without the conversation cache."""
+"""Images in the model worker (model/vision.py, the engine's image path,
+model/generator/generation.py's first step, worker.py's refusals) on the real tiny phi3v model
+and onnxruntime-genai's own image processor: images change the reply, typed tags stay text, an
+image costs its tokens against the context, guidance holds with an image, a refused image is a
+refusal with the worker alive, and text-only requests on the vision model work without the
+conversation cache."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from scripts.run import services
 from scripts.run.services import request_line
 from sidecar import ipc
 from sidecar.model.engine import Engine, og
-from sidecar.model.generation import Generation
-from sidecar.model.prompt import PromptTooLong
+from sidecar.model.generator.generation import Generation
+from sidecar.model.prompt.builder import PromptTooLong
 from sidecar.model.vision import ImageRefused, image_tokens
 from sidecar.model.worker import Scheduler
 from sidecar.web.guidance import prepared

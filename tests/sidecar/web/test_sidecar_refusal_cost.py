@@ -22,7 +22,7 @@ import pytest
 
 from scripts.run import services
 from scripts.run.services import Service
-from sidecar.model.token_bound import max_token_bytes
+from sidecar.model.prompt.token_bound import max_token_bytes
 from tests.sidecar.support import assert_error, metrics, request_line
 from tests.support.engines import paced
 

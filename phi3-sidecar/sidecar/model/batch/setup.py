@@ -1,7 +1,7 @@
 """The batched path, set up as the settings ask: its decoder and scheduler (or None where it
 cannot drive the model's decoder), and its KV memory (KV_MEMORY_MB, KV_COMPACT,
 PROMPT_CACHE_DIR, PROMPT_CACHE_DISK_MB, PROMPT_CACHE_EXACT): the tiers attached to the new
-BatchScheduler, and the one bound sized once the model is loaded (kv_tiers.py says what they
+BatchScheduler, and the one bound sized once the model is loaded (kv/tiers.py says what they
 do)."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any, cast
 
 from sidecar.ipc import CacheStats
-from sidecar.model import kv_compact
-from sidecar.model.batch_decoder import BatchDecoder, DecoderSpec, Unsupported, read_spec
-from sidecar.model.batch_scheduler import CACHE_SLOTS, BatchScheduler
-from sidecar.model.generator_path import folder_error
-from sidecar.model.kv_compact import Encoding
-from sidecar.model.kv_disk import DiskTier, Shape, model_fingerprint
+from sidecar.model.batch.decoder import BatchDecoder, DecoderSpec, Unsupported, read_spec
+from sidecar.model.batch.scheduler import CACHE_SLOTS, BatchScheduler
+from sidecar.model.generator.path import folder_error
+from sidecar.model.kv import compact as kv_compact
+from sidecar.model.kv.compact import Encoding
+from sidecar.model.kv.disk import DiskTier, Shape, model_fingerprint
+from sidecar.model.kv.prompt_cache import PromptCache
+from sidecar.model.kv.shared_prefix import read_declared
 from sidecar.model.memory import chosen_kv_bound
-from sidecar.model.prompt_cache import PromptCache
-from sidecar.model.shared_prefix import read_declared
 
-log = logging.getLogger("sidecar.model.batch_setup")
+log = logging.getLogger("sidecar.model.batch_setup")  # the name its log lines always had
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def size_kv_memory(batch: BatchScheduler, options: KvOptions, max_length: int) -
         "context_tokens": capped,
         "path": "batched",
         "compact": options.encoding or "off",
-        # None too when its directory was refused or could not be made (kv_folder.py)
+        # None too when its directory was refused or could not be made (kv/folder.py)
         "disk_tier": str(options.cache_dir)
         if batch.tiers.disk is not None and batch.tiers.disk.enabled
         else None,
@@ -155,8 +155,8 @@ def prepare_idle(
     batch: BatchScheduler | None, shared: Sequence[str], fit: Any, headroom_tokens: int
 ) -> None:
     """After the warm-up: the declared shared prefixes read (SHARED_PREFIXES,
-    shared_prefix.py; `fit`: PromptBuilder.fit), and the room kept for a new chat while the
-    worker is idle (kv_idle.py): `headroom_tokens`, a short prompt and a default reply."""
+    kv/shared_prefix.py; `fit`: PromptBuilder.fit), and the room kept for a new chat while the
+    worker is idle (kv/idle.py): `headroom_tokens`, a short prompt and a default reply."""
     if batch is None:
         return
     read_declared(batch, shared, lambda turns: list(fit(turns, 1, batch.pool.length).ids))

@@ -4,8 +4,8 @@ new chat that sends one starts (batched path).
 Every new chat reads the operator's system prompt (the app's instructions, a grounded answer's
 rules) before its own words, the same tokens for every user. The operator declares those
 system messages in the settings; the worker reads each once at start (after the warm-up) and
-keeps its K/V as a lossless copy (kv_compact.py, `fp32`), counted against the one KV bound
-(kv_tiers.Memory). A new chat (nothing of its own scope reused) whose prompt starts with a
+keeps its K/V as a lossless copy (kv/compact.py, `fp32`), counted against the one KV bound
+(kv.tiers.Memory). A new chat (nothing of its own scope reused) whose prompt starts with a
 prefix's tokens gets the copy written into its slot and reads only the rest of its prompt.
 
 Which tokens: the rendered prompt of the system message and a user turn, up to the first token
@@ -13,7 +13,7 @@ that depends on the user's turn (the common start of the prompts for two differe
 turns), so the prefix is the same whatever the template wraps around it; a request's prompt
 must start with exactly those tokens (compared token by token) to use it.
 
-Exactness: the prefix is read as a fresh prompt read alone is (batch_scheduler.chunk_for), in
+Exactness: the prefix is read as a fresh prompt read alone is (batch.scheduler.chunk_for), in
 chunks from its first token, so its K/V are such a read's bit for bit; the rest of the prompt
 is then read from the prefix's end. Where that end is not a whole number of chunks the rest's
 chunks fall elsewhere than a fresh read's (the same last-bit differences the conversation
@@ -23,7 +23,7 @@ and replies are then an uncached run's, bit for bit.
 Written ahead: writing a prefix's K/V into a new chat's slot is a pass over fresh pages (a
 400-token prefix is 300 MiB of fp32 K/V on Phi-3-mini: 0.1 s of a first token on a 2-vCPU EPYC,
 0.2-0.4 s on a VM whose memory was still being touched for the first time). So while the worker
-is idle (kv_idle.py's room made first), the prefix last used is written into a free slot ahead,
+is idle (kv/idle.py's room made first), the prefix last used is written into a free slot ahead,
 STAGE_PIECE_TOKENS positions a step (the worker reads its pipe between steps), and counted
 against the bound while it waits there. The next new chat that starts with it takes that slot
 and finds it written; any other request gives the slot back first (its pages are freed: the
@@ -48,15 +48,15 @@ from typing import Protocol
 import numpy as np
 
 from sidecar.ipc import Role
-from sidecar.model import kv_compact
-from sidecar.model.batch_decoder import BatchDecoder, KvPool
-from sidecar.model.kv_compact import CompactKv
+from sidecar.model.batch.decoder import BatchDecoder, KvPool
+from sidecar.model.kv import compact as kv_compact
+from sidecar.model.kv.compact import CompactKv
 
-log = logging.getLogger("sidecar.model.shared_prefix")
+log = logging.getLogger("sidecar.model.shared_prefix")  # the name its log lines always had
 
 
 class Reader(Protocol):
-    """The batched path as read_declared needs it (batch_scheduler.BatchScheduler, which
+    """The batched path as read_declared needs it (batch.scheduler.BatchScheduler, which
     imports this module: a protocol, not an import, keeps them out of a cycle)."""
 
     shared: list[SharedPrefix]

@@ -1,8 +1,8 @@
 """Room for a new chat, made while the worker is idle (batched path).
 
-A new chat needs a KV slot and its reservation of the one bound (kv_tiers.Memory). When the
+A new chat needs a KV slot and its reservation of the one bound (kv.tiers.Memory). When the
 cache holds idle conversations in every slot, or their RAM leaves the bound no room for one more
-reply, the new chat's start made that room on its own path: it compacted (kv_compact.py) the
+reply, the new chat's start made that room on its own path: it compacted (kv/compact.py) the
 least recently used idle conversation, seconds for a long one on a CPU, before its first token.
 So when the worker has no reply to run (worker.Scheduler), it asks `IdleRoom.step` for one
 small piece of that work at a time: it encodes PIECE_TOKENS more positions of the least recently
@@ -28,7 +28,7 @@ and 5 of the users-turns bench: 0.32-0.40 s at the median, AMD EPYC). So, with t
 on and once a returning user needed such room (`saw_return`: the largest of the last few
 returns sets the room kept), idle work then moves the conversations that start would have
 moved, oldest first, the same way: one still in a slot is compacted (PIECE_TOKENS at a time),
-one in compact RAM is written to its file PIECE_BYTES at a time (kv_disk.Writing) and its RAM
+one in compact RAM is written to its file PIECE_BYTES at a time (kv.disk.Writing) and its RAM
 freed with the last piece. The trade is the same: a conversation written out early whose user
 comes back first is restored from disk where it would have been from compact RAM; and a user
 who comes back while their conversation is being written waits for no write at all: the part
@@ -41,19 +41,19 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sidecar.model import kv_compact
+from sidecar.model.kv import compact as kv_compact
 
 if TYPE_CHECKING:
-    from sidecar.model.kv_tiers import KvTiers
-    from sidecar.model.prompt_cache import Entry, PromptCache
+    from sidecar.model.kv.prompt_cache import Entry, PromptCache
+    from sidecar.model.kv.tiers import KvTiers
 
 
 class Host(Protocol):
-    """What idle work needs of the batched path (batch_scheduler.BatchScheduler, which holds
+    """What idle work needs of the batched path (batch.scheduler.BatchScheduler, which holds
     an IdleRoom: a protocol, not an import, keeps the two modules out of a cycle)."""
 
     tiers: KvTiers
-    pool: Any  # batch_decoder's KV pool
+    pool: Any  # batch.decoder's KV pool
     cache: PromptCache
 
     @property

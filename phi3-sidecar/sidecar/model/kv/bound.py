@@ -10,13 +10,13 @@ What keeps that from ending in a reply that cannot go on (every reply waiting to
 able to) is the banker's rule: a reservation (a start, or a reply's growth) is made only if
 the replies can still all finish afterwards, one after another, each growing to its whole
 length as the ones before it free theirs (`safe`). So there is always a reply that may grow,
-and a reply that may not grow now waits (it is skipped by the step: batch_scheduler.py) until
+and a reply that may not grow now waits (it is skipped by the step: batch/scheduler.py) until
 one that can has finished; it never stops for memory, and it never ends early. The trade:
 a reply may pause while others finish (its stream is silent; /v1's keep-alives go on), where
 it used to make the others wait before they started. A reply alone always fits (the engine caps
 the context to the bound).
 
-On the Generator path (generator_memory.py) a generator allocates its whole length when it is
+On the Generator path (generator/memory.py) a generator allocates its whole length when it is
 made, so its reservation is its whole length (reserved == need) and the rule is the old one.
 """
 
@@ -41,7 +41,7 @@ class Memory:
     waits: int = 0  # requests that had to wait for room, since start
     pauses: int = 0  # times a running reply had to wait to grow, since start
     # Held for what else the bound covers: on the Generator path, the conversation cache's
-    # budget (generator_memory.py); the batched path's kept conversations move down instead.
+    # budget (generator/memory.py); the batched path's kept conversations move down instead.
     set_aside: int = 0
     # Each growing reply's (reserved, need) bytes, by its key; a reservation not in here
     # (the Generator path's) is its reply's whole need

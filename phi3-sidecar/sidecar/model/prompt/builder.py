@@ -15,7 +15,7 @@ place of each message, which tells exactly which characters are template and whi
   returned for a template that writes them; found while profiling issue 46, where each prompt
   was encoded twice: that encode is no longer made. Encoding the whole text with its specials
   would change the ids of tokenizers that do not split so: left for a change of its own.)
-  Each piece's ids are kept for the next turn of the conversation (prompt_memo.py).
+  Each piece's ids are kept for the next turn of the conversation (prompt/memo.py).
 - Otherwise the text is cut inside every added-token string that lies in (or runs into) content,
   the pieces are encoded separately and their ids concatenated; the template's special tokens
   are inserted by id. Those strings then arrive as plain text tokens ("<", "|end|>", ...).
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sidecar.ipc import Generate, Role
-from sidecar.model.prompt_memo import PieceMemo
+from sidecar.model.prompt.memo import PieceMemo
 
 
 class Tokenizer(Protocol):
@@ -70,7 +70,7 @@ class PromptTooLong(Exception):
         self.prompt_tokens = prompt_tokens
         self.limit = limit
         self.image_tokens = image_tokens  # of prompt_tokens, those that stand for images
-        # True: refused by the byte bound (token_bound.py) before any tokenization, and
+        # True: refused by the byte bound (prompt/token_bound.py) before any tokenization, and
         # prompt_tokens is the least the prompt takes
         self.at_least = at_least
 
@@ -139,7 +139,7 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self.bos_id = bos_id
         self.system_role = system_role
-        # The most bytes one token stands for (token_bound.py): the cheap check; None: none
+        # The most bytes one token stands for (prompt/token_bound.py): the cheap check; None: none
         self.max_token_bytes = max_token_bytes
         self.encoded_chars = 0  # characters handed to the tokenizer, since start
         self.vocab_size = vocab_size  # a plain prompt's ids must be below it (0: unknown)
@@ -151,7 +151,7 @@ class PromptBuilder:
         probe = list(tokenizer.encode("a"))
         # Tokenizers that put BOS in front of every encode(): keep it once, at the start.
         self._auto_bos = bos_id if probe and bos_id is not None and probe[0] == bos_id else None
-        # A conversation's next turn encodes only the pieces it adds (prompt_memo.py)
+        # A conversation's next turn encodes only the pieces it adds (prompt/memo.py)
         self.memo = PieceMemo(lambda piece: self._strip_bos(self._encode_text(piece)))
 
     def encode(self, messages: Sequence[Message], images: _ImageMarks | None = None) -> list[int]:
@@ -449,7 +449,7 @@ class _ImageMarks:
 
 def least_tokens(text: str, max_token_bytes: int | None) -> int:
     """The fewest tokens `text` can take, whatever the template does around it (0 without a
-    bound: token_bound.py)."""
+    bound: prompt/token_bound.py)."""
     if max_token_bytes is None:
         return 0
     return -(-len(text.strip().encode("utf-8")) // max_token_bytes)

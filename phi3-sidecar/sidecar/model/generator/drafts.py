@@ -10,7 +10,7 @@ so a seeded sampled reply would change with the setting. The generator still han
 token per generate_next_token call (accepted drafts are queued), so the worker's loop, stop
 sequences and cancellation are unchanged.
 
-Verifying k drafts computes their K/V in one call; like a chunked prefill (prompt_cache.py,
+Verifying k drafts computes their K/V in one call; like a chunked prefill (kv/prompt_cache.py,
 "Exactness"), that differs from one token at a time in the last bits, so a greedy reply can
 differ at a near tie. On the generated `tiny` model replies are identical
 (tests/sidecar/model/test_sidecar_drafts.py); the real model's agreement is in docs/benchmarks.md.

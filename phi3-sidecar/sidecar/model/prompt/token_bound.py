@@ -1,9 +1,9 @@
 """The most bytes of text one token can stand for, read from tokenizer.json: the cheap check that
-refuses an over-long prompt before it is tokenized (prompt.PromptBuilder.fit).
+refuses an over-long prompt before it is tokenized (builder.PromptBuilder.fit).
 
 A prompt of B bytes of user text takes at least ceil(B / L) tokens when no token covers more
 than L bytes. That holds only where L is really a bound, so it is None (no cheap check; the
-prompt is tokenized, off the step loop: prompt_process.py) unless:
+prompt is tokenized, off the step loop: prompt/process.py) unless:
 - the normalizer cannot make text shorter (none, Prepend, or a Replace whose replacement is no
   shorter than what it replaces: SentencePiece's " " -> "\u2581"); NFKC, Lowercase, Strip and the
   like may shrink text (a fullwidth letter of 3 bytes becomes 1), so they turn the check off;

@@ -8,7 +8,7 @@ writes 98 MiB of K/V, about 26,700 faults, and the worker spent 0.25 to 0.46 s o
 kernel per read where the bare engine, whose buffers stay mapped, spent 0.00 to 0.05 s (AMD
 EPYC, 2 vCPUs; docs/benchmarks.md, issue 45).
 
-So when the worker has nothing else to do (after kv_idle's room and the shared prefix written
+So when the worker has nothing else to do (after kv.idle's room and the shared prefix written
 ahead), `WarmPages.step` maps the pages of the slot the next new chat (or the next conversation
 restored from compact RAM or disk, which takes a free slot the same way) will take, for as many
 positions as the longest prompt of the last RECENT_PROMPTS that took a free slot,
@@ -18,7 +18,7 @@ empty one). When a request starts, `settle` gives back what it does not use: the
 the reservation of the reply that took the slot, or all of them when the slot stayed free.
 
 Memory: only while the kept conversations leave room for those pages within the bound. The
-pages are not booked (the books would then make kv_idle free that much more room): they are
+pages are not booked (the books would then make kv.idle free that much more room): they are
 resident beside the books from the idle step that maps them to the next start, which takes
 them into its reservation or gives them back. Where the kernel cannot populate (before Linux
 5.14), nothing is warmed and prompts fault as before.
@@ -31,17 +31,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from sidecar.model.kv_idle import IdleRoom
-    from sidecar.model.prompt_cache import PromptCache
+    from sidecar.model.kv.idle import IdleRoom
+    from sidecar.model.kv.prompt_cache import PromptCache
 
 PIECE_TOKENS = 64  # positions mapped per idle step (Phi-3-mini: 48 MiB, about 12,300 pages)
 RECENT_PROMPTS = 8  # the prompts written into a free slot whose longest sets what is mapped
 
 
 class Host(Protocol):
-    """What warming needs of the batched path (batch_scheduler.BatchScheduler)."""
+    """What warming needs of the batched path (batch.scheduler.BatchScheduler)."""
 
-    pool: Any  # batch_decoder's KV pool
+    pool: Any  # batch.decoder's KV pool
     cache: PromptCache
     idle: IdleRoom
 

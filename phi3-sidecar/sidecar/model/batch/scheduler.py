@@ -1,6 +1,6 @@
 """Several replies decoded in one model call per step (DECODE_BATCH_ROWS > 1).
 
-Each reply holds one slot of the KV pool (batch_decoder.py). One step of the worker is:
+Each reply holds one slot of the KV pool (batch/decoder.py). One step of the worker is:
 - one chunk (PREFILL_CHUNK tokens) of the oldest prompt still being read, at batch 1 in its
   own slot, so a joining request never stalls the others for more than one chunk; its last
   chunk gives its first token (a prompt that is all the batch has to do reads ALONE_CHUNK
@@ -11,7 +11,7 @@ Requests join and leave between steps. Decoding replies sit in slots 0..n-1 (a c
 contiguous run of slots): a reply that finishes its prompt moves into slot n, one that leaves
 swaps with the last decoding one (the copies cover the tokens held, not the whole slot).
 
-The conversation cache (prompt_cache.py) keeps its rules: its entries are slots that hold a
+The conversation cache (kv/prompt_cache.py) keeps its rules: its entries are slots that hold a
 finished reply's tokens, lent to the next request of the same scope that starts with them; a
 request's lease (PromptCache.lease) says which slot it continues or that it takes a new one.
 An entry's bytes are the positions its slot has written (KV bytes per token from the
@@ -30,20 +30,21 @@ from typing import Any, Protocol
 import numpy as np
 
 from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
-from sidecar.model import kv_compact, shared_prefix
-from sidecar.model.batch_decoder import BatchDecoder
-from sidecar.model.batch_guidance import RowGuide
+from sidecar.model.batch.decoder import BatchDecoder
+from sidecar.model.batch.guidance import RowGuide
+from sidecar.model.batch.sampling import Sampler, penalize_repeats
 from sidecar.model.guidance import FF_MARGIN
-from sidecar.model.kv_bound import GROWTH_TOKENS, Memory, NoRoom
-from sidecar.model.kv_disk import Stored
-from sidecar.model.kv_idle import IdleRoom
-from sidecar.model.kv_tiers import Holding, KvTiers, Restored
-from sidecar.model.kv_warm import WarmPages
+from sidecar.model.kv import compact as kv_compact
+from sidecar.model.kv import shared_prefix
+from sidecar.model.kv.bound import GROWTH_TOKENS, Memory, NoRoom
+from sidecar.model.kv.disk import Stored
+from sidecar.model.kv.idle import IdleRoom
+from sidecar.model.kv.prompt_cache import Entry, Lease, PromptCache
+from sidecar.model.kv.shared_prefix import SharedPrefix, Staged
+from sidecar.model.kv.tiers import Holding, KvTiers, Restored
+from sidecar.model.kv.warm import WarmPages
 from sidecar.model.logprobs import ReplyLogprobs
-from sidecar.model.prompt import Prompt
-from sidecar.model.prompt_cache import Entry, Lease, PromptCache
-from sidecar.model.sampling import Sampler, penalize_repeats
-from sidecar.model.shared_prefix import SharedPrefix, Staged
+from sidecar.model.prompt.builder import Prompt
 from sidecar.model.stops import StopFilter
 
 
@@ -60,7 +61,7 @@ class TokenStream(Protocol):
 class SlotHolder:
     """One conversation's KV: its tokens (what the cache matches, as a generator's sequence),
     how many of them are in the KV cache, and where that is: a pool slot, or (kept idle) compact
-    RAM or the disk tier (kv_tiers.py)."""
+    RAM or the disk tier (kv/tiers.py)."""
 
     slot: int | None
     tokens: list[int] = field(default_factory=list)
@@ -101,16 +102,16 @@ class BatchScheduler:
         self._new_stream = new_stream
         self._vocab_size = vocab_size
         self._slots: list[SlotHolder | None] = [None] * self.pool.slots
-        # The one bound on all KV memory and the tiers below the slots (kv_tiers.py); the
+        # The one bound on all KV memory and the tiers below the slots (kv/tiers.py); the
         # engine sets both before the first request (until then: no bound, no tiers).
         self.memory = Memory(bound_bytes=2**62)
         self.tiers = KvTiers(self.pool, cache, self.memory, None, None, self._release_slot)
         cache.tiers, cache.room = self.tiers, self.room
-        # Room for a new chat made while the worker is idle (kv_idle.py); the engine sets
+        # Room for a new chat made while the worker is idle (kv/idle.py); the engine sets
         # how much once the model is loaded
         self.idle = IdleRoom(self)
-        self.warm = WarmPages(self)  # and the next prompt's pages mapped (kv_warm.py)
-        self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (shared_prefix.py)
+        self.warm = WarmPages(self)  # and the next prompt's pages mapped (kv/warm.py)
+        self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (kv/shared_prefix.py)
         self.staged: Staged | None = None  # one of them written ahead into a free slot
         self._last_shared: SharedPrefix | None = None  # the one a new chat used last
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
@@ -132,9 +133,9 @@ class BatchScheduler:
         return list(self._slots)
 
     def tidy(self) -> bool:
-        """One piece of idle work: room for a new chat (kv_idle.py), then a shared prefix
-        written ahead (shared_prefix.Staged), then the pages of the slot the next prompt is
-        written into mapped (kv_warm.py); False when there is none."""
+        """One piece of idle work: room for a new chat (kv/idle.py), then a shared prefix
+        written ahead (kv.shared_prefix.Staged), then the pages of the slot the next prompt is
+        written into mapped (kv/warm.py); False when there is none."""
         return self.idle.step() or self._stage_step() or self.warm.step()
 
     def next_new_slot(self) -> int | None:
@@ -183,7 +184,7 @@ class BatchScheduler:
         return None
 
     def read_shared(self, prefixes: list[list[int]]) -> None:
-        """Read each shared prefix once and keep it (shared_prefix.py), against the bound."""
+        """Read each shared prefix once and keep it (kv/shared_prefix.py), against the bound."""
         for ids in prefixes:
             if not ids:
                 continue
@@ -222,7 +223,7 @@ class BatchScheduler:
         slot from compact RAM or disk where it is not in one) or take a new slot."""
         needed = len(prompt.ids) + prompt.max_new_tokens
         # Its prompt and the first GROWTH_TOKENS of its reply now, the rest as it grows
-        # (kv_bound.py): a large max_new_tokens holds nobody up front
+        # (kv/bound.py): a large max_new_tokens holds nobody up front
         first = len(prompt.ids) + min(prompt.max_new_tokens, GROWTH_TOKENS)
         reserve, need = first * self.pool.bytes_per_token, needed * self.pool.bytes_per_token
         # The cache decides (PromptCache.lease): a slot's bytes are what it writes, so a new
@@ -256,7 +257,7 @@ class BatchScheduler:
             holder: SlotHolder = lease.entry.generator
             holder.busy = True
             if holder.slot is None:
-                self.warm.saw_prompt(len(prompt.ids))  # written into a free slot (kv_warm.py)
+                self.warm.saw_prompt(len(prompt.ids))  # written into a free slot (kv/warm.py)
                 try:
                     restored = self._restore(lease.entry, lease.reused)
                 except LookupError:  # its file is gone or bad: read the prompt again
@@ -271,7 +272,7 @@ class BatchScheduler:
             holder.kv_len = lease.reused
             lease.holds(lease.reused)
         else:
-            self.idle.saw_new_chat(needed)  # the room the next one may need (kv_idle.py)
+            self.idle.saw_new_chat(needed)  # the room the next one may need (kv/idle.py)
             self.warm.saw_prompt(len(prompt.ids))
             self._free_unheld()
             slot = self._free_slot() if staged is None else staged.slot
@@ -378,7 +379,7 @@ class BatchScheduler:
         others go on."""
         results: list[tuple[BatchGeneration, str | None]] = []
         # A reply without KV reserved for the positions its call writes, and no room to grow,
-        # waits: the calls bind the runs of slots around it (kv_bound.py)
+        # waits: the calls bind the runs of slots around it (kv/bound.py)
         writing = [
             i
             for i, generation in enumerate(self.decoding)
@@ -495,7 +496,7 @@ class BatchScheduler:
         if generation in self.ready:
             return self._first_token(generation)
         if not self._may_write(generation, self._fed(generation)):
-            return None  # it waits for room to grow (kv_bound.py)
+            return None  # it waits for room to grow (kv/bound.py)
         index = self.decoding.index(generation)
         return self._decode(index, [generation])[0]
 
@@ -603,7 +604,7 @@ class BatchScheduler:
         self.memory.release(generation.booking, generation.reserved)
         generation.reserved = 0
         generation.room_found()  # a reply that ends while it waits to grow waits no more
-        generation.lease.give_back(reusable)  # kv_tiers accounts its slot as kept again
+        generation.lease.give_back(reusable)  # kv.tiers accounts its slot as kept again
         self._free_unheld()
 
 
@@ -634,7 +635,7 @@ class BatchGeneration:
         self._appended = lease.reused
         self.passed_over = 0  # steps that read another prompt's chunk while this one waited
         self._first_logits: np.ndarray | None = None
-        # KV bytes reserved against the bound (kv_bound.Memory) under its booking, and its
+        # KV bytes reserved against the bound (kv.bound.Memory) under its booking, and its
         # whole length's; the seconds it waited to grow (while the bound was full)
         self.booking = -1
         self.reserved = 0
@@ -655,7 +656,7 @@ class BatchGeneration:
         self._penalty = request.repetition_penalty or 1.0
         self._stream: TokenStream = scheduler._new_stream()
         self._stops = StopFilter(request.stop)
-        # A guided request's matcher (batch_guidance.py), set by the engine before the first step
+        # A guided request's matcher (batch/guidance.py), set by the engine before the first step
         self.guide: RowGuide | None = None
         # Generate.logprobs (logprobs.py), set by the engine before the first step
         self.logprobs: ReplyLogprobs | None = None
@@ -667,7 +668,7 @@ class BatchGeneration:
     @property
     def pending(self) -> int:
         """Tokens of the sequence not yet in the KV cache: the last one chosen, and the
-        tokens its grammar forced after it (batch_guidance.py); the next call reads them."""
+        tokens its grammar forced after it (batch/guidance.py); the next call reads them."""
         return len(self.holder.tokens) - self.holder.kv_len
 
     @property
@@ -722,7 +723,7 @@ class BatchGeneration:
         guide = self.guide
         if guide is not None:
             allowed = guide.masked(logits, banned)
-            if allowed is None:  # never a token outside the grammar (batch_guidance.py)
+            if allowed is None:  # never a token outside the grammar (batch/guidance.py)
                 raise GrammarDeadEnd(guide.error)  # its text quotes the grammar and the reply
             logits, banned = allowed, ()
         token = self._sampler.pick(logits, banned)
@@ -807,7 +808,8 @@ class BatchGeneration:
         return (self.generated - 1) / elapsed if elapsed > 0 else None
 
     def drafts(self) -> Drafts | None:
-        """Batched decode takes no prompt-lookup drafts (PROMPT_LOOKUP_TOKENS, drafts.py)."""
+        """Batched decode takes no prompt-lookup drafts (PROMPT_LOOKUP_TOKENS,
+        generator/drafts.py)."""
         return None
 
 
@@ -820,7 +822,7 @@ ALONE_CHUNK = 512
 CACHE_SLOTS = 16
 
 # The fields of Generate the batched path serves; a request that sets any other field (one
-# added later to the Generator path) goes to a Generator. Guidance: batch_guidance.py.
+# added later to the Generator path) goes to a Generator. Guidance: batch/guidance.py.
 SERVED_FIELDS = frozenset(
     {
         "request_id",
@@ -857,6 +859,6 @@ def _runs(indices: list[int]) -> list[tuple[int, int]]:
 
 def serves(request: Generate) -> bool:
     """Whether the batched path serves this request (as the Generator would: greedy replies
-    are the same; a seeded sampling reply is sampling.py's for that seed, the same whatever
+    are the same; a seeded sampling reply is batch/sampling.py's for that seed, the same whatever
     else runs, not onnxruntime-genai's sampler's)."""
     return not any(getattr(request, f.name) for f in fields(request) if f.name not in SERVED_FIELDS)

@@ -1,4 +1,4 @@
-"""Structured replies on the batched path (batch_scheduler.py): the `llguidance` package's
+"""Structured replies on the batched path (batch/scheduler.py): the `llguidance` package's
 matcher masks each guided row's logits before its token is chosen, so the reply follows its
 grammar by construction, without onnxruntime-genai's Generator (and the second copy of the
 weights its model is).
@@ -18,7 +18,7 @@ What differs from the Generator path, on purpose:
 - Forced tokens (`Guidance.ff_tokens`, on by default): the tokens the grammar forces after a
   chosen token are taken at once (`RowGuide.forced`, llguidance's fast-forward, as
   onnxruntime-genai takes them) and read with it in the row's next model call, a run of tokens
-  read as a prompt is (batch_scheduler.py), so a guided reply takes no more model calls than
+  read as a prompt is (batch/scheduler.py), so a guided reply takes no more model calls than
   on the Generator path. With `ff_tokens` off they are taken one per step (the mask then
   allows only the forced token). The tests find greedy guided replies the Generator path's
   token for token, forced tokens on or off.

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from sidecar.model import kv_pages
+from sidecar.model.kv import pages as kv_pages
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
@@ -133,7 +133,7 @@ class KvPool:
 
     def swap(self, a: int, b: int, length_a: int, length_b: int) -> None:
         """Exchange two slots' first positions (length_a of slot a, length_b of slot b).
-        Page-aligned slots exchange their pages whole (kv_pages.py: no bytes copied, each
+        Page-aligned slots exchange their pages whole (kv/pages.py: no bytes copied, each
         conversation's memory goes with it). Otherwise the positions are copied, and the slot
         that now holds fewer positions gives back the pages past them: otherwise it would keep
         the longer reply's memory while the cache counts the shorter one's."""

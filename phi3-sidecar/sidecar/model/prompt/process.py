@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from sidecar import ipc
-from sidecar.model.prompt import (
+from sidecar.model.prompt.builder import (
     Prompt,
     PromptBuilder,
     PromptTooLong,
@@ -50,7 +50,7 @@ from sidecar.model.prompt import (
     rule_out,
 )
 
-log = logging.getLogger("sidecar.model.prompt_process")
+log = logging.getLogger("sidecar.model.prompt_process")  # the name its log lines always had
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Built:
 
 
 # Imported by name, not run as __main__: what it sends must unpickle as this module's classes
-_ENTRY = "from sidecar.model.prompt_process import main; main()"
+_ENTRY = "from sidecar.model.prompt.process import main; main()"
 
 
 def main() -> None:
@@ -101,7 +101,7 @@ def main() -> None:
 def serve(spec: PromptSpec, conn: Connection) -> None:
     """The process's loop: a Job in, a Built out, until the socket closes."""
     # here only: onnxruntime-genai is loaded in this process, not where the worker imports this
-    from sidecar.model.generator_path import template_tokenizer
+    from sidecar.model.generator.path import template_tokenizer
 
     tokenizer = template_tokenizer(spec.path)
     builder = PromptBuilder(
@@ -145,7 +145,7 @@ class PromptProcess:
         return self._conn
 
     def rule_out(self, request: ipc.Generate) -> None:
-        """The cheap check, in the worker, before a job is sent (prompt.rule_out)."""
+        """The cheap check, in the worker, before a job is sent (builder.rule_out)."""
         plain = request.prompt if isinstance(request.prompt, str) else None
         text = plain if plain is not None else newest_user_text(request.messages)
         if text is not None:

@@ -1,5 +1,5 @@
 """One reply on the Generator path: a generator lent by the conversation cache (through a
-lease, prompt_cache.py) or made by the engine for it, stepped by the worker.
+lease, kv/prompt_cache.py) or made by the engine for it, stepped by the worker.
 
 A generation reads its prompt in chunks (PREFILL_CHUNK tokens, one chunk per step) before it
 generates a token per step: one append of a long prompt is minutes of Phi-3-mini on a CPU, and
@@ -20,16 +20,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from sidecar.ipc import Drafts, Finish, Generate, Guidance, TokenLogprob
-from sidecar.model.batch_guidance import RowGuide
-from sidecar.model.drafts import draft_counts
+from sidecar.model.batch.guidance import RowGuide
+from sidecar.model.batch.sampling import penalize_repeats
 from sidecar.model.family import ModelFacts
-from sidecar.model.generator_path import GeneratorPath, ImageInputs, turn_options
+from sidecar.model.generator.drafts import draft_counts
+from sidecar.model.generator.path import GeneratorPath, ImageInputs, turn_options
 from sidecar.model.guidance import fitted, room
-from sidecar.model.kv_tiers import Restored
+from sidecar.model.kv.prompt_cache import PromptCache
+from sidecar.model.kv.tiers import Restored
 from sidecar.model.logprobs import ReplyLogprobs
-from sidecar.model.prompt import Prompt
-from sidecar.model.prompt_cache import PromptCache
-from sidecar.model.sampling import penalize_repeats
+from sidecar.model.prompt.builder import Prompt
 from sidecar.model.stops import StopFilter
 
 

@@ -17,17 +17,17 @@ import numpy as np
 import onnxruntime_genai as og
 
 from sidecar.ipc import Generate, Guidance
-from sidecar.model.batch_guidance import Grammars, RowGuide
+from sidecar.model.batch.guidance import Grammars, RowGuide
 from sidecar.model.device import DeviceUnavailable, device_error
-from sidecar.model.drafts import use_prompt_lookup
 from sidecar.model.folder import ModelFolderError, first_line, multimodal
-from sidecar.model.generator_memory import GeneratorMemory
+from sidecar.model.generator.drafts import use_prompt_lookup
+from sidecar.model.generator.memory import GeneratorMemory
 from sidecar.model.guidance import refusal
-from sidecar.model.prompt import Prompt
-from sidecar.model.prompt_cache import PromptCache
+from sidecar.model.kv.prompt_cache import PromptCache
+from sidecar.model.prompt.builder import Prompt
 from sidecar.model.vision import ImageRefused, ImageTags
 
-log = logging.getLogger("sidecar.model.generator_path")
+log = logging.getLogger("sidecar.model.generator_path")  # the name its log lines always had
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class GeneratorOptions:
     """What every Generator of this model shares."""
 
     vocab_size: int  # 0: unknown
-    prompt_lookup_tokens: int  # drafts (drafts.py); 0: off
+    prompt_lookup_tokens: int  # drafts (generator/drafts.py); 0: off
     grammar_eos: int  # the end token a grammar allows (family.ModelFacts.grammar_eos)
     num_layers: int
 
@@ -52,7 +52,7 @@ class GeneratorPath:
         # A guided reply's log probabilities need a matcher of their own (logprobs.py)
         self.shadow_grammars: Grammars | None = None
         self._processor: og.MultiModalProcessor | None = None  # a vision model's
-        # KV_MEMORY_MB for the generators made for one reply (generator_memory.py)
+        # KV_MEMORY_MB for the generators made for one reply (generator/memory.py)
         self.memory = GeneratorMemory(device)
 
     @property
@@ -116,7 +116,7 @@ class GeneratorPath:
         if request.seed is not None:
             options["random_seed"] = request.seed
         params.set_search_options(**options)
-        # Drafts for greedy, unguided replies without log probabilities only (drafts.py)
+        # Drafts for greedy, unguided replies without log probabilities only (generator/drafts.py)
         drafted = not sampling and guidance is None and request.logprobs is None
         use_prompt_lookup(params, self.options.prompt_lookup_tokens if drafted else 0)
         try:
@@ -148,7 +148,7 @@ class GeneratorPath:
 
     def make_spare(self, cache: PromptCache, needed: int, min_capacity: int) -> None:
         """One idle greedy generator, made now: the first cached request takes it instead of
-        allocating and zero-filling a KV cache of its own (prompt_cache.py, "A spare"), so
+        allocating and zero-filling a KV cache of its own (kv/prompt_cache.py, "A spare"), so
         loading pays for it, not the first reply."""
         capacity = cache.spare_capacity(needed, min_capacity)
         if not capacity:
@@ -230,7 +230,7 @@ def _as_input(array: np.ndarray) -> np.ndarray:
 
 class TemplateTokenizer:
     """onnxruntime-genai's tokenizer as the prompt builder and family.py read it
-    (prompt.Tokenizer): ids as ints, the chat template's text as str."""
+    (prompt.builder.Tokenizer): ids as ints, the chat template's text as str."""
 
     def __init__(self, tokenizer: og.Tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -247,7 +247,7 @@ class TemplateTokenizer:
 
 def template_tokenizer(path: Path) -> TemplateTokenizer:
     """The tokenizer and chat template of the model folder `path` alone, without its model
-    (prompt_process.py builds prompts with it)."""
+    (prompt/process.py builds prompts with it)."""
     return TemplateTokenizer(og.Tokenizer(og.Config(str(path))))
 
 

@@ -1,4 +1,4 @@
-"""Choosing the next token from a row of logits, for the batched path (batch_scheduler.py).
+"""Choosing the next token from a row of logits, for the batched path (batch/scheduler.py).
 
 The documented meaning of the request fields: no temperature (or 0, or one below
 ipc.MIN_TEMPERATURE: the caller passes None then) is greedy, the first of the highest logits
@@ -17,7 +17,7 @@ float32, the logits' type; the APIs bound it to 0.1-10 (web/llamacpp_fields.py),
 logit stays finite.
 
 Logits that hold NaN or +inf (a model that overflowed, a penalty beyond those bounds), or none
-that is finite, give no token: NonFiniteLogits, which ends that reply alone (batch_scheduler.py).
+that is finite, give no token: NonFiniteLogits, which ends that reply alone (batch/scheduler.py).
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """Where each kept conversation's KV lives on the batched path, and the one bound on all KV memory.
 
 Tiers, fastest first (docs/conversation-cache.md):
-- `ram`: its pool slot (batch_decoder.KvPool), in the model's KV type (fp32 on the CPU): the
+- `ram`: its pool slot (batch.decoder.KvPool), in the model's KV type (fp32 on the CPU): the
   next turn continues it in place;
-- `compact`: encoded in RAM (kv_compact.py, KV_COMPACT: int8 by default, 3.8x smaller), its
+- `compact`: encoded in RAM (kv/compact.py, KV_COMPACT: int8 by default, 3.8x smaller), its
   slot freed; the next turn decodes it back into a slot (restore: a copy, not a re-read);
-- `disk`: a file of the disk tier (kv_disk.py, PROMPT_CACHE_DIR), its RAM freed; the next turn
+- `disk`: a file of the disk tier (kv/disk.py, PROMPT_CACHE_DIR), its RAM freed; the next turn
   reads and decodes it.
-The conversation cache (prompt_cache.py) keeps its books and rules; when it must make room it
+The conversation cache (kv/prompt_cache.py) keeps its books and rules; when it must make room it
 asks this module to move its least recently used idle entries down a tier (`compact`, `spill`)
 before anything is dropped, and every entry's `nbytes` is the RAM it really holds: its idle
 slot's written positions, plus its compact copy. PROMPT_CACHE_MB bounds that RAM.
 
-The bound (KV_MEMORY_MB, `Memory`, kv_bound.py): every running reply reserves the KV it may
+The bound (KV_MEMORY_MB, `Memory`, kv/bound.py): every running reply reserves the KV it may
 write (its prompt and its reply as it grows, in the pool's type); reservations plus the kept
 conversations' RAM never exceed the bound. A request that does not fit makes the cache move
 idle conversations down (compact, then disk, then drop) and, if the running replies alone
@@ -28,16 +28,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from sidecar.model import kv_compact
-from sidecar.model.kv_bound import Memory, NoRoom
-from sidecar.model.kv_compact import CompactKv, Encoding
-from sidecar.model.kv_disk import DiskTier, Stored, Writing
+from sidecar.model.kv import compact as kv_compact
+from sidecar.model.kv.bound import Memory, NoRoom
+from sidecar.model.kv.compact import CompactKv, Encoding
+from sidecar.model.kv.disk import DiskTier, Stored, Writing
 
 if TYPE_CHECKING:
-    from sidecar.model.batch_decoder import KvPool
-    from sidecar.model.prompt_cache import Entry, Lease, PromptCache
+    from sidecar.model.batch.decoder import KvPool
+    from sidecar.model.kv.prompt_cache import Entry, Lease, PromptCache
 
-log = logging.getLogger("sidecar.model.kv_tiers")
+log = logging.getLogger("sidecar.model.kv_tiers")  # the name its log lines always had
 
 Tier = Literal["ram", "compact", "disk"]
 __all__ = ["Holding", "KvTiers", "Memory", "NoRoom", "Restored", "Tier"]
@@ -53,7 +53,7 @@ class Restored:
 
 @dataclass(eq=False)
 class Holding:
-    """What a kept conversation holds besides its slot (batch_scheduler.SlotHolder has one)."""
+    """What a kept conversation holds besides its slot (batch.scheduler.SlotHolder has one)."""
 
     compact: CompactKv | None = None  # a copy of its first positions, encoded
     stored: Stored | None = None  # its disk tier file
@@ -111,7 +111,7 @@ class KvTiers:
 
     def spill_piece(self, entry: Entry, max_bytes: int) -> bool:
         """Write about `max_bytes` more of an idle entry kept in compact RAM to its file
-        (idle work, kv_idle.py); once the last piece is written the entry is spilled, as
+        (idle work, kv/idle.py); once the last piece is written the entry is spilled, as
         `spill` would. False when it cannot be (nothing was done)."""
         if not self._spills() or entry.lent or entry.generator.slot is not None:
             return False

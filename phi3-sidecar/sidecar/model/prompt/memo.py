@@ -3,7 +3,7 @@ encodes only what it adds (issue 46: a `previous_response_id` continuation of a 
 conversation re-tokenized all of it, 9.7 s of worker time for a 200-byte turn).
 
 The prompt builder encodes a rendered prompt piece by piece: the text between the template's
-special tokens, each piece alone (prompt.py), so a prompt's ids are its pieces' ids joined
+special tokens, each piece alone (prompt/builder.py), so a prompt's ids are its pieces' ids joined
 with the specials'. A conversation's next turn renders the same pieces again (each earlier
 message, the template's text around it) and a few new ones; their ids are kept here under the
 piece's text, so the same text always gets the same ids, and only the new pieces are read by

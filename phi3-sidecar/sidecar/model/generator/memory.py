@@ -7,7 +7,7 @@ are about 9 GiB of fp32 KV beside a 4.5 GB model on an 8 GB plan. So each genera
 reply and not kept by the conversation cache reserves its bytes against the bound when it
 starts; the cache's generators are bounded by its own budget (PROMPT_CACHE_MB), which the bound
 sets aside. A reply that does not fit beside the running ones waits in the worker
-(kv_tiers.NoRoom, as on the batched path) until one ends; one alone always runs, the context
+(kv.tiers.NoRoom, as on the batched path) until one ends; one alone always runs, the context
 capped to what the bound holds.
 
 On a device (cuda, dml) the KV lives in the device's memory, which the container's limit says
@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from sidecar.model.kv_tiers import Memory, NoRoom
+from sidecar.model.kv.tiers import Memory, NoRoom
 from sidecar.model.memory import chosen_kv_bound
 
-log = logging.getLogger("sidecar.model.generator_memory")
+log = logging.getLogger("sidecar.model.generator_memory")  # the name its log lines always had
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """An idle conversation's KV cache kept compactly in RAM (and written as it is to the disk tier).
 
-A KV pool slot (batch_decoder.KvPool) holds the model's KV type, fp32 on the CPU: 0.75 MiB a
+A KV pool slot (batch.decoder.KvPool) holds the model's KV type, fp32 on the CPU: 0.75 MiB a
 token for Phi-3-mini. An idle conversation does not need that form until its user returns, so
 the cache keeps it encoded here and copies it back into a slot (decoding) when it is lent
 again: restore instead of re-read.
@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from sidecar.model.batch_decoder import KvPool
+from sidecar.model.batch.decoder import KvPool
 
 Encoding = Literal["int8", "fp16", "fp32"]
 ENCODINGS: tuple[Encoding, ...] = ("int8", "fp16", "fp32")
@@ -142,7 +142,7 @@ def restore(
 
 class SlotFiller:
     """Decodes a conversation's tensors into a pool slot as a reader hands them over, one
-    block per tensor in `restore`'s order (kv_disk.DiskTier.read), on a thread beside the
+    block per tensor in `restore`'s order (kv.disk.DiskTier.read), on a thread beside the
     reader's: one tensor is decoded while the next is read (a 900-token Phi-3-mini
     conversation from disk: 225 ms read then decoded, 150 ms so, AMD EPYC 2 vCPUs). The
     reader's own checks end after its last tensor: where they fail the slot holds garbage,

@@ -53,9 +53,10 @@ whether the cache keeps it, and why (`Lease.reason`, one of REASONS: why a turn 
 reused is answered here). The caller reports through the lease what its KV cache holds as it
 steps, and gives the lease back when the reply is over.
 
-Pure Python: the generators are onnxruntime-genai objects that generation.py makes and drives;
-this module only keeps the books. With batched decode (DECODE_BATCH_ROWS > 1) the entries are KV
-slots instead (batch_scheduler.py): same rules, an entry's bytes are the tokens its slot holds.
+Pure Python: the generators are onnxruntime-genai objects that generator/generation.py makes and
+drives; this module only keeps the books. With batched decode (DECODE_BATCH_ROWS > 1) the entries
+are KV slots instead (batch/scheduler.py): same rules, an entry's bytes are the tokens its slot
+holds.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ REASONS: dict[Reason, str] = {
     "off": "the cache is off (PROMPT_CACHE_MB=0, or not sized yet at warm-up)",
     "seeded": "a seeded sampling request starts fresh, so that its seed gives its reply",
     "shared": "no entry matched; a new slot started from a shared prefix the operator declared "
-    "(SHARED_PREFIXES, shared_prefix.py), not counted in cached_tokens",
+    "(SHARED_PREFIXES, kv/shared_prefix.py), not counted in cached_tokens",
 }
 
 
@@ -217,7 +218,7 @@ class PromptCache:
     rewinds: bool = True
     entries: list[Entry] = field(default_factory=list)
     evictions: int = 0
-    # The batched path's tiers (kv_tiers.KvTiers): idle entries move down (compact RAM, disk)
+    # The batched path's tiers (kv.tiers.KvTiers): idle entries move down (compact RAM, disk)
     # before any is dropped, and `room` is what the one KV bound leaves them. None: the
     # Generator path, where an entry is its generator and every generator counts.
     tiers: Any = None
@@ -280,7 +281,7 @@ class PromptCache:
             lease.fresh, lease.reason = False, "reused"
             return lease
         if self.tiers is not None:
-            # A running reply's KV is reserved against the one bound (kv_tiers.Memory), not
+            # A running reply's KV is reserved against the one bound (kv.tiers.Memory), not
             # this budget; nothing kept is emptied for it: idle entries move down instead.
             # Kept whatever its size: shrink() moves it down (compact, disk) or drops it.
             lease.keep = True

@@ -1,14 +1,14 @@
 """The conversation cache's disk tier (PROMPT_CACHE_DIR): idle conversations pushed out of RAM.
 
-One file per conversation, holding its compact KV (kv_compact.py) and what the cache matches it
+One file per conversation, holding its compact KV (kv/compact.py) and what the cache matches it
 by (its tokens, scope and sampling mode), so that a returning user's turn is restored from disk
 instead of being read again.
 
-- Private: the directory is the tier's own, 0700 (kv_folder.py: never a link, never another
+- Private: the directory is the tier's own, 0700 (kv/folder.py: never a link, never another
   user's, never a folder of other files), each file 0600, and a file's name is random (it says
   nothing of the scope or the conversation). The scope is inside the file: a lookup matches
-  only entries of the request's own scope, exactly as in RAM (prompt_cache.py). The tier
-  touches only files of its own names (kv_folder.NAME); anything else there is left alone.
+  only entries of the request's own scope, exactly as in RAM (kv/prompt_cache.py). The tier
+  touches only files of its own names (kv.folder.NAME); anything else there is left alone.
 - Never half served: a file is written under a temporary name and renamed into place, so a
   crash of the worker mid-write leaves a `.tmp` file (removed at the next start), never a short
   `.kv`. It is not fsynced (a cache: only a crash of the whole machine loses the page cache,
@@ -47,10 +47,10 @@ from typing import Any, BinaryIO, TypeGuard
 
 import numpy as np
 
-from sidecar.model.kv_compact import Block, CompactKv, Encoding
-from sidecar.model.kv_folder import Folder, Refused
+from sidecar.model.kv.compact import Block, CompactKv, Encoding
+from sidecar.model.kv.folder import Folder, Refused
 
-log = logging.getLogger("sidecar.model.kv_disk")
+log = logging.getLogger("sidecar.model.kv_disk")  # the name its log lines always had
 
 MAGIC = b"P3KV"
 VERSION = 1
@@ -222,7 +222,7 @@ class DiskTier:
     ) -> CompactKv | None:
         """The file's KV, whole and checked; None (logged, file deleted) if it is not.
 
-        `each` is handed every tensor's block as soon as it is read (kv_compact.SlotFiller
+        `each` is handed every tensor's block as soon as it is read (kv.compact.SlotFiller
         decodes it meanwhile), before the CRC at the file's end can be checked: where this
         returns None, whatever `each` did with them is garbage for the caller to discard."""
         if self.folder is None:
