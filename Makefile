@@ -78,7 +78,7 @@ test-quick: lint
 # make test runs them so too (tests/scripts/test_avx2_only.py); this is the whole files.
 test-avx2: venv
 	$(PY) -m scripts.run.avx2_only $(PY) -m pytest -p no:cacheprovider \
-	  tests/sidecar/model/test_sidecar_batch.py tests/sidecar/model/test_sidecar_prompt_cache.py \
+	  tests/sidecar/model/batch/test_sidecar_batch.py tests/sidecar/model/kv/test_sidecar_prompt_cache.py \
 	  tests/models/test_models_variants.py $(PYTEST_ARGS)
 
 # Line and branch coverage of both services and scripts/, including the processes the tests

@@ -142,7 +142,7 @@ SLOW_TESTS = (
     "tests/scripts/test_bench_users_turns.py",
     "tests/scripts/test_bench_variants.py",
     "tests/models/test_models_variants.py",  # a sidecar per exported variant
-    "tests/sidecar/model/test_sidecar_row_isolation.py",  # faults in rows, 15 s each
+    "tests/sidecar/model/batch/test_sidecar_row_isolation.py",  # faults in rows, 15 s each
     "tests/sidecar/web/test_sidecar_images_vision.py",  # the vision model's sidecars
     # 200 keep-alive clients; accept errors provoked under a low open-files limit
     "tests/sidecar/web/test_sidecar_connections.py::test_200_keep_alive_",
@@ -168,12 +168,12 @@ SLOW_TESTS = (
     "tests/chatapp/test_chatapp_connections.py::test_gunicorn_raises_the_soft_limit_",
     "tests/chatapp/test_chatapp_connections.py::test_a_limit_too_low_for_gunicorn_",
     "tests/sidecar/web/test_sidecar_hardening.py::test_5_a_crashed_worker_",
-    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_a_stopped_reply_stays_cached",
-    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_max_concurrency_two_",
-    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_a_worker_restart_empties_",
-    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_the_first_cached_reply_continues_",
-    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_eviction_under_a_tiny_budget",
-    "tests/sidecar/model/test_sidecar_prompt_cache.py::test_a_conversation_that_outgrows_",
+    "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_a_stopped_reply_stays_cached",
+    "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_max_concurrency_two_",
+    "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_a_worker_restart_empties_",
+    "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_the_first_cached_reply_continues_",
+    "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_eviction_under_a_tiny_budget",
+    "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_a_conversation_that_outgrows_",
     "tests/sidecar/web/test_sidecar_health.py::test_model_download_fetches_",
     "tests/sidecar/web/test_sidecar_health.py::test_a_missing_or_broken_model_folder_",
     "tests/sidecar/web/test_sidecar_faults.py::test_the_worker_does_not_outlive_",
@@ -187,7 +187,7 @@ SLOW_TESTS = (
     # 2026-11-29's timing (4 min 10 s, 1,555 tests, on a slower day): the slowest left, 2 to 6
     # s each with their setup or teardown (a large file indexed to its end, crafted files)
     "tests/chatapp/documents/test_documents_routes.py::test_a_file_larger_than_a_chat_body_",
-    "tests/sidecar/model/test_sidecar_kv_disk.py::test_the_sidecar_starts_and_serves_beside_",
+    "tests/sidecar/model/kv/test_sidecar_kv_disk.py::test_the_sidecar_starts_and_serves_beside_",
     "tests/sidecar/web/test_sidecar_images_http.py::test_each_hostile_image_gets_its_400_",
     "tests/sidecar/embeddings/test_embeddings_service.py::test_a_catalog_encoder_is_downloaded_",
     "tests/sidecar/test_sidecar_settings.py::test_the_web_process_never_imports_onnxruntime_",

@@ -16,7 +16,7 @@ from scripts.run import services
 from sidecar.model.engine import Engine
 from tests.families.conftest import Exported
 from tests.families.test_families_serve import CANDIDATES, MAX_NEW, reference
-from tests.sidecar.model.test_sidecar_batch_guidance import GRAMMARS, greedy
+from tests.sidecar.model.batch.test_sidecar_batch_guidance import GRAMMARS, greedy
 from tests.sidecar.support import predict
 
 pytestmark = pytest.mark.families

@@ -37,9 +37,9 @@ def test_the_kernel_probe_sees_an_avx2_only_cpu(avx2_env: dict[str, str]) -> Non
 
 def test_the_batch_and_cache_exactness_tests_pass_on_avx2(avx2_env: dict[str, str]) -> None:
     tests = [
-        "tests/sidecar/model/test_sidecar_batch.py",
-        "tests/sidecar/model/test_sidecar_prompt_cache.py::test_a_continued_conversation_reads_only_what_is_new",
-        "tests/sidecar/model/test_sidecar_prompt_cache.py::test_two_interleaved_conversations_keep_their_own_caches",
+        "tests/sidecar/model/batch/test_sidecar_batch.py",
+        "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_a_continued_conversation_reads_only_what_is_new",
+        "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_two_interleaved_conversations_keep_their_own_caches",
     ]
     answer = run(avx2_env, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *tests)
     assert answer.returncode == 0, answer.stdout[-4000:] + answer.stderr[-2000:]

@@ -15,7 +15,7 @@ import pytest
 from scripts.run import services
 from scripts.run.services import Service
 from sidecar import ipc
-from tests.sidecar.model.test_sidecar_kv_tiers import Chat, make_engine, to_disk
+from tests.sidecar.model.kv.test_sidecar_kv_tiers import Chat, make_engine, to_disk
 from tests.sidecar.support import words
 
 KEYS = ("key-a", "key-b")

@@ -36,7 +36,8 @@ from tests.support.kernels import rows_exact_in_batches
 CHUNK = "16"
 # Contracts of the Generator path (one onnxruntime-genai Generator per entry: an entry costs
 # its generator's whole length, outgrows it, and a spare is made while loading); the batched
-# path, the default on a CPU, keeps KV slots instead (tests/sidecar/model/test_sidecar_batch.py).
+# path, the default on a CPU, keeps KV slots instead
+# (tests/sidecar/model/batch/test_sidecar_batch.py).
 # The Generator path still serves the GPU, decoders the batched path does not know, and drafts.
 GENERATOR_ROWS = "1"  # DECODE_BATCH_ROWS of a sidecar on the Generator path
 USER_TURNS = [

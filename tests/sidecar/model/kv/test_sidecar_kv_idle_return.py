@@ -13,7 +13,7 @@ from typing import Any
 
 from sidecar.model.batch.scheduler import BatchScheduler
 from sidecar.model.engine import Engine
-from tests.sidecar.model.test_sidecar_kv_tiers import Chat, make_engine, tiers, to_disk
+from tests.sidecar.model.kv.test_sidecar_kv_tiers import Chat, make_engine, tiers, to_disk
 
 
 def returning_users(

@@ -15,7 +15,7 @@ from sidecar.ipc import Generate
 from sidecar.model.batch.decoder import KvPool
 from sidecar.model.batch.scheduler import BatchGeneration, BatchScheduler, SlotHolder
 from sidecar.model.engine import Engine
-from tests.sidecar.model.test_sidecar_kv_tiers import NEW, Chat, make_engine, message
+from tests.sidecar.model.kv.test_sidecar_kv_tiers import NEW, Chat, make_engine, message
 from tests.sidecar.support import worker_idle_until
 
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

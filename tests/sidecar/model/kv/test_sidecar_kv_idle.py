@@ -12,7 +12,7 @@ from typing import Any
 from sidecar.ipc import Generate
 from sidecar.model.batch.scheduler import BatchScheduler
 from sidecar.model.engine import Engine
-from tests.sidecar.model.test_sidecar_kv_tiers import NEW, Chat, make_engine, message
+from tests.sidecar.model.kv.test_sidecar_kv_tiers import NEW, Chat, make_engine, message
 from tests.sidecar.support import worker_idle_until
 
 PIECE = 16

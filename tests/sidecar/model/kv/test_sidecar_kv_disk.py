@@ -19,7 +19,7 @@ from scripts.run import services
 from sidecar.model.kv import disk as kv_disk
 from sidecar.model.kv.compact import Block, CompactKv
 from sidecar.model.kv.disk import DiskTier, Shape, Stored, Writing
-from tests.sidecar.model.test_sidecar_kv_tiers import chat_on_disk, make_engine
+from tests.sidecar.model.kv.test_sidecar_kv_tiers import chat_on_disk, make_engine
 from tests.sidecar.support import predict
 
 SHAPE = Shape(layers=1, kv_heads=2, head_size=4, encoding="int8")
