@@ -6,6 +6,7 @@ reading, claims.take_over)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ log = logging.getLogger("chatapp.documents.indexer")
 # The name this process's claims carry, set by indexer_process.py: the same for every process it
 # starts, so the next one takes over the documents of the one that died.
 INSTANCE = "CHATAPP_INDEXER_INSTANCE"
+STATUS_FD = "CHATAPP_INDEXER_STATUS_FD"  # where it says its exit code (report_exit)
 
 
 def main() -> None:
@@ -59,5 +61,22 @@ def main() -> None:
     store.close()
 
 
+def report_exit(code: object) -> None:
+    """Tell the supervisor (indexer_process.py) this process ends by itself, with `code`: an
+    end it is not told of was a signal's, whoever reaped the process."""
+    fd = os.environ.get(STATUS_FD, "")
+    if fd.isdigit():
+        with contextlib.suppress(OSError):
+            os.write(int(fd), str(code if isinstance(code, int) else 1).encode())
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as exit:
+        report_exit(exit.code or 0)
+        raise
+    except BaseException:
+        report_exit(1)
+        raise
+    report_exit(0)

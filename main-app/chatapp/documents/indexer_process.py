@@ -3,14 +3,19 @@ thread of the master and started again within seconds whenever it dies, stopped 
 master exits.
 
 Whatever ends it (an exception, SIGKILL from the OOM killer or a person), the watcher sees it
-at once (it waits on the process itself, `waitid`, without reaping it: gunicorn's master reaps
-every child it did not start), logs `indexer exited` with how it ended, counts it in
-`chatapp_indexer_restarts_total{cause}` (`killed`: a signal; `exited`: an exit code), and
+at once (it waits on the process itself, `waitid`, without reaping it), logs `indexer exited`
+with how it ended, counts it in `chatapp_indexer_restarts_total{cause}` (`killed`: a signal;
+`exited`: an exit code), and
 starts the next one: at once if the last one ran for a while, else after a back-off that
 doubles up to `MAX_BACKOFF_S` (a database that is down is not hammered). Every process it
 starts carries the same instance name (`CHATAPP_INDEXER_INSTANCE`, new for each master), so
 the next one takes over the documents the dead one was reading (claims.take_over) instead of
 waiting for their leases to lapse.
+
+How it ended: gunicorn's master reaps every child it did not start (`waitpid(-1)` on
+SIGCHLD), and may do so before the watcher reads the status. So the process also says its
+own exit code down a pipe when it ends by itself (`__main__.report_exit`): a process that
+said nothing was killed by a signal (its name given where the watcher read it first).
 
 Only the standard library at import: gunicorn's master imports this module before its
 workers patch anything; prometheus-client is imported when the first restart is counted (the
@@ -33,6 +38,7 @@ from typing import Any
 log = logging.getLogger("chatapp.start")
 
 INSTANCE = "CHATAPP_INDEXER_INSTANCE"  # the name __main__.py gives its claims
+STATUS_FD = "CHATAPP_INDEXER_STATUS_FD"  # where __main__.report_exit says its exit code
 MAX_BACKOFF_S = 8.0
 STEADY_S = 30.0  # a process that ran this long is started again at once
 
@@ -43,6 +49,7 @@ class Supervisor:
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = {**environ, INSTANCE: uuid.uuid4().hex[:12]}
         self.process: subprocess.Popen[bytes] | None = None
+        self._said = -1  # the read end of the process's exit-code pipe
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._restarts: Any = None
@@ -57,7 +64,13 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             command = [sys.executable, "-m", "chatapp.documents"]
-            self.process = subprocess.Popen(command, env=self.environ)
+            self._said, said = os.pipe()
+            try:
+                self.process = subprocess.Popen(
+                    command, env={**self.environ, STATUS_FD: str(said)}, pass_fds=(said,)
+                )
+            finally:
+                os.close(said)
             log.info("indexer", extra={"fields": {"pid": self.process.pid}})
 
     def _watch(self) -> None:
@@ -69,11 +82,12 @@ class Supervisor:
             began = time.monotonic()
             status = _wait(process.pid)
             process.poll()  # reaped here unless gunicorn's master reaped it first
+            said = _read_all(self._said)
             if self._stopping.is_set():
                 return
             ran = time.monotonic() - began
             backoff = 0.0 if ran >= STEADY_S else min(max(2 * backoff, 1.0), MAX_BACKOFF_S)
-            cause, fields = _ended(status, process)
+            cause, fields = _ended(status, said)
             fields |= {"pid": process.pid, "ran_s": round(ran, 1), "restart_in_s": backoff}
             log.warning("indexer exited", extra={"fields": fields | {"cause": cause}})
             self._count(cause)
@@ -123,18 +137,31 @@ def _wait(pid: int) -> os.waitid_result | None:
             continue
 
 
-def _ended(
-    status: os.waitid_result | None, process: subprocess.Popen[bytes]
-) -> tuple[str, dict[str, Any]]:
-    """How the process ended: `killed` (by a signal, named) or `exited` (with its code)."""
+def _read_all(fd: int) -> bytes:
+    """What the ended process wrote down its pipe, without waiting (a worker forked while the
+    pipe was made may hold a copy of its writing end), then closed."""
+    chunks = []
+    os.set_blocking(fd, False)
+    try:
+        while chunk := os.read(fd, 64):
+            chunks.append(chunk)
+    except OSError:  # nothing more (BlockingIOError)
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _ended(status: os.waitid_result | None, said: bytes) -> tuple[str, dict[str, Any]]:
+    """How the process ended: `killed` (by a signal, named where known) or `exited` (with its
+    code)."""
     if status is not None and status.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
         return "killed", {"signal": signal.Signals(status.si_status).name}
     if status is not None:
         return "exited", {"exit_code": status.si_status}
-    code = process.returncode  # reaped by gunicorn: Popen saw no status (0) or the real one
-    if code is not None and code < 0:
-        return "killed", {"signal": signal.Signals(-code).name}
-    return "exited", {"exit_code": code}
+    if said.strip().lstrip(b"-").isdigit():  # reaped by gunicorn first; it said its code
+        return "exited", {"exit_code": int(said)}
+    return "killed", {"signal": "unknown"}
 
 
 _supervisor: Supervisor | None = None
