@@ -36,7 +36,7 @@ from typing import Any
 
 from scripts.bench.drivers import cpu_name
 from sidecar.ipc import Generate, Guidance
-from sidecar.model.batch.scheduler import BatchGeneration
+from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.generator.generation import Generation
 from sidecar.settings import Settings

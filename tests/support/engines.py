@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from sidecar import ipc
-from sidecar.model.batch.scheduler import BatchGeneration, BatchScheduler
+from sidecar.model.batch.row import BatchGeneration
+from sidecar.model.batch.scheduler import BatchScheduler
 from sidecar.model.engine import Engine
 from sidecar.model.engine import load_engine as load_real_engine
 from sidecar.model.generator.generation import Generation

@@ -1,10 +1,9 @@
-"""onnxruntime-genai behind a small interface (with generator/path.py, the only modules that
-import it).
+"""onnxruntime-genai behind a small interface (this and generator/path.py alone import it).
 
 It runs in the model worker process only (see worker.py), so the GIL that every Generator call
 holds never stalls the web process's event loop. The engine loads the model and tokenizer, sizes
 the conversation cache, and makes generators; a reply is a Generation (generator/generation.py)
-or, with batched decode, a BatchGeneration (batch/scheduler.py). Where it runs: device.py; its
+or, with batched decode, a BatchGeneration (batch/row.py). Where it runs: device.py; its
 threads: cpus.py. A vision model (vision.py) reads a request's images on the Generator path.
 """
 
@@ -24,7 +23,8 @@ import onnxruntime_genai as og
 from sidecar.ipc import CacheStats, Generate, Guidance
 from sidecar.model.batch import setup as batch_setup
 from sidecar.model.batch.guidance import Grammars, RowGuide
-from sidecar.model.batch.scheduler import BatchGeneration, BatchScheduler, serves
+from sidecar.model.batch.row import BatchGeneration
+from sidecar.model.batch.scheduler import BatchScheduler, serves
 from sidecar.model.batch.setup import BatchOptions, KvOptions, batch_path, size_kv_memory
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.model.device import use_device

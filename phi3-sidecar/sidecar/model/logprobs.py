@@ -9,7 +9,7 @@ not applied: they cut the set a sampled token is then drawn from, and the values
 being comparable between requests. A token the grammar forces (the only one it allows) has
 log probability 0.
 
-- Batched path (batch/scheduler.py): `BatchGeneration.take` hands the row it chose from.
+- Batched path (batch/row.py): `BatchGeneration.take` hands the row it chose from.
 - Generator path (generator/generation.py): onnxruntime-genai 0.18's `Generator.get_logits()`
   returns a copy of the logits the next `generate_next_token()` chooses from, before its processing
   (computing them early changes nothing: the step then uses them); the penalty and the ban are

@@ -55,7 +55,7 @@ class Stepper(Protocol):
     restored: Restored  # where the reused tokens came from (kv/tiers.py) and what it cost
     finish: ipc.Finish | None
     # What ended it with finish "error" inside a step that went on for the others (the batched
-    # path isolates each row, batch/scheduler.py); None otherwise.
+    # path isolates each row, batch/step.py); None otherwise.
     fault: Exception | None
 
     def step(self) -> str | None:

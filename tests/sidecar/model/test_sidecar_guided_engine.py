@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.ipc import Generate, Guidance
-from sidecar.model.batch.scheduler import BatchGeneration
+from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.generator.generation import Generation
 from sidecar.model.guidance import FF_MARGIN, GuidanceRefused, fitted

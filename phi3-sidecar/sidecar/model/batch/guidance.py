@@ -18,7 +18,7 @@ What differs from the Generator path, on purpose:
 - Forced tokens (`Guidance.ff_tokens`, on by default): the tokens the grammar forces after a
   chosen token are taken at once (`RowGuide.forced`, llguidance's fast-forward, as
   onnxruntime-genai takes them) and read with it in the row's next model call, a run of tokens
-  read as a prompt is (batch/scheduler.py), so a guided reply takes no more model calls than
+  read as a prompt is (batch/step.py), so a guided reply takes no more model calls than
   on the Generator path. With `ff_tokens` off they are taken one per step (the mask then
   allows only the forced token). The tests find greedy guided replies the Generator path's
   token for token, forced tokens on or off.

@@ -17,7 +17,7 @@ float32, the logits' type; the APIs bound it to 0.1-10 (web/llamacpp_fields.py),
 logit stays finite.
 
 Logits that hold NaN or +inf (a model that overflowed, a penalty beyond those bounds), or none
-that is finite, give no token: NonFiniteLogits, which ends that reply alone (batch/scheduler.py).
+that is finite, give no token: NonFiniteLogits, which ends that reply alone (batch/step.py).
 """
 
 from __future__ import annotations

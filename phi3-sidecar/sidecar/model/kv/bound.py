@@ -10,7 +10,7 @@ What keeps that from ending in a reply that cannot go on (every reply waiting to
 able to) is the banker's rule: a reservation (a start, or a reply's growth) is made only if
 the replies can still all finish afterwards, one after another, each growing to its whole
 length as the ones before it free theirs (`safe`). So there is always a reply that may grow,
-and a reply that may not grow now waits (it is skipped by the step: batch/scheduler.py) until
+and a reply that may not grow now waits (it is skipped by the step: batch/step.py) until
 one that can has finished; it never stops for memory, and it never ends early. The trade:
 a reply may pause while others finish (its stream is silent; /v1's keep-alives go on), where
 it used to make the others wait before they started. A reply alone always fits (the engine caps

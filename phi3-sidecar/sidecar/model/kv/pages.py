@@ -2,7 +2,7 @@
 
 The batched path keeps its decoding rows in adjacent KV slots (one model call binds a run of
 slots), so a reply that starts decoding, or one that leaves, exchanges its slot with another
-(batch.scheduler._swap). Copying costs a pass over both conversations' K/V: a new chat's first
+(batch.slots._swap). Copying costs a pass over both conversations' K/V: a new chat's first
 token waited for an idle 454-token conversation's 340 MB to be copied twice (py-spy on the
 first-word bench: 0.9 s of a 2.2 s first token, on generated phi3-mini shapes). Linux's
 mremap moves a region's page-table entries instead, whatever the region holds: three moves,

@@ -13,7 +13,7 @@ that depends on the user's turn (the common start of the prompts for two differe
 turns), so the prefix is the same whatever the template wraps around it; a request's prompt
 must start with exactly those tokens (compared token by token) to use it.
 
-Exactness: the prefix is read as a fresh prompt read alone is (batch.scheduler.chunk_for), in
+Exactness: the prefix is read as a fresh prompt read alone is (batch.step.chunk_for), in
 chunks from its first token, so its K/V are such a read's bit for bit; the rest of the prompt
 is then read from the prefix's end. Where that end is not a whole number of chunks the rest's
 chunks fall elsewhere than a fresh read's (the same last-bit differences the conversation

@@ -53,7 +53,7 @@ class Restored:
 
 @dataclass(eq=False)
 class Holding:
-    """What a kept conversation holds besides its slot (batch.scheduler.SlotHolder has one)."""
+    """What a kept conversation holds besides its slot (batch.row.SlotHolder has one)."""
 
     compact: CompactKv | None = None  # a copy of its first positions, encoded
     stored: Stored | None = None  # its disk tier file

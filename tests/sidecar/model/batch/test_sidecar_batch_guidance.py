@@ -29,7 +29,7 @@ from scripts.run import services
 from scripts.run.services import Service
 from sidecar.ipc import Generate, Guidance
 from sidecar.model.batch.guidance import Grammars
-from sidecar.model.batch.scheduler import BatchGeneration
+from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.engine import Engine, Generation
 from sidecar.model.guidance import GuidanceRefused
 from sidecar.web.guidance import for_request, meant, prepared
@@ -207,7 +207,7 @@ def test_forced_runs_are_read_in_one_call_as_on_the_generator_path(
 
 def test_beside_other_replies_forced_tokens_ride_in_their_call(engine: Engine) -> None:
     """Beside replies that decode, a guided reply reads its forced tokens one a step in the
-    batch's own call (batch.scheduler._fed): the others lose no step to a call of its own;
+    batch's own call (batch.step._fed): the others lose no step to a call of its own;
     its reply is the one it makes alone."""
     assert engine.batch is not None
     alone = greedy(engine, GUIDED, QUESTIONS[0])[0]

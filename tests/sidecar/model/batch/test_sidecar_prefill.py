@@ -13,7 +13,8 @@ import pytest
 
 from scripts.run.services import Service
 from sidecar import ipc
-from sidecar.model.batch.scheduler import ALONE_CHUNK, BatchGeneration
+from sidecar.model.batch.row import BatchGeneration
+from sidecar.model.batch.step import ALONE_CHUNK
 from sidecar.model.engine import load_engine
 from sidecar.settings import Settings
 from tests.sidecar import reference
@@ -38,7 +39,7 @@ def as_request(messages: list[dict[str, str]], max_new_tokens: int) -> ipc.Gener
 
 @pytest.mark.parametrize("chunk", [16, 37, 100_000])  # 100_000: the whole prompt in one call
 def test_a_chunked_prefill_gives_the_reference_reply(tiny_model_dir: Path, chunk: int) -> None:
-    # Exact: PREFILL_CHUNK even for a prompt read alone (batch.scheduler.chunk_for)
+    # Exact: PREFILL_CHUNK even for a prompt read alone (batch.step.chunk_for)
     settings = Settings(model_path=tiny_model_dir, prefill_chunk=chunk, prompt_cache_exact=True)
     engine = load_engine(settings)
     for messages in CONVERSATIONS:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from sidecar.ipc import Generate
-from sidecar.model.batch.scheduler import BatchGeneration
+from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.kv.compact import bytes_per_token
 from sidecar.model.kv.tiers import NoRoom

@@ -13,7 +13,8 @@ import pytest
 
 from sidecar.ipc import Generate
 from sidecar.model.batch.decoder import KvPool
-from sidecar.model.batch.scheduler import BatchGeneration, BatchScheduler, SlotHolder
+from sidecar.model.batch.row import BatchGeneration, SlotHolder
+from sidecar.model.batch.scheduler import BatchScheduler
 from sidecar.model.engine import Engine
 from tests.sidecar.model.kv.test_sidecar_kv_tiers import NEW, Chat, make_engine, message
 from tests.sidecar.support import worker_idle_until

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from sidecar.ipc import Generate
-from sidecar.model.batch.scheduler import BatchGeneration
+from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.kv import compact as kv_compact
 from sidecar.model.kv import shared_prefix
