@@ -57,7 +57,6 @@ from chatapp.store.base import utcnow
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = claims.MAX_ATTEMPTS
 QUICK_S = 5.0  # how long the quick lane works on one document before it gives it back
 
 

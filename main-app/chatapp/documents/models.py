@@ -63,7 +63,7 @@ class Document(Base):
     error_type: Mapped[str | None] = mapped_column(String(32))
     error: Mapped[str | None] = mapped_column(Text)
     # Times the indexer has taken it up: a document that keeps killing its indexer stops
-    # being retried (indexer.MAX_ATTEMPTS).
+    # being retried (claims.MAX_ATTEMPTS); a hand-back of the quick lane is not counted.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # While an indexer reads it: until when its claim holds (renewed as it goes). A claim that
     # lapsed belongs to an indexer that died (a restart): another takes the document up again.

@@ -54,6 +54,9 @@ def main(argv: list[str]) -> None:
             job = inbox.recv()
         except EOFError:  # the indexer closed the channel: nothing more to read
             return
+        except MemoryError:  # the file itself does not fit beside what reading needs
+            outbox.send(too_large(memory_mb))
+            return  # the channel may hold the rest of that job: a fresh process reads on
         result = answer(job, memory_mb, counters)
         del job
         try:
