@@ -187,7 +187,8 @@ def test_the_web_process_never_imports_onnxruntime_genai(tiny_model_dir: Path) -
         from sidecar.web.app import create_app
         from sidecar.settings import Settings
 
-        with TestClient(create_app(Settings(model_path={str(tiny_model_dir)!r}))) as client:
+        app = create_app(Settings(model_path={str(tiny_model_dir)!r}))
+        with TestClient(app, base_url="http://localhost") as client:
             while client.get("/readyz").status_code != 200:
                 time.sleep(0.05)
             assert client.post("/predict", json={{"input_text": "Hi"}}).status_code == 200
@@ -201,7 +202,7 @@ def test_max_length_and_max_new_tokens_bound_every_reply(
     tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = Settings(model_path=tiny_model_dir, max_length=64, max_new_tokens=3)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         deadline = time.monotonic() + 60
         while (ready := client.get("/readyz")).status_code != 200:
             assert time.monotonic() < deadline

@@ -1,4 +1,4 @@
-"""KV_MEMORY_MB on the Generator path through a real sidecar (model/generator_memory.py): a
+"""KV_MEMORY_MB on the Generator path through a real sidecar (model/generator/memory.py): a
 generator made for one reply reserves its KV before it is made, so a reply that does not fit
 beside a running one waits in the worker and starts when it ends, on a text model with
 DECODE_BATCH_ROWS=1 and on the tiny vision model (whose generators the cache never keeps), and

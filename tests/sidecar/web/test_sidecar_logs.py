@@ -71,7 +71,7 @@ def test_metrics_count_requests_and_tokens(sidecar_service: Service) -> None:
 @pytest.fixture
 def prompt_logging_client(tiny_model_dir: Path) -> Iterator[TestClient]:
     settings = Settings(model_path=tiny_model_dir, log_prompts=True)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         deadline = time.monotonic() + 60
         while client.get("/readyz").status_code != 200:
             assert time.monotonic() < deadline

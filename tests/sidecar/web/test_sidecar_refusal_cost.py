@@ -1,6 +1,6 @@
 """What an over-long prompt costs the others (issue 46), through a real sidecar: a prompt the
 byte bound rules out is refused before any tokenizer reads it; the others are built in the prompt
-process (model/prompt_process.py), off the worker's step loop, so a running stream keeps getting
+process (model/prompt/process.py), off the worker's step loop, so a running stream keeps getting
 tokens while refusals are built; each refusal's cost is in its log line and /metrics.
 
 Counting, not timing: which check refused, how many tokens a stream got while refusals were

@@ -215,7 +215,7 @@ def test_a_continuation_tokenizes_only_what_it_adds(
 ) -> None:
     """Issue 46: each turn re-tokenized the whole stored conversation. The follow-up's log line
     counts the characters the tokenizer read: its new turn and the reply, not the long first
-    input (model/prompt_memo.py), and its prompt is the one a fresh encode gives."""
+    input (model/prompt/memo.py), and its prompt is the one a fresh encode gives."""
     long_input = " ".join(f"Point {i}: the river runs north past the mill." for i in range(60))
     first = client.responses.create(
         model="any",

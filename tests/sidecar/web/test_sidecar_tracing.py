@@ -270,7 +270,8 @@ def test_untraced_by_default(tiny_model_dir: Path) -> None:
         from opentelemetry import trace
         from sidecar.settings import Settings
         from sidecar.web.app import create_app
-        with TestClient(create_app(Settings(model_path={str(tiny_model_dir)!r}))) as client:
+        app = create_app(Settings(model_path={str(tiny_model_dir)!r}))
+        with TestClient(app, base_url="http://localhost") as client:
             while client.get("/readyz").status_code != 200:
                 time.sleep(0.05)
             reply = client.post("/predict", json={{"input_text": "Hi", "max_new_tokens": 3}})
