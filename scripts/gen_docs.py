@@ -180,7 +180,9 @@ def support_matrix() -> str:
     change nothing or accepted and ignored; anything else is refused as unknown."""
     from pydantic import BaseModel
 
-    from sidecar.web import completions_api, openai_schemas, responses_schemas
+    from sidecar.web.chat_completions import schemas as openai_schemas
+    from sidecar.web.completions import api as completions_api
+    from sidecar.web.responses import schemas as responses_schemas
 
     routes: dict[str, tuple[type[BaseModel], dict[str, tuple[object, str]], tuple[str, ...]]] = {
         "/v1/chat/completions": (

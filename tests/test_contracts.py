@@ -27,10 +27,10 @@ from chatapp.errors import ApiError
 from sidecar import ipc
 from sidecar import jsonlog as sidecar_jsonlog
 from sidecar.settings import Settings
-from sidecar.web import access as sidecar_access
 from sidecar.web import errors as sidecar_errors
-from sidecar.web import messages as sidecar_messages
-from sidecar.web import request_log as sidecar_request_log
+from sidecar.web.generation import messages as sidecar_messages
+from sidecar.web.guards import access as sidecar_access
+from sidecar.web.observability import request_log as sidecar_request_log
 
 
 def test_request_id_rule_is_the_same() -> None:

@@ -10,7 +10,7 @@ from chatapp import settings as app_settings
 from scripts import gen_docs
 from sidecar.settings import Settings
 from sidecar.web.errors import REFUSALS, WHEN
-from sidecar.web.metrics import GENERATION_PATHS
+from sidecar.web.observability.metrics import GENERATION_PATHS
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "CONTRIBUTING.md"]

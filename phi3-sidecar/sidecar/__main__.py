@@ -13,9 +13,9 @@ from uvicorn.config import STARTUP_FAILURE
 
 from sidecar.jsonlog import configure_logging
 from sidecar.settings import Settings
-from sidecar.web import connections, deadlines, listener
 from sidecar.web.app import create_app
-from sidecar.web.request_log import DropDeliberateAbort
+from sidecar.web.guards import connections, deadlines, listener
+from sidecar.web.observability.request_log import DropDeliberateAbort
 
 log = logging.getLogger("sidecar")
 

@@ -4,7 +4,7 @@ process (sidecar/model/): how the worker is started, and the messages (pickled o
 Web -> worker: Generate, Cancel, Stop, Ping. Per-request messages carry the request's `key`.
 Worker -> web: Phase (load progress), then per request either Rejected, or Started, any number
 of Piece, and one End; CacheStats after a change; Pong for each Ping (read between two steps,
-so a worker that stops answering is noticed: web/model_client.py's watchdog).
+so a worker that stops answering is noticed: web/generation/model_client.py's watchdog).
 """
 
 from __future__ import annotations
@@ -62,16 +62,16 @@ MAX_TOP_LOGPROBS = 20
 
 # A temperature below this is greedy, as 0 or none is (vLLM's bound, _SAMPLING_EPS): dividing
 # logits by less only overflows (1.8e-307 made inf, then NaN) and samples nothing greedy would
-# not pick. Both APIs accept 0 to 2 (web/messages.py); the chat app applies the same floor
-# before it sends (chatapp/wire.py; tests/test_contracts.py keeps the two equal).
+# not pick. Both APIs accept 0 to 2 (web/generation/messages.py); the chat app applies the same
+# floor before it sends (chatapp/wire.py; tests/test_contracts.py keeps the two equal).
 MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
 class Guidance:
     """A grammar every token of the reply must follow (onnxruntime-genai's llguidance), built
-    by the web process from the request (web/guidance.py). All three fields are part of what a
-    conversation cache entry matches: a generator keeps its grammar for life."""
+    by the web process from the request (web/structured/guidance.py). All three fields are part of
+    what a conversation cache entry matches: a generator keeps its grammar for life."""
 
     kind: GuidanceKind
     data: str  # the JSON Schema or Lark grammar, as text
@@ -79,12 +79,13 @@ class Guidance:
     ff_tokens: bool = True
 
 
-# Whose a scope is. With API_KEY set, the web process (pipeline.py) gives the worker every
-# scope as its owner's (the API key's fingerprint, access.py), so that no client can name
-# another key's scope (read its cached prefix through `cached_tokens`), and a request without a
-# scope joins its owner's own unscoped pool. Without an owner (API_KEY unset), scopes are as the
-# routes name them. An owner is any string without "/" (a later principal, such as a signed-in
-# user of the app within the app's key, makes a longer owner, never a new rule here).
+# Whose a scope is. With API_KEY set, the web process (web/generation/pipeline.py) gives the
+# worker every scope as its owner's (the API key's fingerprint, web/guards/access.py), so that no
+# client can name another key's scope (read its cached prefix through `cached_tokens`), and a
+# request without a scope joins its owner's own unscoped pool. Without an owner (API_KEY unset),
+# scopes are as the routes name them. An owner is any string without "/" (a later principal, such
+# as a signed-in user of the app within the app's key, makes a longer owner, never a new rule
+# here).
 OWNER = "owner:"
 
 
@@ -116,8 +117,9 @@ class Generate:
     # the names clients send stay as documented (docs/api.md) and map to it: the chat page's
     # `conversation_id` (chatapp/wire.py puts it in the payload's `cache_scope`, sent as
     # /predict's `cache_scope` or /v1's `prompt_cache_key`); /predict's `cache_scope`
-    # ("scope:" + it, web/predict_api.py); /v1's `prompt_cache_key` ("key:" + it), else
-    # `user` ("user:" + it, web/openai_schemas.py). With API_KEY set, its owner's: owned_scope.
+    # ("scope:" + it, web/predict/api.py); /v1's `prompt_cache_key` ("key:" + it), else
+    # `user` ("user:" + it, web/chat_completions/schemas.py). With API_KEY set, its owner's:
+    # owned_scope.
     cache_scope: str | None = None
     stop: tuple[str, ...] = ()  # stop sequences (model/stops.py)
     guidance: Guidance | None = None  # structured output (JSON Schema, tool calls)
@@ -135,7 +137,7 @@ class Generate:
     # chat template; `messages` is then empty.
     prompt: str | tuple[int, ...] | None = None
     # Images (issue 36): PNG bytes the web process decoded, checked and re-encoded
-    # (web/images.py), so the worker never hands unchecked bytes to the image processor
+    # (web/images/decoding.py), so the worker never hands unchecked bytes to the image processor
     # (a malformed JPEG makes libjpeg exit the process). `image_slots[i]` places image i:
     # (index into `messages`, character offset into that message's text); the worker puts
     # the model's own image tag there. Text in the messages is always plain text, even when

@@ -250,12 +250,12 @@ class Settings(BaseSettings):
         default=512,
         ge=1,
         le=1_000_000,
-        description="Client connections held open at once (web/connections.py). A connection "
-        "that opens at the cap first closes the one idle longest (a kept-alive connection "
-        "waiting for its next request: its client reconnects, as after a keep-alive timeout); "
-        "when none is idle its request is answered 503 too_many_connections (`Retry-After: "
-        "2`, `Connection: close`), except /healthz, /readyz and /metrics, which are answered "
-        "as usual and closed. Lowered at start to the open-files limit less "
+        description="Client connections held open at once (web/guards/connections.py). A "
+        "connection that opens at the cap first closes the one idle longest (a kept-alive "
+        "connection waiting for its next request: its client reconnects, as after a keep-alive "
+        "timeout); when none is idle its request is answered 503 too_many_connections "
+        "(`Retry-After: 2`, `Connection: close`), except /healthz, /readyz and /metrics, which "
+        "are answered as usual and closed. Lowered at start to the open-files limit less "
         "64 descriptors kept for the process and for those answers (the start log line "
         "`connections` says the cap and why); the soft open-files limit is raised to the hard "
         "one first.",
@@ -324,7 +324,7 @@ class Settings(BaseSettings):
         "and, once decoded, as the PNGs they became, until the request ends. A request whose "
         "images do not fit now: 503 images_busy with Retry-After (not queued); one whose "
         "images need more than all of it: 400 image_too_large. Four 12-megapixel photos need "
-        "about 430 MiB to be decoded. web/image_memory.py.",
+        "about 430 MiB to be decoded. web/images/memory.py.",
     )
     response_store_mb: int = Field(
         default=64,
@@ -346,7 +346,7 @@ class Settings(BaseSettings):
         le=300.0,
         description="Seconds a client has to send a request's headers, from the connection "
         "opening or the previous response ending; then the connection is closed (web/"
-        "deadlines.py). Slow and idle clients cannot hold sockets past it.",
+        "guards/deadlines.py). Slow and idle clients cannot hold sockets past it.",
     )
     request_body_timeout_s: float = Field(
         default=10.0,
@@ -356,7 +356,7 @@ class Settings(BaseSettings):
         "headers; then 408 request_timeout and the connection is closed (a body nobody reads "
         "is closed 2 s later). A stalled or endless body cannot hold a socket past it.",
     )
-    # Embeddings (sidecar/embeddings/, web/embeddings_api.py): off unless an encoder is set.
+    # Embeddings (sidecar/embeddings/, web/embeddings/api.py): off unless an encoder is set.
     embed_model_path: Path | None = Field(
         default=None,
         description="Folder of an encoder for POST /v1/embeddings: a sentence-transformers "
@@ -493,8 +493,8 @@ class Settings(BaseSettings):
         default=None,
         description="Require `Authorization: Bearer <key>`; several keys comma-separated. Off by "
         "default (on App Service only the main container is reachable from outside); turn it on "
-        "when the sidecar's port is published (web/access.py). Set but empty, blank or only "
-        "commas: refused at start (unset it to turn authentication off). The start log line "
+        "when the sidecar's port is published (web/guards/access.py). Set but empty, blank or "
+        "only commas: refused at start (unset it to turn authentication off). The start log line "
         "`access` says whether authentication is on.",
     )
     api_key_probes: bool = Field(
@@ -511,7 +511,8 @@ class Settings(BaseSettings):
         "(http://localhost:8000); a sidecar reached by another name needs it listed. /healthz, "
         "/readyz and /metrics answer any name (probes and scrapers).",
     )
-    # Telemetry (web/telemetry.py): traces only when one of the three destinations is set.
+    # Telemetry (web/observability/telemetry.py): traces only when one of the three destinations
+    # is set.
     otel_exporter_otlp_endpoint: str | None = Field(
         default=None,
         pattern=r"^https?://",

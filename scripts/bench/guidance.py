@@ -40,7 +40,7 @@ from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.generator.generation import Generation
 from sidecar.settings import Settings
-from sidecar.web.guidance import TEXT_RULE, prepared
+from sidecar.web.structured.guidance import TEXT_RULE, prepared
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT_SCHEMA = {

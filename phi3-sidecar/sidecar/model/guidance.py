@@ -1,5 +1,6 @@
 """Structured replies in the model worker: what a request's guidance (ipc.Guidance, built by
-web/guidance.py) changes about its generator. engine.py makes the onnxruntime-genai calls.
+web/structured/guidance.py) changes about its generator. engine.py makes the onnxruntime-genai
+calls.
 
 Facts of onnxruntime-genai 0.18 this relies on (checked on the installed wheel; the docs'
 "Structured output" section repeats them):

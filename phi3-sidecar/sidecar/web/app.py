@@ -1,9 +1,9 @@
 """The app factory: settings in, FastAPI app out; the model worker starts in the lifespan.
 
 Each object the routes use lives on app.state and reaches them through one dependency
-(deps.py). The routes: /predict (predict_api.py), /v1/chat/completions (openai_api.py),
-/v1/completions (completions_api.py), /v1/responses (responses_api.py), /v1/embeddings
-(embeddings_api.py, on the encoder of sidecar/embeddings/), the probes and /metrics (probes.py).
+(deps.py). The routes: /predict (predict/api.py), /v1/chat/completions (chat_completions/api.py),
+/v1/completions (completions/api.py), /v1/responses (responses/api.py), /v1/embeddings
+(embeddings/api.py, on the encoder of sidecar/embeddings/), the probes and /metrics (probes.py).
 """
 
 from __future__ import annotations
@@ -18,24 +18,24 @@ from fastapi import FastAPI
 from sidecar.embeddings.service import Embeddings
 from sidecar.settings import Settings
 from sidecar.web import errors, openapi
-from sidecar.web.access import AccessMiddleware, log_state
-from sidecar.web.admission import Admission
-from sidecar.web.completions_api import router as completions_router
-from sidecar.web.connections import Connections, connection_limit
-from sidecar.web.deadlines import BodyDeadline
-from sidecar.web.embeddings_api import router as embeddings_router
-from sidecar.web.images import Images
-from sidecar.web.listener import accept_errors
-from sidecar.web.metrics import Metrics
-from sidecar.web.model_client import ModelClient
-from sidecar.web.openai_api import router as openai_router
-from sidecar.web.pipeline import Pipeline
-from sidecar.web.predict_api import router as predict_router
+from sidecar.web.chat_completions.api import router as openai_router
+from sidecar.web.completions.api import router as completions_router
+from sidecar.web.embeddings.api import router as embeddings_router
+from sidecar.web.generation.admission import Admission
+from sidecar.web.generation.model_client import ModelClient
+from sidecar.web.generation.pipeline import Pipeline
+from sidecar.web.guards.access import AccessMiddleware, log_state
+from sidecar.web.guards.connections import Connections, connection_limit
+from sidecar.web.guards.deadlines import BodyDeadline
+from sidecar.web.guards.listener import accept_errors
+from sidecar.web.images.decoding import Images
+from sidecar.web.observability.metrics import Metrics
+from sidecar.web.observability.request_log import RequestLogMiddleware
+from sidecar.web.observability.telemetry import TraceRequest, Tracing
+from sidecar.web.predict.api import router as predict_router
 from sidecar.web.probes import router as probes_router
-from sidecar.web.request_log import RequestLogMiddleware
-from sidecar.web.response_store import ResponseStore
-from sidecar.web.responses_api import router as responses_router
-from sidecar.web.telemetry import TraceRequest, Tracing
+from sidecar.web.responses.api import router as responses_router
+from sidecar.web.responses.store import ResponseStore
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,9 +47,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         write_timeout_s=settings.write_timeout_s,
         send_buffer=settings.send_buffer_kb * 1024,
     )
-    # Each API key's fair share of the stored responses (response_store.py).
+    # Each API key's fair share of the stored responses (responses/store.py).
     response_store = ResponseStore(settings.response_store_mb * 2**20, len(settings.api_keys))
-    images = Images(settings)  # the image checks and their memory bound (images.py)
+    images = Images(settings)  # the image checks and their memory bound (images/decoding.py)
     metrics = Metrics(
         prompt_cache=settings.prompt_cache_mb > 0,
         connections=connections,
@@ -57,9 +57,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         image_memory=images.memory,
     )
     admission = Admission(settings.max_concurrency, settings.queue_size)
-    # A slot is held until the worker reports the generation over (see admission.py).
+    # A slot is held until the worker reports the generation over (see generation/admission.py).
     model = ModelClient(settings, on_generation_over=admission.release)
-    tracing = Tracing.from_settings(settings)  # None unless a destination is set (telemetry.py)
+    # None unless a destination is set (observability/telemetry.py)
+    tracing = Tracing.from_settings(settings)
     embeddings = Embeddings(settings)  # phase "off" unless an encoder is set
 
     @asynccontextmanager
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/openapi.json",  # openapi.py: the bodies and errors FastAPI cannot infer
         # FastAPI's built-in OpenTelemetry hooks: off, so a request costs only what this
         # service does (the one log line and /metrics), unless traces are configured: then
-        # FastAPI makes the server spans (web/telemetry.py).
+        # FastAPI makes the server spans (web/observability/telemetry.py).
         telemetry=tracing.fastapi_config()
         if tracing is not None
         else {"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
@@ -111,7 +112,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     openapi.install(app)
     app.add_middleware(AccessMiddleware, settings=settings)
-    # A body that stalls is refused with 408 (the headers' deadline is uvicorn's: deadlines.py).
+    # A body that stalls is refused with 408 (the headers' deadline is uvicorn's:
+    # guards/deadlines.py).
     app.add_middleware(BodyDeadline, seconds=settings.request_body_timeout_s)
     if tracing is not None:  # inside RequestLogMiddleware: it reads the request's record
         app.add_middleware(TraceRequest, tracing=tracing)

@@ -8,13 +8,13 @@ from fastapi import Depends, Request
 
 from sidecar.embeddings.service import Embeddings
 from sidecar.settings import Settings
-from sidecar.web.admission import Admission
-from sidecar.web.images import Images
-from sidecar.web.metrics import Metrics
-from sidecar.web.model_client import ModelClient
-from sidecar.web.pipeline import Pipeline
-from sidecar.web.record import RequestRecord
-from sidecar.web.response_store import ResponseStore
+from sidecar.web.generation.admission import Admission
+from sidecar.web.generation.model_client import ModelClient
+from sidecar.web.generation.pipeline import Pipeline
+from sidecar.web.images.decoding import Images
+from sidecar.web.observability.metrics import Metrics
+from sidecar.web.observability.record import RequestRecord
+from sidecar.web.responses.store import ResponseStore
 
 
 def get_settings(request: Request) -> Settings:

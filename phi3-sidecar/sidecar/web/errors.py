@@ -35,7 +35,7 @@ class Answer:
 # Every reason the sidecar refuses a request for, and its answer: the one place where an
 # error status is decided. Routes and the pipeline raise ApiError(reason, ...); the model worker
 # reports ipc.Rejected(reason, ...) (ipc.Refusal); Starlette's and FastAPI's own errors are
-# mapped by the handlers below. A request to /v1/... gets OpenAI's column (openai_api.py);
+# mapped by the handlers below. A request to /v1/... gets OpenAI's column (chat_completions/api.py);
 # /predict's statuses are the original sample's clients' contract and do not change.
 REFUSALS: dict[str, Answer] = {
     # the request body (pipeline.read_body)
@@ -46,7 +46,7 @@ REFUSALS: dict[str, Answer] = {
     "invalid_json": Answer(400, "invalid_json", 400, "invalid_json"),
     "invalid_field": Answer(422, "invalid_request", 400, "invalid_value"),
     "request_timeout": Answer(408, "request_timeout", 408, "request_timeout"),
-    # who is asking (access.py)
+    # who is asking (guards/access.py)
     "unauthorized": Answer(401, "unauthorized", 401, "invalid_api_key"),
     "invalid_host": Answer(400, "invalid_host", 400, "invalid_host"),
     # the path and method (Starlette), the model asked for
@@ -57,7 +57,7 @@ REFUSALS: dict[str, Answer] = {
     # the service's state (pipeline): clients retry after Retry-After
     "not_ready": Answer(503, "not_ready", 503, "model_not_ready", "server_error"),
     "overloaded": Answer(503, "overloaded", 503, "overloaded", "server_error"),
-    # the connection cap (connections.py): answered by the HTTP protocol, before any route.
+    # the connection cap (guards/connections.py): answered by the HTTP protocol, before any route.
     # /v1's code is "overloaded", what OpenAI clients (and the chat app) read as "retry later".
     "too_many_connections": Answer(503, "too_many_connections", 503, "overloaded", "server_error"),
     # the model worker (ipc.Refusal) and the generation
@@ -67,19 +67,19 @@ REFUSALS: dict[str, Answer] = {
     "unencodable_prompt": Answer(400, "invalid_request", 400, "invalid_prompt"),
     # a response_format schema or tool parameters llguidance cannot compile (model/guidance.py)
     "invalid_guidance": Answer(422, "invalid_request", 400, "invalid_schema"),
-    # images (images.py): each checked in the web process before the model sees it; an image
-    # the model's image processor refused anyway (ipc.Refusal) is invalid_image too
+    # images (images/decoding.py): each checked in the web process before the model sees it; an
+    # image the model's image processor refused anyway (ipc.Refusal) is invalid_image too
     "invalid_image": Answer(400, "invalid_image", 400, "invalid_image"),
     "image_too_large": Answer(400, "image_too_large", 400, "image_too_large"),
     "too_many_images": Answer(400, "too_many_images", 400, "too_many_images"),
     "unsupported_image_url": Answer(400, "unsupported_image_url", 400, "unsupported_image_url"),
-    # the images of requests in flight fill IMAGE_MEMORY_MB (image_memory.py): retry later
+    # the images of requests in flight fill IMAGE_MEMORY_MB (images/memory.py): retry later
     "images_busy": Answer(503, "images_busy", 503, "overloaded", "server_error"),
-    # an image for a model that reads text only (pipeline.py, after readiness)
+    # an image for a model that reads text only (generation/pipeline.py, after readiness)
     "image_input_unsupported": Answer(
         400, "image_input_unsupported", 400, "image_input_unsupported"
     ),
-    # /v1/embeddings (embeddings_api.py): the encoder, and its inputs
+    # /v1/embeddings (embeddings/api.py): the encoder, and its inputs
     "embeddings_not_served": Answer(400, "embeddings_not_served", 400, "embeddings_not_served"),
     "invalid_input": Answer(400, "invalid_input", 400, "invalid_input"),
     "too_many_inputs": Answer(400, "too_many_inputs", 400, "too_many_inputs"),
@@ -88,7 +88,7 @@ REFUSALS: dict[str, Answer] = {
     "dimensions_unsupported": Answer(400, "dimensions_unsupported", 400, "invalid_value"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
-    # a finished structured reply that fails its final check (reply_check.py)
+    # a finished structured reply that fails its final check (structured/reply_check.py)
     "invalid_reply": Answer(500, "invalid_reply", 500, "invalid_reply", "server_error"),
     # anything unexpected
     "internal_error": Answer(500, "internal_error", 500, None, "server_error"),
@@ -190,7 +190,7 @@ WHEN: dict[str, str] = {
 
 
 def is_openai(path: str) -> bool:
-    """Requests whose errors take OpenAI's shape (openai_api.py's routes)."""
+    """Requests whose errors take OpenAI's shape (chat_completions/api.py's routes)."""
     return path == "/v1" or path.startswith("/v1/")
 
 
@@ -291,7 +291,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     headers = dict(exc.headers or {})
     if exc.status_code == 405 and "Allow" in headers:
         # Starlette names the methods of the one route that matched the path; every GET route
-        # here has a HEAD twin (probes.py, openai_api.py), so either means both.
+        # here has a HEAD twin (probes.py, chat_completions/api.py), so either means both.
         methods = {m.strip() for m in headers["Allow"].split(",")}
         if methods & {"GET", "HEAD"}:
             methods |= {"GET", "HEAD"}

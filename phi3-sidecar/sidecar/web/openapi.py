@@ -15,12 +15,12 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from sidecar.web.completions_api import CompletionRequest
-from sidecar.web.embeddings_api import EmbeddingRequest
+from sidecar.web.chat_completions.schemas import ChatCompletionRequest
+from sidecar.web.completions.api import CompletionRequest
+from sidecar.web.embeddings.api import EmbeddingRequest
 from sidecar.web.errors import REFUSALS
-from sidecar.web.openai_schemas import ChatCompletionRequest
-from sidecar.web.predict_api import PredictRequest
-from sidecar.web.responses_schemas import ResponsesRequest
+from sidecar.web.predict.api import PredictRequest
+from sidecar.web.responses.schemas import ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 ERROR = {

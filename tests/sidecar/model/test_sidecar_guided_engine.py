@@ -16,7 +16,7 @@ from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.engine import Engine
 from sidecar.model.generator.generation import Generation
 from sidecar.model.guidance import FF_MARGIN, GuidanceRefused, fitted
-from sidecar.web.guidance import prepared
+from sidecar.web.structured.guidance import prepared
 
 SCHEMA = prepared(
     {

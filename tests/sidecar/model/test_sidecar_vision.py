@@ -26,7 +26,7 @@ from sidecar.model.generator.generation import Generation
 from sidecar.model.prompt.builder import PromptTooLong
 from sidecar.model.vision import ImageRefused, image_tokens
 from sidecar.model.worker import Scheduler
-from sidecar.web.guidance import prepared
+from sidecar.web.structured.guidance import prepared
 from tests.models.test_models_tiny_vision import png
 from tests.sidecar.support import predict
 

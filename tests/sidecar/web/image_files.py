@@ -1,5 +1,5 @@
-"""Real image files made with Pillow for the image tests (web/images.py), hostile ones included,
-and the data URLs and request bodies that carry them."""
+"""Real image files made with Pillow for the image tests (web/images/decoding.py), hostile ones
+included, and the data URLs and request bodies that carry them."""
 
 from __future__ import annotations
 

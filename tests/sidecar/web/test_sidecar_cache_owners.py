@@ -1,7 +1,7 @@
-"""The conversation cache is each API key's own (ipc.owned_scope, applied in web/pipeline.py):
-with two keys, key B naming key A's scope (`prompt_cache_key`, `user`, /predict's
-`cache_scope`, or none: the unscoped pool) reuses nothing of A's, on every generation route,
-so `cached_tokens` tells B nothing of what A sent; A still reuses its own."""
+"""The conversation cache is each API key's own (ipc.owned_scope, applied in
+web/generation/pipeline.py): with two keys, key B naming key A's scope (`prompt_cache_key`, `user`,
+/predict's `cache_scope`, or none: the unscoped pool) reuses nothing of A's, on every generation
+route, so `cached_tokens` tells B nothing of what A sent; A still reuses its own."""
 
 from __future__ import annotations
 

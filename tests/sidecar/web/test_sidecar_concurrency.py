@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from scripts.run.services import Service
-from sidecar.web.admission import Admission, QueueFull
+from sidecar.web.generation.admission import Admission, QueueFull
 from tests.sidecar import reference
 from tests.sidecar.support import (
     assert_error,

@@ -26,7 +26,7 @@ import uvicorn
 
 from scripts.run import services
 from scripts.run.services import Service
-from sidecar.web.listener import Listener
+from sidecar.web.guards.listener import Listener
 from tests.sidecar.support import metrics
 
 LOW_NOFILE = (160, 160)

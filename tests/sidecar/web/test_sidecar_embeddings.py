@@ -348,7 +348,7 @@ def test_an_encoder_that_fails_to_load_is_said_and_chat_goes_on(
 def test_render_cuts_a_matryoshka_vector_and_makes_it_unit_length_again() -> None:
     import json
 
-    from sidecar.web.embeddings_api import render
+    from sidecar.web.embeddings.api import render
 
     vectors = np.array([[3.0, 4.0, 12.0], [1.0, 0.0, 0.0]], dtype=np.float32)
     body = json.loads(render(vectors, 2, "float", "enc", 7))
@@ -367,7 +367,7 @@ def test_a_client_that_leaves_cancels_its_request() -> None:
 
     from starlette.requests import Request
 
-    from sidecar.web.embeddings_api import _unless_gone
+    from sidecar.web.embeddings.api import _unless_gone
 
     async def scenario() -> tuple[object, bool]:
         pending: Future[np.ndarray] = Future()

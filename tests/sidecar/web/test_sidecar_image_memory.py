@@ -1,4 +1,4 @@
-"""The images' memory bound (web/image_memory.py, IMAGE_MEMORY_MB): a request's images are
+"""The images' memory bound (web/images/memory.py, IMAGE_MEMORY_MB): a request's images are
 counted from their headers before any is decoded, held as their PNGs until the request ends,
 refused 503 images_busy (Retry-After) when the budget cannot hold them now and 400
 image_too_large when it never could; the count covers what decoding really takes (peak RSS,
@@ -23,10 +23,10 @@ from PIL import Image
 from scripts.run import services
 from scripts.run.services import Service
 from sidecar.settings import Settings
-from sidecar.web import image_memory
 from sidecar.web.errors import ApiError
-from sidecar.web.images import ImageRef, Images
-from sidecar.web.record import RequestRecord
+from sidecar.web.images import memory as image_memory
+from sidecar.web.images.decoding import ImageRef, Images
+from sidecar.web.observability.record import RequestRecord
 from tests.sidecar.support import metrics
 from tests.sidecar.web.image_files import chat_body, data_url
 
@@ -116,7 +116,7 @@ def test_images_that_could_never_fit_are_too_large_and_a_bad_one_releases_its_co
 # VmHWM, not ru_maxrss: Linux keeps a forking parent's ru_maxrss across exec (pytest's).
 MEASURE = """
 import base64, gc, sys
-from sidecar.web.images import Limits, header, render
+from sidecar.web.images.decoding import Limits, header, render
 
 def peak():
     for line in open("/proc/self/status"):

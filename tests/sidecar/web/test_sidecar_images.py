@@ -1,7 +1,7 @@
-"""The web process's image checks (web/images.py) on real files made with Pillow: what is
+"""The web process's image checks (web/images/decoding.py) on real files made with Pillow: what is
 accepted and what the model worker then gets (RGB PNG bytes), and each hostile file's refusal,
 decided before anything is decoded where it can be. Also where each image stands in its
-message (web/messages.py) and how many bytes a body may hold for its images."""
+message (web/generation/messages.py) and how many bytes a body may hold for its images."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 from PIL import Image, ImageFile
 
 from sidecar.settings import Settings
-from sidecar.web import images
 from sidecar.web.errors import ApiError
-from sidecar.web.images import ImageRef, ImageRefused, Images, Limits
-from sidecar.web.messages import ImagePart, TextPart, images_of, text_of
-from sidecar.web.record import RequestRecord
+from sidecar.web.generation.messages import ImagePart, TextPart, images_of, text_of
+from sidecar.web.images import decoding as images
+from sidecar.web.images.decoding import ImageRef, ImageRefused, Images, Limits
+from sidecar.web.observability.record import RequestRecord
 from tests.sidecar.web.image_files import (
     animated_gif,
     bomb_png,
@@ -36,7 +36,7 @@ LIMITS = Limits(count=4, bytes=5 * 1024 * 1024, pixels=7680 * 4320)
 
 
 def checked(url: str, limits: Limits = LIMITS) -> Image.Image:
-    """The image the model worker would get for `url` (images.py's two steps, in order)."""
+    """The image the model worker would get for `url` (images/decoding.py's two steps, in order)."""
     media_type, data = images.payload(url, limits)
     out = images.decode(media_type, data, limits)
     image = Image.open(io.BytesIO(out))

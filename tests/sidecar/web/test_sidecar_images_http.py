@@ -22,7 +22,7 @@ from PIL import Image
 
 from scripts.run import services
 from scripts.run.services import Service
-from sidecar.web.images import url_chars
+from sidecar.web.images.decoding import url_chars
 from tests.sidecar.support import assert_error, metrics, predict, request_line
 from tests.sidecar.web.image_files import (
     chat_body,

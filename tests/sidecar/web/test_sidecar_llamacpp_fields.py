@@ -1,6 +1,7 @@
-"""llama.cpp's server fields on /v1/chat/completions (sidecar/web/llamacpp_fields.py), against
-a real sidecar on the tiny model: each mapped field does what llama.cpp says it does, the
-ignored ones change nothing, and a conflict or a wrong type is OpenAI's 400 naming the field."""
+"""llama.cpp's server fields on /v1/chat/completions
+(sidecar/web/chat_completions/llamacpp_fields.py), against a real sidecar on the tiny model: each
+mapped field does what llama.cpp says it does, the ignored ones change nothing, and a conflict or
+a wrong type is OpenAI's 400 naming the field."""
 
 from __future__ import annotations
 

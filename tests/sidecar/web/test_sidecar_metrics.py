@@ -28,14 +28,14 @@ LABELS = {
     "source": {"ram", "compact", "disk", "recomputed"},  # where prompt tokens came from
     "tier": {"compact", "disk"},  # where a restored conversation came from
     "check": {"byte_bound", "built"},  # how a refused request was ruled out (issue 46)
-    # why a request's images were refused (web/images.py, the pipeline)
+    # why a request's images were refused (web/images/decoding.py, the pipeline)
     "reason": {
         "invalid_image",
         "image_too_large",
         "too_many_images",
         "unsupported_image_url",
         "image_input_unsupported",
-        "images_busy",  # IMAGE_MEMORY_MB full (web/image_memory.py)
+        "images_busy",  # IMAGE_MEMORY_MB full (web/images/memory.py)
     },
 }
 

@@ -93,7 +93,8 @@ SEEDED = {"input_text": "Tell me a story.", "temperature": 1.5, "seed": 7, "max_
 
 
 def test_sampling_with_a_seed_is_reproducible(sidecar_service: Service) -> None:
-    """The batched path (the default) samples with its own seeded generator (model/batch/sampling.py)."""
+    """The batched path (the default) samples with its own seeded generator
+    (model/batch/sampling.py)."""
     first = predict(sidecar_service.url, SEEDED).text
     assert first and predict(sidecar_service.url, SEEDED).text == first
     assert predict(sidecar_service.url, {**SEEDED, "seed": 8}).text != first

@@ -1,4 +1,4 @@
-"""The stored responses' bound (web/response_store.py): counted as the memory they really take
+"""The stored responses' bound (web/responses/store.py): counted as the memory they really take
 (measured here with tracemalloc), and fair between API keys: one key's flood evicts only its
 own entries, never another key's held within its share; /metrics shows the store."""
 
@@ -16,12 +16,12 @@ import pytest
 
 from scripts.run import services
 from scripts.run.services import Service
-from sidecar.web.response_store import Kept, ResponseStore, Stored, new_id
+from sidecar.web.responses.store import Kept, ResponseStore, Stored, new_id
 from tests.sidecar.support import metrics
 
 
 def response(owner: str, text: str, scope: str | None = None) -> Stored:
-    """A stored response shaped as responses_api.Draft keeps one (its fields, its output, the
+    """A stored response shaped as responses/api.py's Draft keeps one (its fields, its output, the
     conversation with the reply), `text` as the user's words and the reply."""
     rid = new_id()
     item = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

@@ -319,7 +319,7 @@ def test_stored_responses_belong_to_their_key_and_scope(keyed_service: Service) 
 
 
 def test_the_store_is_bounded_and_owned() -> None:
-    from sidecar.web.response_store import Kept, ResponseStore, Stored
+    from sidecar.web.responses.store import Kept, ResponseStore, Stored
 
     def stored(name: str, owner: str = "a", scope: str | None = None) -> Stored:
         return Stored(name, owner, scope, {"id": name, "text": "x" * 400}, [])

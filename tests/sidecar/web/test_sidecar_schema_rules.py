@@ -1,8 +1,8 @@
-"""What a structured request's schemas must be before admission (web/schema_rules.py, the
-fields in web/openai_tools.py), the bounds the grammar gets (web/guidance.py) and the final
-check of a finished reply (web/reply_check.py), as pure functions. Where a rule stands for
-something llguidance does, llguidance itself (its parser, with a tokenizer of single bytes)
-shows that it does: a refused schema fails in it, an accepted one at the limit holds."""
+"""What a structured request's schemas must be before admission (web/structured/schema_rules.py, the
+fields in web/chat_completions/tools.py), the bounds the grammar gets (web/structured/guidance.py)
+and the final check of a finished reply (web/structured/reply_check.py), as pure functions. Where a
+rule stands for something llguidance does, llguidance itself (its parser, with a tokenizer of single
+bytes) shows that it does: a refused schema fails in it, an accepted one at the limit holds."""
 
 from __future__ import annotations
 
@@ -17,10 +17,16 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from sidecar.ipc import Guidance
-from sidecar.web.guidance import EXACT, held_to, meant, prepared
-from sidecar.web.openai_tools import JsonSchemaSpec, ToolSpec
-from sidecar.web.reply_check import ReplyCheck, validator
-from sidecar.web.schema_rules import MAX_AT_ONCE, SchemaRefused, byte_tokenizer, check, probe
+from sidecar.web.chat_completions.tools import JsonSchemaSpec, ToolSpec
+from sidecar.web.structured.guidance import EXACT, held_to, meant, prepared
+from sidecar.web.structured.reply_check import ReplyCheck, validator
+from sidecar.web.structured.schema_rules import (
+    MAX_AT_ONCE,
+    SchemaRefused,
+    byte_tokenizer,
+    check,
+    probe,
+)
 
 
 def llguidance_error(schema: dict[str, Any], text: str = "") -> str:

@@ -1,6 +1,6 @@
 """The web process's side of structured output, as pure functions: how a request's schema is
-prepared for the grammar (web/guidance.py), and how tools, calls and results are written into
-the prompt and read back from a reply (web/tool_protocol.py)."""
+prepared for the grammar (web/structured/guidance.py), and how tools, calls and results are written
+into the prompt and read back from a reply (web/chat_completions/tool_protocol.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.web.guidance import anchored, prepared
-from sidecar.web.openai_tools import NamedToolChoice, ToolCall, ToolChoice, ToolSpec
-from sidecar.web.tool_protocol import (
+from sidecar.web.chat_completions.tool_protocol import (
     MARKER,
     RESULT_MARKER,
     ReplySplitter,
@@ -21,6 +19,8 @@ from sidecar.web.tool_protocol import (
     read_calls,
     written,
 )
+from sidecar.web.chat_completions.tools import NamedToolChoice, ToolCall, ToolChoice, ToolSpec
+from sidecar.web.structured.guidance import anchored, prepared
 
 WEATHER = ToolSpec.model_validate(
     {

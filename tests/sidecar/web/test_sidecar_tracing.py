@@ -22,8 +22,8 @@ from pydantic import SecretStr
 
 from scripts.run import services
 from sidecar.settings import Settings
-from sidecar.web.record import RequestRecord
-from sidecar.web.telemetry import Tracing, exporters
+from sidecar.web.observability.record import RequestRecord
+from sidecar.web.observability.telemetry import Tracing, exporters
 from tests.sidecar.support import predict, request_line
 from tests.support.receivers import (
     FAST_EXPORT,

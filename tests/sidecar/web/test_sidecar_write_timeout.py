@@ -1,5 +1,5 @@
-"""A client that stops reading (web/connections.py, WRITE_TIMEOUT_S): its connection is closed
-once the sidecar could not write to it for the timeout, its reply is cancelled in the model
+"""A client that stops reading (web/guards/connections.py, WRITE_TIMEOUT_S): its connection is
+closed once the sidecar could not write to it for the timeout, its reply is cancelled in the model
 worker, and the request's log line and /metrics say so. A client that reads slowly is not cut.
 Counts, not timings: the log line's outcome and reason, the tokens generated, the counter."""
 

@@ -13,8 +13,8 @@ whatever else runs at the same time.
 A repetition penalty (onnxruntime-genai's `repetition_penalty`, llama.cpp's `repeat_penalty`)
 is applied first, with the usual meaning: the logit of every token already in the sequence
 (prompt included) is divided by the penalty if positive, multiplied by it if negative. It runs in
-float32, the logits' type; the APIs bound it to 0.1-10 (web/llamacpp_fields.py), so a finite
-logit stays finite.
+float32, the logits' type; the APIs bound it to 0.1-10 (web/chat_completions/llamacpp_fields.py), so
+a finite logit stays finite.
 
 Logits that hold NaN or +inf (a model that overflowed, a penalty beyond those bounds), or none
 that is finite, give no token: NonFiniteLogits, which ends that reply alone (batch/step.py).

@@ -32,9 +32,9 @@ from sidecar.model.batch.guidance import Grammars
 from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.engine import Engine, Generation
 from sidecar.model.guidance import GuidanceRefused
-from sidecar.web.guidance import for_request, meant, prepared
-from sidecar.web.openai_tools import JsonSchemaSpec, ToolSpec
-from sidecar.web.reply_check import ReplyCheck, validator
+from sidecar.web.chat_completions.tools import JsonSchemaSpec, ToolSpec
+from sidecar.web.structured.guidance import for_request, meant, prepared
+from sidecar.web.structured.reply_check import ReplyCheck, validator
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -373,7 +373,8 @@ def allows(model: Matching, guidance: Guidance, text: str) -> bool:
 CONST = {"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}
 # name: (schema, a text the grammar let the model finish with that does not validate, what now)
 #   impossible: the grammar no longer allows it; not-valid: the grammar does, the final check
-#   (reply_check.py) refuses it; refused: the request is a 400 (the schema's x-guidance)
+#   (web/structured/reply_check.py) refuses it; refused: the request is a 400 (the schema's
+#   x-guidance)
 DIFFERENTIAL: dict[str, tuple[dict[str, Any], str, str]] = {
     "const-overridden-by-an-escaped-key": (CONST, '{"a":1,"\\u0061":"x"}', "not-valid"),
     "a-key-repeated": ({"type": "object"}, '{"b":1,"b":2}', "not-valid"),

@@ -1,0 +1,2 @@
+"""What an operator sees of each request: its record (record.py), its one log line
+(request_log.py), /metrics (metrics.py) and traces (telemetry.py)."""
