@@ -16,14 +16,14 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
-from chatapp import host as app_host
-from chatapp import logs as app_logs
 from chatapp import settings as app_settings
-from chatapp import telemetry as app_telemetry
-from chatapp import upstream as app_upstream
-from chatapp import upstream_predict as app_upstream_predict
-from chatapp import wire as app_wire
 from chatapp.errors import ApiError
+from chatapp.guards import host as app_host
+from chatapp.observability import logs as app_logs
+from chatapp.observability import telemetry as app_telemetry
+from chatapp.relay import upstream as app_upstream
+from chatapp.relay import upstream_predict as app_upstream_predict
+from chatapp.relay import wire as app_wire
 from sidecar import ipc
 from sidecar import jsonlog as sidecar_jsonlog
 from sidecar.settings import Settings

@@ -179,7 +179,6 @@ MAX_MODULES = 18
 # Packages that still hold more, folded next (issue 59): each must come off this list when it
 # is folded, and a package that no longer exceeds the limit fails until it does.
 NOT_YET_FOLDED = {
-    "main-app/chatapp",
     "main-app/chatapp/documents",
 }
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flask import Flask
 
+    from chatapp.relay.upstream import Upstream
     from chatapp.store import Store
-    from chatapp.upstream import Upstream
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -24,15 +24,18 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # patched the standard library (sockets, ssl, threads).
     from flask import Flask
 
-    from chatapp import accounts, errors, health, images, metrics, pages, relay, settings
+    from chatapp import accounts, errors, health, pages, settings
     from chatapp.accounts import cross_site
-    from chatapp.body_deadline import BodyDeadline
     from chatapp.chats import api as chats_api
     from chatapp.documents import routes as documents_routes
     from chatapp.documents.service import Documents
-    from chatapp.host import AllowedHosts, allowed
-    from chatapp.telemetry import Telemetry
-    from chatapp.uploads import LargeBodies
+    from chatapp.guards.body_deadline import BodyDeadline
+    from chatapp.guards.host import AllowedHosts, allowed
+    from chatapp.guards.uploads import LargeBodies
+    from chatapp.observability import metrics
+    from chatapp.observability.telemetry import Telemetry
+    from chatapp.relay import chat as relay
+    from chatapp.relay import images
 
     app = Flask(__name__)
     # "//" in a path is a 404, not a redirect: Werkzeug would redirect to a URL built from the
@@ -49,8 +52,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     _keep_chats_for(app, store)
     # The library (chatapp/documents/): its search, and its indexer where it runs in-process.
     app.extensions["documents"] = Documents(store, app.config)
-    # A request body must arrive within REQUEST_BODY_TIMEOUT (body_deadline.py); one with
-    # images may be larger than a text's (images.py), a few at once (uploads.py).
+    # A request body must arrive within REQUEST_BODY_TIMEOUT (guards/body_deadline.py); one
+    # with images may be larger than a text's (relay/images.py), a few at once
+    # (guards/uploads.py).
     largest = images.body_limit(
         app.config, max(app.config["MAX_CONTENT_LENGTH"], app.config["MAX_IMPORT_BYTES"])
     )
@@ -64,7 +68,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     )
     # Outermost: a name the app is not meant to be reached by runs nothing (DNS rebinding).
     app.wsgi_app = AllowedHosts(app.wsgi_app, allowed(app.config))  # type: ignore[method-assign]
-    # /metrics, and traces when a destination is configured (chatapp/telemetry.py).
+    # /metrics, and traces when a destination is configured (chatapp/observability/telemetry.py).
     app.extensions["telemetry"] = telemetry = Telemetry.from_config(app.config)
     telemetry.install(app)
     errors.install(app)
@@ -109,14 +113,14 @@ def _keep_chats_for(app: Flask, store: Store) -> None:
 
 def _make_upstream(config: Mapping[str, Any]) -> Upstream:
     """The upstream the app's config asks for (chatapp.settings: UPSTREAM_API, SIDECAR_URL)."""
-    from chatapp.upstream import Connection
-    from chatapp.upstream_openai import OpenAIUpstream
-    from chatapp.upstream_predict import PredictUpstream
+    from chatapp.relay.upstream import Connection
+    from chatapp.relay.upstream_openai import OpenAIUpstream
+    from chatapp.relay.upstream_predict import PredictUpstream
 
     connection = Connection(
         config["SIDECAR_URL"],
         connect_timeout=config["SIDECAR_CONNECT_TIMEOUT"],
-        # No wait for the model service outlasts the chat's own limit (relay.py).
+        # No wait for the model service outlasts the chat's own limit (relay/chat.py).
         read_timeout=min(config["SIDECAR_READ_TIMEOUT"], config["RELAY_TIME_LIMIT"]),
         api_key=config["UPSTREAM_API_KEY"],
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from chatapp import create_app
-from chatapp.logs import configure_logging
+from chatapp.observability.logs import configure_logging
 from chatapp.settings import listen_address
 
 

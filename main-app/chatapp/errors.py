@@ -62,7 +62,9 @@ def _api_error(error: ApiError) -> Response:
 
 
 def _http_error(error: HTTPException) -> Response:
-    if isinstance(error, SecurityError):  # a Host Werkzeug cannot read (host.py refuses first)
+    if isinstance(
+        error, SecurityError
+    ):  # a Host Werkzeug cannot read (guards/host.py refuses first)
         return error_response(400, "This host name is not served here.", "invalid_host")
     status = error.code or 500
     message, type = _HTTP_ERRORS.get(status, ("The request could not be handled.", "http_error"))

@@ -6,18 +6,21 @@ threaded worker, a client that sent half a request's headers held a thread until
 45 of them took the app offline. The gevent worker reads each request's headers under a
 deadline of `keepalive` seconds (REQUEST_HEADERS_TIMEOUT), so a client that stalls, or sends a
 byte a second, is closed after that; its body is read under REQUEST_BODY_TIMEOUT
-(chatapp/body_deadline.py), so a stalled or endless body is answered 408 and closed
+(chatapp/guards/body_deadline.py), so a stalled or endless body is answered 408 and closed
 (`python -m scripts.bench slow-clients`; docs/benchmarks.md, "Slow clients"). Past
 worker_connections a worker stops accepting until one of its connections closes, and the soft
-open-files limit is raised to the hard one at start (chatapp/open_files.py). HOST, PORT, LOG_LEVEL,
-WEB_CONCURRENCY, GUNICORN_CONNECTIONS and REQUEST_HEADERS_TIMEOUT are parsed by `chatapp.settings`.
+open-files limit is raised to the hard one at start (chatapp/guards/open_files.py). HOST, PORT,
+LOG_LEVEL, WEB_CONCURRENCY, GUNICORN_CONNECTIONS and REQUEST_HEADERS_TIMEOUT are parsed by
+`chatapp.settings`.
 """
 
 import logging
 import os
 
-from chatapp import gunicorn_metrics, open_files, settings
+from chatapp import settings
 from chatapp.documents import indexer_process
+from chatapp.guards import open_files
+from chatapp.observability import gunicorn_metrics
 
 # Python warnings (gevent's, say) become JSON log lines like everything else on stderr.
 logging.captureWarnings(True)
@@ -33,7 +36,8 @@ keepalive = settings.headers_timeout(os.environ)
 # No control socket: it would be one shared path ($HOME/.gunicorn/gunicorn.ctl) for every
 # gunicorn on the machine, and nothing here uses gunicornc.
 control_socket_disable = True
-# /metrics adds up every worker's numbers: each writes them into one folder (gunicorn_metrics.py).
+# /metrics adds up every worker's numbers: each writes them into one folder
+# (observability/gunicorn_metrics.py).
 # Documents are indexed by one process the master starts beside the workers, never in a gevent
 # worker (chatapp/documents/service.py); the workers inherit the setting and start no thread.
 os.environ.setdefault("DOCUMENT_INDEXER", "process")
@@ -43,7 +47,7 @@ def on_starting(server: object) -> None:
     gunicorn_metrics.on_starting(server)
     start_log = logging.getLogger("chatapp.start")
     # In the master, before the workers fork: they inherit the raised open-files limit. What
-    # happens past worker_connections and past the limit: chatapp/open_files.py.
+    # happens past worker_connections and past the limit: chatapp/guards/open_files.py.
     open_files.log_limits(start_log, open_files.raise_soft_limit(), worker_connections)
     # One line at start: whether the app sends a key to the model service, whom it answers.
     start_log.info("access", extra={"fields": settings.access_summary(os.environ)})
@@ -64,7 +68,8 @@ def child_exit(server: object, worker: object) -> None:
     gunicorn_metrics.child_exit(server, worker)
 
 
-# No access log: the app logs one richer JSON line per chat (chatapp.logs), never its text.
+# No access log: the app logs one richer JSON line per chat (chatapp.observability.logs), never
+# its text.
 accesslog = None
 errorlog = "-"
 # gunicorn's own lines (start, workers, errors) as JSON on stderr too, like the app's.
@@ -72,7 +77,7 @@ _log_level = settings.log_level(os.environ).upper()
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "chatapp.logs.JsonFormatter"}},
+    "formatters": {"json": {"()": "chatapp.observability.logs.JsonFormatter"}},
     "handlers": {
         "json": {
             "class": "logging.StreamHandler",

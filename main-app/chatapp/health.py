@@ -27,7 +27,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify
 
 from chatapp.errors import error_response
-from chatapp.upstream import DEFAULT_RETRY_AFTER, NOT_REACHABLE
+from chatapp.relay.upstream import DEFAULT_RETRY_AFTER, NOT_REACHABLE
 
 bp = Blueprint("health", __name__)
 

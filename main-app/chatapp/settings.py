@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from chatapp.host import allowed
+from chatapp.guards.host import allowed
 
 DEFAULTS: dict[str, Any] = {
     "SIDECAR_URL": "http://localhost:8000",
@@ -27,7 +27,7 @@ DEFAULTS: dict[str, Any] = {
     # Flask's own name; the environment says MAX_REQUEST_BYTES. The sidecar's default limit.
     "MAX_CONTENT_LENGTH": 64 * 1024,
     "REQUEST_BODY_TIMEOUT": 10.0,
-    # The sidecar's MAX_IMAGE_BYTES and MAX_IMAGES (chatapp/images.py).
+    # The sidecar's MAX_IMAGE_BYTES and MAX_IMAGES (chatapp/relay/images.py).
     "MAX_IMAGE_BYTES": 5 * 1024 * 1024,
     "MAX_IMAGES": 4,
     "MAX_IMAGE_CHATS": 4,
@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "UPSTREAM_API": "predict",
     "UPSTREAM_MODEL": None,
     "UPSTREAM_API_KEY": None,
-    "ALLOWED_HOSTS": None,  # unset: the loopback names (chatapp/host.py)
+    "ALLOWED_HOSTS": None,  # unset: the loopback names (chatapp/guards/host.py)
     "WEBSITE_HOSTNAME": None,
     "METRICS": True,
     # Documents (chatapp/documents/, docs/documents.md).
@@ -109,7 +109,7 @@ DESCRIPTIONS: dict[str, str] = {
     "before it starts the stream itself, with heartbeats (a chat the sidecar keeps queued behind "
     "others), so that a browser that leaves is noticed and its request leaves the queue. A "
     "refusal before then is the page's HTTP status (a retry countdown for `loading`, `busy`); "
-    "one after it is the stream's last line (`chatapp.pending`).",
+    "one after it is the stream's last line (`chatapp.relay.pending`).",
     "HEARTBEAT_INTERVAL": "Seconds of sidecar silence after which the relay writes a "
     '`{"ping": true}` line, so that a browser that went away is noticed quickly.',
     "MAX_REQUEST_BYTES": "The largest accepted `POST /chat` body, else 413; a body with images "
@@ -137,7 +137,8 @@ DESCRIPTIONS: dict[str, str] = {
     "(`MAX_REQUEST_BYTES`): the model sees only its newest turns that fit.",
     "REQUEST_BODY_TIMEOUT": "Seconds a client has to send a request's whole body, from the end "
     "of its headers; then `POST /chat` answers 408 `request_timeout` and the connection is "
-    "closed, so a stalled or endless body cannot hold a socket (`chatapp.body_deadline`; under "
+    "closed, so a stalled or endless body cannot hold a socket "
+    "(`chatapp.guards.body_deadline`; under "
     "gunicorn's gevent worker, as deployed).",
     "REQUEST_HEADERS_TIMEOUT": "Seconds a client has to send a request's headers, and that an "
     "idle kept-alive connection lives; then the connection is closed (gunicorn's `keepalive`), "
@@ -158,7 +159,7 @@ DESCRIPTIONS: dict[str, str] = {
     "WEBSITE_HOSTNAME": "Set by App Service to the site's own name "
     "(`<app>.azurewebsites.net`): answered beside the loopback names or `ALLOWED_HOSTS`.",
     "LOG_LEVEL": "`debug`, `info`, `warning` or `error`: the app's JSON log lines from that level "
-    "up (one `info` line per chat, see `chatapp.logs`).",
+    "up (one `info` line per chat, see `chatapp.observability.logs`).",
     "METRICS": "Serve `GET /metrics` (Prometheus text; counts and timings, never text or ids); "
     "`false` removes the route, e.g. on a public site nobody scrapes.",
     "DOCUMENT_MAX_BYTES": "The largest file a library takes, in bytes; a larger one is listed as "
@@ -327,7 +328,7 @@ def _model(name: str, raw: str) -> str:
 
 def _hosts(name: str, raw: str) -> list[str]:
     """host names, comma-separated"""
-    # Matched by chatapp/host.py: a name, "*.example.com" (its subdomains), "*" (any).
+    # Matched by chatapp/guards/host.py: a name, "*.example.com" (its subdomains), "*" (any).
     return [h.strip().lower() for h in raw.split(",") if h.strip()]
 
 

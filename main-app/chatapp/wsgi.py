@@ -4,7 +4,7 @@ gunicorn -c python:chatapp.gunicorn_conf chatapp.wsgi:app
 """
 
 from chatapp import create_app
-from chatapp.logs import configure_logging
+from chatapp.observability.logs import configure_logging
 
 app = create_app()
 # JSON lines: the app's warnings and its one line per chat (gunicorn's own, see its config).

@@ -63,7 +63,7 @@ MAX_TOP_LOGPROBS = 20
 # A temperature below this is greedy, as 0 or none is (vLLM's bound, _SAMPLING_EPS): dividing
 # logits by less only overflows (1.8e-307 made inf, then NaN) and samples nothing greedy would
 # not pick. Both APIs accept 0 to 2 (web/generation/messages.py); the chat app applies the same
-# floor before it sends (chatapp/wire.py; tests/test_contracts.py keeps the two equal).
+# floor before it sends (chatapp/relay/wire.py; tests/test_contracts.py keeps the two equal).
 MIN_TEMPERATURE = 1e-5
 
 
@@ -115,7 +115,7 @@ class Generate:
     # Who may reuse this conversation's cached tokens (model/kv/prompt_cache.py); None: the
     # shared unscoped pool. `cache_scope` is the scope's one internal name in both services;
     # the names clients send stay as documented (docs/api.md) and map to it: the chat page's
-    # `conversation_id` (chatapp/wire.py puts it in the payload's `cache_scope`, sent as
+    # `conversation_id` (chatapp/relay/wire.py puts it in the payload's `cache_scope`, sent as
     # /predict's `cache_scope` or /v1's `prompt_cache_key`); /predict's `cache_scope`
     # ("scope:" + it, web/predict/api.py); /v1's `prompt_cache_key` ("key:" + it), else
     # `user` ("user:" + it, web/chat_completions/schemas.py). With API_KEY set, its owner's:

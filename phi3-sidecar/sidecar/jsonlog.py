@@ -1,10 +1,11 @@
 """The log line format of both sidecar processes: one JSON object per line on stderr.
 
 `ts` (ISO-8601 UTC, milliseconds), `level`, `logger`, `msg`, then the fields passed as
-`extra={"fields": {...}}`. The chat app writes the same shape (main-app/chatapp/logs.py; a
-contract test keeps the two equal), so one query reads both services' logs. A logged exception
-shows its type and frames, not its message (a library's may quote the prompt), unless
-LOG_PROMPTS: the model worker passes it (configure_logging's exception_messages).
+`extra={"fields": {...}}`. The chat app writes the same shape
+(main-app/chatapp/observability/logs.py; a contract test keeps the two equal), so one query
+reads both services' logs. A logged exception shows its type and frames, not its message (a
+library's may quote the prompt), unless LOG_PROMPTS: the model worker passes it
+(configure_logging's exception_messages).
 """
 
 from __future__ import annotations

@@ -204,8 +204,8 @@ def reply(
 
 def plain(handler: Handler, pieces: list[bytes], *, end: bool = True) -> None:
     """A sidecar from before events: `pieces` as text/plain HTTP chunks, which the app still
-    reads (chatapp/upstream_predict.py, the fallback). end=False drops the connection instead of
-    the terminating chunk."""
+    reads (chatapp/relay/upstream_predict.py, the fallback). end=False drops the connection
+    instead of the terminating chunk."""
     _start(handler, "text/plain; charset=utf-8")
     for piece in pieces:
         write_chunk(handler, piece)

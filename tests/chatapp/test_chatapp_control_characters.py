@@ -1,8 +1,8 @@
 """Control characters in replies (issue 38, finding 8): a model, or an OpenAI-compatible
 upstream, that writes ESC used to end the chat, since every later turn carried the reply back
 and was refused 400 "Message 2 contains control characters". The app now makes them visible in
-every reply, whichever upstream it reads (chatapp.upstream), and in the assistant turns it is
-sent back (chatapp.wire), so such a chat goes on. The real sidecar's side: tests/e2e."""
+every reply, whichever upstream it reads (chatapp.relay.upstream), and in the assistant turns it is
+sent back (chatapp.relay.wire), so such a chat goes on. The real sidecar's side: tests/e2e."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from chatapp import wire
+from chatapp.relay import wire
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, chunk, sse
 

@@ -1,6 +1,6 @@
-"""chatapp/host.py: the names the app answers. Issue 58: with ALLOWED_HOSTS unset (`make run`)
-any name was answered, so a page on a name rebound to 127.0.0.1 passed the cross-site check
-and could list, read, upload to and delete from the library."""
+"""chatapp/guards/host.py: the names the app answers. Issue 58: with ALLOWED_HOSTS unset
+(`make run`) any name was answered, so a page on a name rebound to 127.0.0.1 passed the
+cross-site check and could list, read, upload to and delete from the library."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from chatapp import images
+from chatapp.relay import images
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, chunk, sse
 from tests.chatapp.image_files import data_url, image_bytes, image_part

@@ -18,7 +18,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from chatapp.logs import JsonFormatter, configure_logging
+from chatapp.observability.logs import JsonFormatter, configure_logging
 from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
 from tests.chatapp.fake_sidecar import FakeSidecar, Handler

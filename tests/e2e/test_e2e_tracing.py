@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from chatapp import settings as app_settings
-from chatapp.telemetry import span_exporters
+from chatapp.observability.telemetry import span_exporters
 from scripts.run import services
 from tests.support.receivers import (
     FAST_EXPORT,

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from chatapp.wire import visible
+from chatapp.relay.wire import visible
 from scripts.run import services
 from sidecar.model.engine import og  # the sidecar's import: telemetry off first
 from tests.e2e.live import chat, text_of
@@ -145,7 +145,7 @@ def test_the_chat_app_relays_the_family_s_reply(
     family_app: services.Service, replies: dict[str, Reply], ending: str
 ) -> None:
     objs = chat(family_app.url, [{"role": "user", "content": ending}], max_new_tokens=MAX_NEW)
-    # The app shows a control character the model wrote as its picture (chatapp.wire.visible):
+    # The app shows a control character the model wrote as its picture (chatapp.relay.wire.visible):
     # random weights write one now and then (a form feed in the llama family's reply, once).
     assert text_of(objs) == visible(replies[ending].text)
     assert objs[-1]["done"] is True

@@ -16,10 +16,10 @@ from flask import Flask, current_app, g, request
 from sqlalchemy import select
 
 from chatapp.errors import ApiError
+from chatapp.relay.wire import FORBIDDEN_CHARS
 from chatapp.store import current_store
 from chatapp.store.models import NAME_CHARS, SUBJECT_CHARS, User
 from chatapp.store.users import LOCAL_SUBJECT, ensure_user
-from chatapp.wire import FORBIDDEN_CHARS
 
 AUTH_MODES = ("none", "appservice", "header")
 PRINCIPAL_ID = "X-MS-CLIENT-PRINCIPAL-ID"

@@ -33,11 +33,12 @@ from typing import Any
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from chatapp import errors, images
+from chatapp import errors
 from chatapp.accounts import current_user
 from chatapp.chats import convert
 from chatapp.errors import ApiError
-from chatapp.relay import json_body
+from chatapp.relay import images
+from chatapp.relay.chat import json_body
 from chatapp.store import chats, current_store
 from chatapp.store.models import Chat
 
@@ -137,7 +138,7 @@ def _full(chat: Chat) -> dict[str, Any]:
 @bp.post("/chats")
 def create_chat() -> Response:
     user = current_user()
-    # An import may carry images: the room /chat gives them (images.py); its text, the body
+    # An import may carry images: the room /chat gives them (relay/images.py); its text, the body
     # less the images' data: URLs, is a whole chat's, up to MAX_IMPORT_BYTES.
     config = current_app.config
     limit = images.body_limit(config, config["MAX_IMPORT_BYTES"])

@@ -11,8 +11,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from chatapp import images, wire
 from chatapp.errors import ApiError
+from chatapp.relay import images, wire
 from chatapp.store.chats import AnyRow, NewMessage
 from chatapp.store.models import FINISH_CHARS, TITLE_CHARS, Chat, Message
 

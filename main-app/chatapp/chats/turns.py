@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp import wire
 from chatapp.accounts import CurrentUser
 from chatapp.chats import convert
 from chatapp.documents.grounding import with_block
 from chatapp.errors import ApiError
+from chatapp.relay import wire
 from chatapp.store import Store, chats
 from chatapp.store.chats import AnyRow, NewMessage
 
@@ -159,7 +159,7 @@ def start(
     ground: Callable[[dict[str, Any]], object] | None = None,
 ) -> StoredTurn:
     """Put the stored chat's turns before the request's new message in `payload` (checked by
-    chatapp.wire), and its cache scope; raises 404 for a chat that is not the user's. `ground`
+    chatapp.relay.wire), and its cache scope; raises 404 for a chat that is not the user's. `ground`
     (a grounded turn) puts the passages into the new message, once the chat is known to be
     the user's and before the stored turns are fitted around it."""
     if not isinstance(chat_id, str) or not wire.CONVERSATION_ID.fullmatch(chat_id):

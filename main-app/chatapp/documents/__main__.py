@@ -25,7 +25,7 @@ def main() -> None:
     from chatapp import settings
     from chatapp.documents import claims
     from chatapp.documents.service import make_indexer
-    from chatapp.logs import configure_logging
+    from chatapp.observability.logs import configure_logging
     from chatapp.store import Store, migrate
     from chatapp.store.database import default_url
 

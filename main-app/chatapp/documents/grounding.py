@@ -30,12 +30,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp import images
 from chatapp.documents.citations import check
 from chatapp.documents.retrieval import Passage, Searcher
 from chatapp.documents.tokens import TokenCounter
 from chatapp.errors import ApiError
-from chatapp.wire import FORBIDDEN_CHARS
+from chatapp.relay import images
+from chatapp.relay.wire import FORBIDDEN_CHARS
 
 CHAT_TOKENS_PER_ENCODER_TOKEN = 1.25
 # A grounded prompt shorter than this (in the encoder's tokens) teaches the ratio nothing: the

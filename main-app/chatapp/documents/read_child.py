@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
     os.dup2(2, 1)
     from chatapp.documents.reader import answer, too_large
     from chatapp.documents.tokens import TokenCounter
-    from chatapp.logs import configure_logging
+    from chatapp.observability.logs import configure_logging
 
     configure_logging(os.environ.get("LOG_LEVEL", "info") or "info")
     counters: dict[str | None, TokenCounter] = {}  # a tokenizer read once, for every file

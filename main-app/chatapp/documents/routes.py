@@ -30,10 +30,10 @@ from chatapp.documents.models import Document
 from chatapp.documents.owner import current_owner_id
 from chatapp.documents.retrieval import Searcher
 from chatapp.errors import ApiError, error_response
-from chatapp.images import body_limit
+from chatapp.guards.uploads import FULL
+from chatapp.relay.images import body_limit
 from chatapp.store import current_store
 from chatapp.store.database import busy
-from chatapp.uploads import FULL
 
 bp = Blueprint("documents", __name__)
 

@@ -1,5 +1,5 @@
 // The chat page. Talks to POST /chat and reads the NDJSON reply stream described in
-// chatapp/wire.py. Model output and stored chats are untrusted: a reply is rendered as Markdown
+// chatapp/relay/wire.py. Model output and stored chats are untrusted: a reply is rendered as Markdown
 // only through the sanitiser in markdown.js; everything else (your messages, titles, notes) is
 // inserted as text, never as HTML. Chats and settings are kept in this browser (store.js), or,
 // for a signed-in user, chats on the server (server-chats.js; import-chats.js offers this

@@ -1,4 +1,4 @@
-// One exchange: POST /chat, the NDJSON reply stream (chatapp/wire.py), retries after
+// One exchange: POST /chat, the NDJSON reply stream (chatapp/relay/wire.py), retries after
 // Retry-After, and how the reply ended.
 import { restoreImages } from "./attachments.js";
 import { persist, showStorageNote } from "./chats.js";
@@ -82,7 +82,7 @@ function sendable(messages) {
 /** The request for `history`: the system prompt first, then the conversation; its oldest turns
  * go first when it is too big for one request (the model service would leave them out of the
  * model's context anyway), or holds more images than the app takes. The app counts the text
- * (the body less its image URLs) against MAX_BYTES (chatapp/images.py); each image was checked
+ * (the body less its image URLs) against MAX_BYTES (chatapp/relay/images.py); each image was checked
  * against MAX_IMAGE_BYTES when it was attached. */
 async function fittedBody(history, chat) {
   const system = state.settings.system.trim() ? [{ role: "system", content: clean(state.settings.system) }] : [];

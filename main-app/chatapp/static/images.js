@@ -1,5 +1,5 @@
 // An image the person attaches: checked, made smaller when it is larger than any model here
-// reads, and turned into the data: URL POST /chat takes (chatapp/images.py).
+// reads, and turned into the data: URL POST /chat takes (chatapp/relay/images.py).
 //
 // Why 1344 x 1344 pixels' worth: Phi-3-vision's processor cuts an image into at most 16 crops
 // of 336 x 336 (onnxruntime-extensions hard-codes 16), so more pixels add nothing the model

@@ -25,7 +25,7 @@ export const UNREACHABLE = "The chat service is not reachable. Check your connec
 export const MAX_BYTES = Number(document.body.dataset.maxRequestBytes) || 65536;
 export const MAX_MESSAGES = Number(document.body.dataset.maxMessages) || 200;
 export const TOKENS_LIMIT = Number(document.body.dataset.maxNewTokensLimit) || 4096;
-// The app's limits on images (chatapp/images.py: the sidecar's MAX_IMAGE_BYTES, MAX_IMAGES);
+// The app's limits on images (chatapp/relay/images.py: the sidecar's MAX_IMAGE_BYTES, MAX_IMAGES);
 // MAX_IMAGES 0: the app takes none.
 const imageBytes = Number(document.body.dataset.maxImageBytes);
 const images = Number(document.body.dataset.maxImages);

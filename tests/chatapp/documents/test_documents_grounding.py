@@ -30,7 +30,7 @@ from chatapp.documents.grounding import (
     with_block,
 )
 from chatapp.documents.retrieval import Passage
-from chatapp.logs import JsonFormatter
+from chatapp.observability.logs import JsonFormatter
 from scripts.run.services import Service
 
 FILES = Path(__file__).parent / "files"

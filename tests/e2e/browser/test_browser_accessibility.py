@@ -13,7 +13,7 @@ from playwright.sync_api import (
     expect,
 )
 
-from chatapp import wire
+from chatapp.relay import wire
 from scripts.run import services
 from tests.chatapp.fake_sidecar import FakeSidecar
 from tests.e2e.browser.support import (

@@ -15,7 +15,7 @@ from playwright.sync_api import (
     expect,
 )
 
-from chatapp import wire
+from chatapp.relay import wire
 from scripts.models import make_model
 from scripts.run import services
 from tests.chatapp import fake_sidecar as fs
@@ -176,7 +176,7 @@ def test_endings_say_why_a_reply_ended(
     fake_app: tuple[FakeSidecar, services.Service], page: Page
 ) -> None:
     _, app = fake_app
-    # The app's own wire format, as chatapp.wire writes it.
+    # The app's own wire format, as chatapp.relay.wire writes it.
     done = wire.done(64, 120.0, 9.5, finish_reason="length", prompt_tokens=300, cached_tokens=256)
     length_body = ndjson_body(
         wire.delta("The answer starts"), wire.PING, wire.delta(" and goes on"), done

@@ -6,7 +6,7 @@ Content-Length larger than what arrives, or a chunked body that never ends, held
 connection forever. `BodyDeadline` reads the whole body, at most MAX_REQUEST_BYTES + 1 bytes,
 within REQUEST_BODY_TIMEOUT seconds of the request reaching the app, before any route runs. A
 late body is dropped and marked (`LATE`): `POST /chat` answers it 408 `request_timeout`
-(relay.py, logged like any refusal), and gunicorn closes the connection after draining it for
+(relay/chat.py, logged like any refusal), and gunicorn closes the connection after draining it for
 at most its keepalive deadline. The deadline is a gevent timeout: it applies where the socket
 is gevent's (gunicorn's gevent worker, production); the development server (`python -m
 chatapp`) reads as Flask does.

@@ -36,7 +36,7 @@ from typing import Any
 import requests
 
 from chatapp.errors import ApiError
-from chatapp.upstream import (
+from chatapp.relay.upstream import (
     NOT_REACHABLE,
     Broken,
     Connection,
@@ -58,7 +58,8 @@ from chatapp.upstream import (
     upstream_failed,
 )
 
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.upstream_openai")
 
 CHAT_PATH = "/chat/completions"
 MODELS_PATH = "/models"

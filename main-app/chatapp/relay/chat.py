@@ -1,16 +1,17 @@
 """The relay: `POST /chat` forwards the conversation to the sidecar and streams the reply back.
 
-The upstream (`chatapp.upstream`: our sidecar's NDJSON events, or an OpenAI-compatible server's
-server-sent events) yields the reply as events: each `Text` becomes a `delta` line of the
-browser wire format (see `chatapp.wire`) as soon as it arrives, and the `Done` event the last
+The upstream (`chatapp.relay.upstream`: our sidecar's NDJSON events, or an OpenAI-compatible
+server's server-sent events) yields the reply as events: each `Text` becomes a `delta` line of the
+browser wire format (see `chatapp.relay.wire`) as soon as it arrives, and the `Done` event the last
 `done` line, with the model's own token count when the server gives one (a piece may carry
 several tokens: a fast model's dozen tokens can arrive as one). While the sidecar is silent
 the relay writes a heartbeat line every `HEARTBEAT_INTERVAL` seconds: a WSGI app only learns
 that the browser left when a write fails, and then the server closes the response, which closes
 the upstream connection so the sidecar stops generating.
 
-Each chat logs one line (`chatapp.logs.ChatRecord`): a refused one when its error answer goes
-out (`_tag_and_log_refusal`), a streamed one when the server closes the stream (`Relay.close`).
+Each chat logs one line (`chatapp.observability.logs.ChatRecord`): a refused one when its error
+answer goes out (`_tag_and_log_refusal`), a streamed one when the server closes the stream
+(`Relay.close`).
 """
 
 from __future__ import annotations
@@ -24,22 +25,24 @@ from typing import Any
 from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from chatapp import errors, images, wire
+from chatapp import errors
 from chatapp.accounts import CurrentUser, current_user
-from chatapp.body_deadline import LATE
 from chatapp.chats import turns
 from chatapp.chats.turns import StoredTurn
 from chatapp.documents.grounding import Grounding
 from chatapp.errors import ApiError
-from chatapp.logs import ChatRecord, request_id
-from chatapp.pending import PendingReply
+from chatapp.guards.body_deadline import LATE
+from chatapp.guards.uploads import FULL
+from chatapp.observability.logs import ChatRecord, request_id
+from chatapp.observability.telemetry import Telemetry
+from chatapp.relay import images, wire
+from chatapp.relay.pending import PendingReply
+from chatapp.relay.upstream import DEFAULT_RETRY_AFTER, Broken, Done, Refused, ReplyStream, Upstream
 from chatapp.store import current_store
-from chatapp.telemetry import Telemetry
-from chatapp.uploads import FULL
-from chatapp.upstream import DEFAULT_RETRY_AFTER, Broken, Done, Refused, ReplyStream, Upstream
 
 bp = Blueprint("relay", __name__)
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.relay")
 
 
 class Relay:
@@ -236,7 +239,7 @@ def _tag_and_log_refusal(response: Response) -> Response:
 def json_body(text_limit: int) -> Any:
     """The request's JSON; every way it can be wrong is a 400 in the envelope, never a 500.
     A body whose text (less its image URLs) is over `text_limit` bytes is a 413."""
-    if request.environ.get(FULL):  # uploads.py: as many chats with images as it takes
+    if request.environ.get(FULL):  # guards/uploads.py: as many chats with images as it takes
         seconds = DEFAULT_RETRY_AFTER
         raise ApiError(
             "busy",
@@ -246,7 +249,7 @@ def json_body(text_limit: int) -> Any:
             retry_after=seconds,
         )
     late = request.environ.get(LATE)
-    if late is not None:  # body_deadline.py: the body stalled
+    if late is not None:  # guards/body_deadline.py: the body stalled
         message = f"The request did not arrive within {late:g} seconds."
         raise ApiError("request_timeout", message, status=408)
     try:

@@ -11,7 +11,7 @@ OpenAI's content parts, to carry images: `{"type": "text", "text": "..."}` and
 `{"type": "image_url", "image_url": {"url": "data:image/png;base64,...", "detail"?: "auto"}}`
 (a PNG, JPEG, WEBP or GIF file as a `data:` URL; never a web address: the app fetches
 nothing). A request holds at most `MAX_IMAGES` images, each at most `MAX_IMAGE_BYTES`, and
-its text (the body less its image URLs) at most `MAX_REQUEST_BYTES` (`chatapp.images`). A
+its text (the body less its image URLs) at most `MAX_REQUEST_BYTES` (`chatapp.relay.images`). A
 user message with an image may have no text. Parts go on in their order (the page puts the
 images first, Phi-3-vision's own convention); a message without images goes on as one string
 (text parts joined a part per line, as the sidecar reads them).
@@ -43,7 +43,7 @@ A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`
 `message` is one sentence for the person using the page. (A chat the model service keeps in its
 queue for longer than `QUEUED_STREAM_AFTER` (3 s) gets its `200` stream at once, with pings while it
 waits; a refusal that comes after that is the stream's last line, an `error` with the same
-type: chatapp/pending.py.) The types:
+type: chatapp/relay/pending.py.) The types:
 
 - `loading` (503 + `Retry-After`): the model is still loading; try again after that many seconds.
 - `busy` (503 + `Retry-After`): the model service has as many replies queued as it takes (or,
@@ -114,8 +114,8 @@ import re
 import secrets
 from typing import Any
 
-from chatapp import images
 from chatapp.errors import ApiError
+from chatapp.relay import images
 
 MIMETYPE = "application/x-ndjson"
 # With the charset said: clients that guess otherwise (the requests library) decode it right.
@@ -145,7 +145,7 @@ def visible(text: str) -> str:
     """`text` with nothing the message rules refuse: each C0 control but tab, newline and
     carriage return becomes its control picture (U+2400 + its code; ESC is U+241B), DEL
     U+2421, a C1 control or a lone surrogate U+FFFD. A surrogate pair (two JSON escapes read
-    apart) becomes its character. Model output gets this (chatapp.upstream, for every reply)
+    apart) becomes its character. Model output gets this (chatapp.relay.upstream, for every reply)
     rather than a refusal, so a model or an upstream that writes ESC never ends a chat."""
     if not FORBIDDEN_CHARS.search(text):
         return text

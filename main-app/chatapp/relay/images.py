@@ -67,7 +67,7 @@ def text_bytes(size: int, body: Any) -> int:
 
 
 def count(messages: list[dict[str, Any]]) -> int:
-    """The images in checked messages (chatapp.wire.parse_chat_request's)."""
+    """The images in checked messages (chatapp.relay.wire.parse_chat_request's)."""
     return sum(
         part["type"] == "image_url"
         for message in messages

@@ -24,7 +24,7 @@ from typing import Any
 import requests
 
 from chatapp.errors import ApiError
-from chatapp.upstream import (
+from chatapp.relay.upstream import (
     Broken,
     Connection,
     Done,
@@ -43,7 +43,8 @@ from chatapp.upstream import (
     upstream_failed,
 )
 
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.upstream_predict")
 
 
 class PredictUpstream:

@@ -1,7 +1,7 @@
 """gunicorn's hooks for /metrics (chatapp/gunicorn_conf.py), run in its master process.
 
 Every worker process counts its own chats; prometheus-client's multiprocess mode has each write
-its numbers into one folder, which /metrics reads and adds up (chatapp/metrics.py). The folder
+its numbers into one folder, which /metrics reads and adds up (metrics.py). The folder
 is made before the first worker starts, unless PROMETHEUS_MULTIPROC_DIR names one, and removed
 when gunicorn exits. Nothing here imports Flask or prometheus-client at import time: the master
 loads this module with its config, before the gevent worker patches the standard library, and

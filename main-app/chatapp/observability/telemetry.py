@@ -1,4 +1,4 @@
-"""What the app tells about itself besides its log lines: /metrics always (chatapp/metrics.py),
+"""What the app tells about itself besides its log lines: /metrics always (metrics.py),
 and traces (OpenTelemetry) only when a destination is configured; else no OpenTelemetry SDK or
 exporter is even imported.
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Flask, has_request_context, request
 
-from chatapp.metrics import ChatMetrics
+from chatapp.observability.metrics import ChatMetrics
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -39,7 +39,7 @@ ChatObserver = Callable[[int, str, float], None]
 
 
 class Telemetry:
-    """The relay's reports (ChatRecord.finish, relay.py) go to the metrics and the trace."""
+    """The relay's reports (ChatRecord.finish, relay/chat.py) go to the metrics and the trace."""
 
     def __init__(self, metrics: ChatMetrics, provider: TracerProvider | None = None) -> None:
         self.metrics = metrics
@@ -76,7 +76,7 @@ class Telemetry:
             instrumentor.instrument(tracer_provider=self.provider, excluded_urls="/readyz$")
 
     def chat_observer(self, request_id: str) -> ChatObserver:
-        """For a new chat's record (relay.py): what ChatRecord.finish reports to. Made while
+        """For a new chat's record (relay/chat.py): what ChatRecord.finish reports to. Made while
         the chat's server span is the current one; the stream ends outside of it."""
         span = None
         if self.provider is not None:

@@ -10,7 +10,7 @@ sees it. Label values come from fixed sets of the code only (never a request id,
 
 Under gunicorn every worker process counts its own chats, so each writes its numbers into one
 shared folder (prometheus-client's multiprocess mode) and /metrics adds them up: gunicorn's
-hooks make the folder before the first worker starts (chatapp/gunicorn_metrics.py), and the
+hooks make the folder before the first worker starts (gunicorn_metrics.py), and the
 master never imports this module: prometheus-client picks its mode when it is imported.
 """
 

@@ -1,7 +1,7 @@
 """A bound on the large bodies (chats with images) one app process holds at once.
 
 A text-only chat's body is at most `MAX_REQUEST_BYTES` (64 KiB); one with images may be up to
-`chatapp.images.body_limit` (about 28 MiB by default), held in memory from its upload to the
+`chatapp.relay.images.body_limit` (about 28 MiB by default), held in memory from its upload to the
 end of its reply (the body, its JSON, the request to the model service). Without a bound, a
 few hundred such uploads at once (gunicorn's gevent worker takes `GUNICORN_CONNECTIONS`) would
 take gigabytes. `LargeBodies` lets `MAX_IMAGE_CHATS` requests whose body may be larger than
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from chatapp.body_deadline import BODY_METHODS
+from chatapp.guards.body_deadline import BODY_METHODS
 
 FULL = "chatapp.large_bodies_full"  # in the WSGI environ: no slot was free
 

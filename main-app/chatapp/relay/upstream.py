@@ -8,7 +8,7 @@ llama.cpp's `llama-server`, Foundry Local: `upstream_openai.py`). Each module tu
 before the reply starts into an `ApiError` with one readable sentence, and the reply into the
 same events: `Text` as it comes, then `Done` (how it ended, the counts the server gave) or
 `Broken`. Whichever module read it, a `Text` holds no control character but tab, newline and
-carriage return (`ReplyStream` makes the others visible, `chatapp.wire.visible`): the page
+carriage return (`ReplyStream` makes the others visible, `chatapp.relay.wire.visible`): the page
 stores the reply and sends it back in the next turn, where the model service refuses them.
 
 A `ReplyStream` reads the reply on a thread (whole HTTP chunks as they arrive, never byte by
@@ -31,10 +31,11 @@ from typing import Any, Protocol
 
 import requests
 
-from chatapp import wire
 from chatapp.errors import ApiError
+from chatapp.relay import wire
 
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.upstream")
 
 NOT_REACHABLE = "The model service is not reachable; it may be starting or stopped."
 DEFAULT_RETRY_AFTER = 5
@@ -59,7 +60,7 @@ class Done:
 @dataclass(frozen=True)
 class Refused:
     """The model service refused the chat after the relay's stream had started: it waited in
-    the sidecar's queue past QUEUED_STREAM_AFTER (chatapp/pending.py), or the server's own
+    the sidecar's queue past QUEUED_STREAM_AFTER (chatapp/relay/pending.py), or the server's own
     stream had started before the refusal (our sidecar's STREAM_START_AFTER_S on /v1)."""
 
     error: ApiError
@@ -170,7 +171,7 @@ class Upstream(Protocol):
     base_url: str
 
     def start(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
-        """Start a streamed reply to a /chat payload (chatapp.wire); ApiError if none starts."""
+        """Start a streamed reply to a /chat payload (wire.py); ApiError if none starts."""
         ...
 
     def readiness(self) -> dict[str, Any]:
@@ -247,7 +248,7 @@ def retry_after(response: requests.Response | None) -> int:
         return DEFAULT_RETRY_AFTER
 
 
-# The refusals both APIs end in (the page's wire format: chatapp/wire.py): one sentence and one
+# The refusals both APIs end in (the page's wire format: wire.py): one sentence and one
 # type each, whichever server said it and however.
 
 

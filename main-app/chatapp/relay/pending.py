@@ -19,9 +19,10 @@ import threading
 from typing import Any
 
 from chatapp.errors import ApiError
-from chatapp.upstream import Event, Refused, ReplyStream, Upstream, upstream_failed
+from chatapp.relay.upstream import Event, Refused, ReplyStream, Upstream, upstream_failed
 
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.pending")
 
 
 class PendingReply:

@@ -1,0 +1,10 @@
+"""The relay: `POST /chat` (chat.py) forwards a conversation to the model service and streams
+the reply back to the browser.
+
+The browser's side: its wire format (wire.py: the request, the NDJSON lines, control
+characters) and the images a chat carries (images.py). The model service's side: one interface
+(upstream.py: the connection and the events every reply becomes), spoken as our sidecar's
+`POST /predict` (upstream_predict.py) or any OpenAI-compatible server's
+`POST /v1/chat/completions` (upstream_openai.py), picked by UPSTREAM_API; and a reply the model
+service keeps queued, read as a stream with heartbeats (pending.py).
+"""
