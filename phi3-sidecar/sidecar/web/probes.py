@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sidecar.web.deps import AdmissionDep, EmbeddingsDep, MetricsDep, ModelDep, SettingsDep
-from sidecar.web.observability.metrics import Gauges
+from sidecar.web.observability.gauges import Gauges
 
 router = APIRouter()
 

@@ -1,9 +1,9 @@
 """GET /metrics (Prometheus text format, written by prometheus-client).
 
 Counters of every generation request (the names /metrics had before histograms came), gauges
-read when scraped, and the distributions an operator watches, by API (`predict`, `v1`) and
-outcome (`eos`, `stop`, `length`, `time_limit`, `cancelled`, `error`, `rejected`), as vLLM
-names them:
+read when scraped (gauges.py), and the distributions an operator watches, by API (`predict`,
+`v1`) and outcome (`eos`, `stop`, `length`, `time_limit`, `cancelled`, `error`, `rejected`), as
+vLLM names them:
 
 - `sidecar_time_to_first_token_seconds`: from the request's arrival to its first piece of text
   (body, queue, prefill);
@@ -36,8 +36,6 @@ Label values come from fixed sets only: never a request id, never text.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -47,10 +45,14 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from sidecar import ipc
+from sidecar.web.observability.gauges import (
+    ConnectionsCollector,
+    Gauges,
+    GaugesCollector,
+    ImageMemoryCollector,
+    ResponseStoreCollector,
+)
 
 if TYPE_CHECKING:
     from sidecar.web.guards.connections import Connections
@@ -97,15 +99,6 @@ IMAGE_REFUSALS = (
 )
 
 
-@dataclass
-class Gauges:
-    ready: bool
-    active: int
-    waiting: int
-    worker_restarts: int
-    cache: ipc.CacheStats  # the model worker's latest report (a new worker starts empty)
-
-
 class Metrics:
     """One registry per app (tests build several apps in one process)."""
 
@@ -122,14 +115,14 @@ class Metrics:
         disable_created_metrics()
         self.prompt_cache = prompt_cache  # hits and misses mean something only when it is on
         self.registry = CollectorRegistry()
-        self._gauges = _GaugesCollector()
+        self._gauges = GaugesCollector()
         self.registry.register(self._gauges)
         if connections is not None:
-            self.registry.register(_ConnectionsCollector(connections))
+            self.registry.register(ConnectionsCollector(connections))
         if response_store is not None:
-            self.registry.register(_ResponseStoreCollector(response_store))
+            self.registry.register(ResponseStoreCollector(response_store))
         if image_memory is not None:
-            self.registry.register(_ImageMemoryCollector(image_memory))
+            self.registry.register(ImageMemoryCollector(image_memory))
 
         def counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(name, help_text, labels, registry=self.registry)
@@ -354,172 +347,3 @@ class Metrics:
     def render(self, gauges: Gauges) -> str:
         self._gauges.latest = gauges
         return generate_latest(self.registry).decode()
-
-
-class _GaugesCollector(Collector):
-    """What is read when /metrics is scraped: readiness, the queue, the worker's own counts."""
-
-    def __init__(self) -> None:
-        self.latest = Gauges(False, 0, 0, 0, ipc.CacheStats())
-
-    def collect(self) -> Iterator[Metric]:
-        g = self.latest
-        yield CounterMetricFamily(
-            "sidecar_worker_restarts", "Model worker restarts.", value=g.worker_restarts
-        )
-        yield CounterMetricFamily(
-            "sidecar_prompt_cache_evictions",
-            "Cached generators dropped to make room (since the model worker started).",
-            value=g.cache.evictions,
-        )
-        yield CounterMetricFamily(
-            "sidecar_kv_growth_pauses",
-            "Times a running reply had to wait for room to grow its KV reservation under the "
-            "bound (since the model worker started; model/kv/bound.py).",
-            value=g.cache.kv_pauses,
-        )
-        yield CounterMetricFamily(
-            "sidecar_kv_memory_waits",
-            "Requests that waited for KV memory (KV_MEMORY_MB) beside the running replies "
-            "(since the model worker started).",
-            value=g.cache.kv_waits,
-        )
-        for name, help_text, value in (
-            (
-                "prompt_cache_bytes",
-                "KV-cache bytes of the generators the conversation cache holds.",
-                g.cache.bytes,
-            ),
-            ("prompt_cache_entries", "Generators the conversation cache holds.", g.cache.entries),
-            (
-                "kv_bytes_per_token",
-                "KV-cache bytes one token costs, measured on the model's KV tensors (type, "
-                "layers, heads, head size); PROMPT_CACHE_MB is counted in these.",
-                g.cache.bytes_per_token,
-            ),
-            (
-                "prompt_cache_compact_bytes",
-                "Bytes of the kept conversations' compact copies in RAM (KV_COMPACT); part of "
-                "prompt_cache_bytes.",
-                g.cache.compact_bytes,
-            ),
-            (
-                "prompt_cache_compact_entries",
-                "Kept conversations held only in compact RAM.",
-                g.cache.compact_entries,
-            ),
-            ("prompt_cache_disk_bytes", "Bytes of the disk tier's files.", g.cache.disk_bytes),
-            (
-                "prompt_cache_disk_entries",
-                "Kept conversations held only on the disk tier.",
-                g.cache.disk_entries,
-            ),
-            (
-                "kv_memory_bytes",
-                "The one bound on all KV memory (KV_MEMORY_MB, or chosen at start).",
-                g.cache.kv_memory_bytes,
-            ),
-            (
-                "kv_reserved_bytes",
-                "KV bytes the running replies reserved of the bound.",
-                g.cache.kv_reserved_bytes,
-            ),
-            ("ready", "1 when the model is ready.", int(g.ready)),
-            ("active_generations", "Generations running.", g.active),
-            ("queue_depth", "Requests waiting for a slot.", g.waiting),
-        ):
-            yield GaugeMetricFamily(f"sidecar_{name}", help_text, value=value)
-
-
-class _ConnectionsCollector(Collector):
-    """The connection cap's counts, read when scraped (they change on the event loop)."""
-
-    def __init__(self, connections: Connections) -> None:
-        self.connections = connections
-
-    def collect(self) -> Iterator[Metric]:
-        c = self.connections
-        for name, help_text, count in (
-            (
-                "connections_refused",
-                "Requests answered 503 too_many_connections: their connection opened over "
-                "MAX_CONNECTIONS with none idle (probes are answered instead).",
-                c.refused,
-            ),
-            (
-                "idle_connections_closed",
-                "Idle kept-alive connections closed to admit a new one at MAX_CONNECTIONS.",
-                c.idle_closed,
-            ),
-            (
-                "write_timeouts",
-                "Connections closed because their client stopped reading for WRITE_TIMEOUT_S "
-                "(its reply cancelled in the model worker).",
-                c.write_timeouts,
-            ),
-            (
-                "accept_errors",
-                "Connections that could not be accepted: out of file descriptors or memory "
-                "(EMFILE, ENFILE, ENOBUFS, ENOMEM); accepting resumes a second later.",
-                c.accept_errors,
-            ),
-        ):
-            yield CounterMetricFamily(f"sidecar_{name}", help_text, value=count)
-        yield GaugeMetricFamily(
-            "sidecar_open_connections", "Client connections open.", value=c.open
-        )
-        yield GaugeMetricFamily(
-            "sidecar_connection_limit",
-            "Connections admitted at once: MAX_CONNECTIONS, or less where the open-files limit "
-            "leaves less.",
-            value=c.limit,
-        )
-
-
-class _ResponseStoreCollector(Collector):
-    """The stored responses, read when /metrics is scraped."""
-
-    def __init__(self, store: ResponseStore) -> None:
-        self._store = store
-
-    def collect(self) -> Iterator[Metric]:
-        store = self._store
-        entries, held = store.stats
-        yield GaugeMetricFamily(
-            "sidecar_response_store_entries", "Responses kept (store: true).", value=entries
-        )
-        yield GaugeMetricFamily(
-            "sidecar_response_store_bytes",
-            "Memory the kept responses take, as RESPONSE_STORE_MB counts it.",
-            value=held,
-        )
-        yield CounterMetricFamily(
-            "sidecar_response_store_evictions",
-            "Kept responses dropped to make room (the key furthest over its share first).",
-            value=store.evictions,
-        )
-        yield CounterMetricFamily(
-            "sidecar_response_store_refused",
-            "Responses not kept: larger than the room their key could have.",
-            value=store.refused,
-        )
-
-
-class _ImageMemoryCollector(Collector):
-    """The images' memory (IMAGE_MEMORY_MB), read when /metrics is scraped."""
-
-    def __init__(self, memory: ImageMemory) -> None:
-        self._memory = memory
-
-    def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
-            "sidecar_image_memory_bytes",
-            "Memory counted for the images of requests in flight (from their headers until "
-            "decoded, then their PNGs).",
-            value=self._memory.in_use,
-        )
-        yield GaugeMetricFamily(
-            "sidecar_image_memory_limit_bytes",
-            "IMAGE_MEMORY_MB, in bytes.",
-            value=self._memory.budget_bytes,
-        )
