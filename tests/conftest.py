@@ -131,7 +131,7 @@ def generator_sidecar_service(
 SLOW_TESTS = (
     "tests/e2e/",
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
-    "tests/sidecar/web/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
+    "tests/sidecar/web/embeddings/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
     # The benchmarks' own tests (shape, not speed), each a sidecar or several for seconds;
     # test_bench_entry.py (the command's --help) stays quick.
     "tests/scripts/test_bench_guidance.py",
@@ -143,15 +143,16 @@ SLOW_TESTS = (
     "tests/scripts/test_bench_variants.py",
     "tests/models/test_models_variants.py",  # a sidecar per exported variant
     "tests/sidecar/model/batch/test_sidecar_row_isolation.py",  # faults in rows, 15 s each
-    "tests/sidecar/web/test_sidecar_images_vision.py",  # the vision model's sidecars
+    "tests/sidecar/web/images/test_sidecar_images_vision.py",  # the vision model's sidecars
     # 200 keep-alive clients; accept errors provoked under a low open-files limit
-    "tests/sidecar/web/test_sidecar_connections.py::test_200_keep_alive_",
-    "tests/sidecar/web/test_sidecar_connections.py::test_accept_errors_",
+    "tests/sidecar/web/guards/test_sidecar_connections.py::test_200_keep_alive_",
+    "tests/sidecar/web/guards/test_sidecar_connections.py::test_accept_errors_",
     "tests/sidecar/web/test_sidecar_hardening.py::test_5_a_replacement_that_hangs_",
     "tests/scripts/test_export_model.py",  # onnxruntime-genai's builder
     "tests/infra/test_deploy_script.py",  # the deploy script against fake az/docker
     "tests/sidecar/web/test_sidecar_hardening.py::test_6_",  # watchdog timeouts
-    "tests/sidecar/web/test_sidecar_stream_start.py",  # prompts read slowly, 30-s timeouts
+    # prompts read slowly, 30-s timeouts
+    "tests/sidecar/web/generation/test_sidecar_stream_start.py",
     "tests/chatapp/accounts/test_accounts_two_instances.py",  # two gunicorn apps, PostgreSQL
     "tests/chatapp/documents/test_documents_grounding.py::test_a_grounded",  # two chats, both DBs
     "tests/chatapp/documents/test_documents_indexer_process.py",  # gunicorn, an indexer killed
@@ -161,9 +162,10 @@ SLOW_TESTS = (
     # Round 5's quiet timing of the quick loop (6 min, 1,583 tests; asked: under 4): the
     # tests that wait for something on purpose (a reply to finish, a worker to restart, a
     # retry's delay) or start whole processes, 2 to 15 s each, about 140 s in all.
-    "tests/sidecar/web/test_sidecar_kv_memory.py",  # replies that wait for room, 3-15 s each
-    "tests/sidecar/web/test_sidecar_kv_memory_generator.py",
-    "tests/sidecar/web/test_sidecar_openai_sdk.py::test_the_sdk_retries_a_loading_model_",
+    # replies that wait for room, 3-15 s each
+    "tests/sidecar/web/generation/test_sidecar_kv_memory.py",
+    "tests/sidecar/web/generation/test_sidecar_kv_memory_generator.py",
+    "tests/sidecar/web/chat_completions/test_sidecar_openai_sdk.py::test_the_sdk_retries_a_loading_model_",
     "tests/chatapp/test_chatapp_connections.py::test_a_chat_refused_by_the_sidecars_connection_",
     "tests/chatapp/test_chatapp_connections.py::test_gunicorn_raises_the_soft_limit_",
     "tests/chatapp/test_chatapp_connections.py::test_a_limit_too_low_for_gunicorn_",
@@ -176,29 +178,29 @@ SLOW_TESTS = (
     "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_a_conversation_that_outgrows_",
     "tests/sidecar/web/test_sidecar_health.py::test_model_download_fetches_",
     "tests/sidecar/web/test_sidecar_health.py::test_a_missing_or_broken_model_folder_",
-    "tests/sidecar/web/test_sidecar_faults.py::test_the_worker_does_not_outlive_",
-    "tests/sidecar/web/test_sidecar_faults.py::test_a_worker_that_dies_mid_reply_",
+    "tests/sidecar/web/generation/test_sidecar_faults.py::test_the_worker_does_not_outlive_",
+    "tests/sidecar/web/generation/test_sidecar_faults.py::test_a_worker_that_dies_mid_reply_",
     "tests/chatapp/test_chatapp_gunicorn.py::test_the_start_says_whether_a_key_",
-    "tests/sidecar/web/test_sidecar_refusal_cost.py::test_a_stream_keeps_getting_tokens_",
+    "tests/sidecar/web/generation/test_sidecar_refusal_cost.py::test_a_stream_keeps_getting_tokens_",
     "tests/sidecar/model/test_sidecar_cpus.py::test_the_sidecar_logs_its_thread_count_",
-    "tests/sidecar/web/test_sidecar_time_limit.py::test_predict_past_the_limit_",
-    "tests/sidecar/web/test_sidecar_image_memory.py::test_twelve_requests_",
+    "tests/sidecar/web/generation/test_sidecar_time_limit.py::test_predict_past_the_limit_",
+    "tests/sidecar/web/images/test_sidecar_image_memory.py::test_twelve_requests_",
     "tests/chatapp/store/test_store_migrations.py::test_workers_starting_together_",
     # 2026-11-29's timing (4 min 10 s, 1,555 tests, on a slower day): the slowest left, 2 to 6
     # s each with their setup or teardown (a large file indexed to its end, crafted files)
     "tests/chatapp/documents/test_documents_routes.py::test_a_file_larger_than_a_chat_body_",
     "tests/sidecar/model/kv/test_sidecar_kv_disk.py::test_the_sidecar_starts_and_serves_beside_",
-    "tests/sidecar/web/test_sidecar_images_http.py::test_each_hostile_image_gets_its_400_",
+    "tests/sidecar/web/images/test_sidecar_images_http.py::test_each_hostile_image_gets_its_400_",
     "tests/sidecar/embeddings/test_embeddings_service.py::test_a_catalog_encoder_is_downloaded_",
     "tests/sidecar/test_sidecar_settings.py::test_the_web_process_never_imports_onnxruntime_",
-    "tests/sidecar/web/test_sidecar_faults.py::test_log_prompts_puts_the_exception_message_",
-    "tests/sidecar/web/test_sidecar_tracing.py::test_untraced_by_default",
+    "tests/sidecar/web/generation/test_sidecar_faults.py::test_log_prompts_puts_the_exception_message_",
+    "tests/sidecar/web/observability/test_sidecar_tracing.py::test_untraced_by_default",
     "tests/chatapp/test_chatapp_logs.py::test_under_gunicorn_every_line_is_json_",  # processes
     "tests/chatapp/test_chatapp_gunicorn.py::test_development_server",
     "tests/sidecar/test_sidecar_settings.py::test_an_api_key_that_holds_no_key_stops_",
-    "tests/sidecar/web/test_sidecar_tutorial_apps.py::test_each_tutorial_app_reads_the_whole_",
-    "tests/sidecar/web/test_sidecar_response_store.py::test_the_count_is_the_memory_really_",
-    "tests/sidecar/web/test_sidecar_concurrency.py::test_simultaneous_greedy_replies_equal_",
+    "tests/sidecar/web/chat_completions/test_sidecar_tutorial_apps.py::test_each_tutorial_app_reads_the_whole_",
+    "tests/sidecar/web/responses/test_sidecar_response_store.py::test_the_count_is_the_memory_really_",
+    "tests/sidecar/web/generation/test_sidecar_concurrency.py::test_simultaneous_greedy_replies_equal_",
     # the batch and cache exactness tests again, as on a CPU without AVX-512 (about 2 min)
     "tests/scripts/test_avx2_only.py::test_the_batch_and_cache_",
 )

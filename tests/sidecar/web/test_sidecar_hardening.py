@@ -19,7 +19,7 @@ import pytest
 from scripts.run import services
 from scripts.run.services import Service
 from tests.sidecar.support import predict, request_line
-from tests.sidecar.web.test_sidecar_faults import model_worker
+from tests.sidecar.web.generation.test_sidecar_faults import model_worker
 from tests.support.engines import EXIT, faulty, paced
 
 NESTED = "[" * 10_000 + "]" * 10_000  # 20 KB that the JSON parser cannot descend

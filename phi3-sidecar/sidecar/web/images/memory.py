@@ -10,7 +10,7 @@ requests: 12 requests with 4 photos each took the web process to 4.1 GB. So:
   request's images are decoded one at a time: the decoded frame, its RGB copy, the PNG being
   written and its copy), plus, for each image, HELD_BYTES_PER_PIXEL (the PNG it becomes) and
   its file's bytes. Measured peaks: 8.7 to 18.9 bytes a pixel (PNG, JPEG, WebP; grey, RGB,
-  RGBA), checked by tests/sidecar/web/test_sidecar_image_memory.py.
+  RGBA), checked by tests/sidecar/web/images/test_sidecar_image_memory.py.
 - That is reserved from one process-wide budget before the first image is decoded. Once all
   are decoded, the reservation drops to their PNGs' real sizes, held until the request ends
   (its PNGs travel to the model worker in its request, which this process holds until then).

@@ -36,7 +36,7 @@ from typing import Any
 
 # What one kept entry costs besides its bytes and strings: the Kept object (slots), its place
 # in two dicts: 97 to 119 bytes measured with tracemalloc at 500 to 5,000 entries
-# (tests/sidecar/web/test_sidecar_response_store.py checks the whole count).
+# (tests/sidecar/web/responses/test_sidecar_response_store.py checks the whole count).
 ENTRY_OVERHEAD = 120
 
 

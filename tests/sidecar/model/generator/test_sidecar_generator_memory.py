@@ -2,7 +2,7 @@
 reply reserves its bytes before it is made, the conversation cache's budget is set aside, a reply
 that does not fit beside the running ones must wait (NoRoom), one alone always runs, and on a
 device the bound holds only where KV_MEMORY_MB is set. The same through a real sidecar:
-tests/sidecar/web/test_sidecar_kv_memory_generator.py."""
+tests/sidecar/web/generation/test_sidecar_kv_memory_generator.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ its 400 from the web process and the model worker never sees it (its pid stays t
 valid image gets the capability's 400, naming the model, on every route and through the
 official `openai` SDK; the body bound lets images through and keeps text-only bodies small;
 /readyz, /v1/models, usage, the log line and /metrics say what they should. The replies to
-images are tests/sidecar/web/test_sidecar_images_vision.py's, on the tiny vision model."""
+images are tests/sidecar/web/images/test_sidecar_images_vision.py's, on the tiny vision model."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from scripts.run import services
 from scripts.run.services import Service
 from sidecar.web.images.decoding import url_chars
 from tests.sidecar.support import assert_error, metrics, predict, request_line
-from tests.sidecar.web.image_files import (
+from tests.sidecar.web.generation.test_sidecar_faults import model_worker
+from tests.sidecar.web.images.image_files import (
     chat_body,
     data_url,
     encoded,
@@ -32,8 +33,7 @@ from tests.sidecar.web.image_files import (
     jpeg,
     png,
 )
-from tests.sidecar.web.test_sidecar_faults import model_worker
-from tests.sidecar.web.test_sidecar_images import HOSTILE
+from tests.sidecar.web.images.test_sidecar_images import HOSTILE
 
 CHAT = "/v1/chat/completions"
 

@@ -26,9 +26,9 @@ from scripts.run import services
 from scripts.run.services import Service
 from sidecar.model.vision import image_tokens
 from tests.sidecar.support import metrics, predict, request_line
-from tests.sidecar.web.image_files import chat_body, data_url, image_part, photo
-from tests.sidecar.web.test_sidecar_faults import model_worker
-from tests.sidecar.web.test_sidecar_images import HOSTILE
+from tests.sidecar.web.generation.test_sidecar_faults import model_worker
+from tests.sidecar.web.images.image_files import chat_body, data_url, image_part, photo
+from tests.sidecar.web.images.test_sidecar_images import HOSTILE
 from tests.support.engines import paced
 
 CHAT = "/v1/chat/completions"

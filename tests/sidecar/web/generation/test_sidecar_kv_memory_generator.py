@@ -18,7 +18,7 @@ from scripts.run import services
 from scripts.run.services import Service
 from sidecar.model.vision import image_tokens
 from tests.sidecar.support import metrics, one_after_another, predict, request_line, words
-from tests.sidecar.web.image_files import data_url, photo
+from tests.sidecar.web.images.image_files import data_url, photo
 from tests.support.engines import paced
 
 SIZE = (467, 311)  # 1,921 image tokens

@@ -28,9 +28,9 @@ from sidecar.web.images import memory as image_memory
 from sidecar.web.images.decoding import ImageRef, Images
 from sidecar.web.observability.record import RequestRecord
 from tests.sidecar.support import metrics
-from tests.sidecar.web.image_files import chat_body, data_url
+from tests.sidecar.web.images.image_files import chat_body, data_url
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def picture(width: int, height: int, kind: str = "JPEG", mode: str = "RGB", seed: int = 0) -> bytes:

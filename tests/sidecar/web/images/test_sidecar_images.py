@@ -21,7 +21,7 @@ from sidecar.web.generation.messages import ImagePart, TextPart, images_of, text
 from sidecar.web.images import decoding as images
 from sidecar.web.images.decoding import ImageRef, ImageRefused, Images, Limits
 from sidecar.web.observability.record import RequestRecord
-from tests.sidecar.web.image_files import (
+from tests.sidecar.web.images.image_files import (
     animated_gif,
     bomb_png,
     data_url,
