@@ -205,7 +205,7 @@ def test_a_long_word_is_counted_alike() -> None:
     same rule, or a passage it measured as fitting would be refused as too long."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-    from chatapp.documents import tokens as app_tokens
+    from chatapp.documents.reading import tokens as app_tokens
     from sidecar.embeddings import encoder as sidecar_encoder
 
     letters = "abcdefghijklmnopqrstuvwxyz"

@@ -18,7 +18,7 @@ import logging
 import os
 
 from chatapp import settings
-from chatapp.documents import indexer_process
+from chatapp.documents.indexer import supervisor as indexer_process
 from chatapp.guards import open_files
 from chatapp.observability import gunicorn_metrics
 
@@ -55,7 +55,7 @@ def on_starting(server: object) -> None:
 
 def when_ready(server: object) -> None:
     # The indexer process, and a thread of this master that starts it again whenever it dies
-    # (chatapp/documents/indexer_process.py).
+    # (chatapp/documents/indexer/supervisor.py).
     indexer_process.start(os.environ)
 
 

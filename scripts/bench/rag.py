@@ -3,11 +3,12 @@ keyword search (SQLite FTS5, BM25), dense search (an OpenAI-compatible `/v1/embe
 sidecar with `EMBED_MODEL_PATH`, or Ollama, llama.cpp) and their reciprocal rank fusion, beside
 the Open WebUI baseline of issue 44.
 
-Each answer is one document, read as reStructuredText (its source format: parse_rst.py) and
-cut into passages by the app's own chunker (chatapp/documents/chunker.py, `--chunk-tokens` of
-the encoder's tokenizer, `--tokenizer`); a document's rank is its best passage's. Runs in this
-process: the same parsers, chunker, query and fusion as the app, without its database; with
-an encoder, the app's indexer is timed too (passages per second against bare /v1/embeddings).
+Each answer is one document, read as reStructuredText (its source format: reading/parse_rst.py)
+and cut into passages by the app's own chunker (chatapp/documents/reading/chunker.py,
+`--chunk-tokens` of the encoder's tokenizer, `--tokenizer`); a document's rank is its best
+passage's. Runs in this process: the same parsers, chunker, query and fusion as the app, without
+its database; with an encoder, the app's indexer is timed too (passages per second against bare
+/v1/embeddings).
 
     python -m scripts.bench rag                                   # keyword only
     python -m scripts.bench rag --embeddings-url http://127.0.0.1:8000 --tokenizer DIR
@@ -24,11 +25,11 @@ from typing import Any
 import numpy as np
 import requests
 
-from chatapp.documents.blocks import Block
-from chatapp.documents.chunker import chunk
-from chatapp.documents.parse_rst import parse_rst
-from chatapp.documents.ranking import fts5_query, fuse
-from chatapp.documents.tokens import counter_for
+from chatapp.documents.index.ranking import fts5_query, fuse
+from chatapp.documents.reading.blocks import Block
+from chatapp.documents.reading.chunker import chunk
+from chatapp.documents.reading.parse_rst import parse_rst
+from chatapp.documents.reading.tokens import counter_for
 from scripts.bench.common import BadArguments
 from scripts.bench.rag_baseline import recursive_split
 from scripts.bench.rag_faq import Pair, faq_pairs, rank_of, score
@@ -121,9 +122,9 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
 
     from chatapp.documents import library
     from chatapp.documents.embedder import Embedder
-    from chatapp.documents.formats import Limits
-    from chatapp.documents.indexer import QUICK_S, Indexer
-    from chatapp.documents.search_index import index_for
+    from chatapp.documents.index.search_index import index_for
+    from chatapp.documents.indexer.worker import QUICK_S, Indexer
+    from chatapp.documents.reading.formats import Limits
     from chatapp.settings import DEFAULTS
     from chatapp.store import Store, migrate
     from chatapp.store.users import ensure_user

@@ -15,8 +15,8 @@ PostgreSQL is `--postgres-url`, else the embedded server the tests use (embedded
 dev dependency); `--no-postgres` skips it. On PostgreSQL the HNSW index is dropped after the
 first batch and built again once every passage is in (pgvector's advice for a bulk load: one
 build is far faster than 100,000 inserts into the graph); its build time is reported apart.
-The index is the app's own (index_postgres.py `HNSW_INDEX`), so searches go through the same
-graph the app makes as it indexes documents one by one.
+The index is the app's own (documents/index/postgres.py `HNSW_INDEX`), so searches go through the
+same graph the app makes as it indexes documents one by one.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 from sqlalchemy import insert, text
 
-from chatapp.documents.index_postgres import HNSW_INDEX
+from chatapp.documents.index.postgres import HNSW_INDEX
+from chatapp.documents.index.search_index import index_for
 from chatapp.documents.models import Chunk, Document
-from chatapp.documents.search_index import index_for
 from chatapp.store import Store, migrate
 from chatapp.store.users import ensure_user
 from scripts.bench.common import BadArguments

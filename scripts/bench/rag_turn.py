@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from chatapp.documents.grounding import with_block
+from chatapp.documents.search.grounding import with_block
 from scripts.bench.common import PRESET_DIRS, ensure_model
 from scripts.bench.rag_faq import faq_pairs
 from scripts.run import services

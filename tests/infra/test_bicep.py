@@ -467,7 +467,7 @@ def test_postgres_is_an_option_off_by_default() -> None:
 
 
 def test_postgres_allow_lists_pgvector_and_children_are_made_one_at_a_time() -> None:
-    """The extension the app creates (`CREATE EXTENSION ... vector`, index_postgres.py) is
+    """The extension the app creates (`CREATE EXTENSION ... vector`, documents/index/postgres.py) is
     allow-listed in azure.extensions; the server refuses concurrent changes to its children,
     so each waits for the one before."""
     found = postgres_resources()
@@ -476,7 +476,7 @@ def test_postgres_allow_lists_pgvector_and_children_are_made_one_at_a_time() -> 
     assert resolve(value(extensions["body"], "name")) == "azure.extensions"
     allowed = resolve(value(extensions["body"], "value")).lower().split(",")
     assert "vector" in allowed
-    index_code = REPO / "main-app" / "chatapp" / "documents" / "index_postgres.py"
+    index_code = REPO / "main-app" / "chatapp" / "documents" / "index" / "postgres.py"
     assert "CREATE EXTENSION IF NOT EXISTS vector" in index_code.read_text()
     assert resolve(value(extensions["body"], "source")) == "user-override"
     database = found["Microsoft.DBforPostgreSQL/flexibleServers/databases"]

@@ -12,8 +12,8 @@ a complete reply with its finish (`stop`, `length`), one cut off with the error 
 `client_gone` (the person stopped it, or left). A chat refused before any text came stores
 nothing: the page says so and the person may send it again.
 
-A grounded turn (`"documents": true`, chatapp/documents/grounding.py) is stored with the block
-of passages it was sent with (`messages.grounding`) and its reply with the passages it cites
+A grounded turn (`"documents": true`, chatapp/documents/search/grounding.py) is stored with the
+block of passages it was sent with (`messages.grounding`) and its reply with the passages it cites
 (`citations`, checked against that block, as the done line's). Later turns put each stored
 block back before its question, from the database: the prompt begins as before (the model
 service's cache reads it) and no client can write an earlier turn's passages. The new turn's
@@ -32,7 +32,7 @@ from typing import Any
 
 from chatapp.accounts import CurrentUser
 from chatapp.chats import convert
-from chatapp.documents.grounding import with_block
+from chatapp.documents.search.grounding import with_block
 from chatapp.errors import ApiError
 from chatapp.relay import wire
 from chatapp.store import Store, chats
@@ -126,7 +126,7 @@ class StoredTurn:
 
     def ground(self, block: str, cite: Callable[[str], list[dict[str, Any]]]) -> None:
         """This turn was sent with `block` before its question; `cite` finds the passages a
-        reply cites (chatapp/documents/grounding.py)."""
+        reply cites (chatapp/documents/search/grounding.py)."""
         self.user_message.grounding = block
         self.cite = cite
 

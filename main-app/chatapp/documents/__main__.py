@@ -1,6 +1,6 @@
-"""`python -m chatapp.documents`: the indexer process (chatapp/documents/indexer.py), with the
+"""`python -m chatapp.documents`: the indexer process (indexer/worker.py), with the
 app's settings from the same environment, until SIGTERM or SIGINT. `chatapp.gunicorn_conf`
-starts it beside the web workers (indexer_process.py, which starts it again when it dies,
+starts it beside the web workers (indexer/supervisor.py, which starts it again when it dies,
 under the same INSTANCE name: this process takes over the documents its predecessor was
 reading, claims.take_over)."""
 
@@ -13,7 +13,7 @@ import signal
 import threading
 
 log = logging.getLogger("chatapp.documents.indexer")
-# The name this process's claims carry, set by indexer_process.py: the same for every process it
+# The name this process's claims carry, set by indexer/supervisor.py: the same for every process it
 # starts, so the next one takes over the documents of the one that died.
 INSTANCE = "CHATAPP_INDEXER_INSTANCE"
 STATUS_FD = "CHATAPP_INDEXER_STATUS_FD"  # where it says its exit code (report_exit)
@@ -23,7 +23,7 @@ def main() -> None:
     """`python -m chatapp.documents`: the indexer process, with the app's settings
     (the same environment), until SIGTERM or SIGINT."""
     from chatapp import settings
-    from chatapp.documents import claims
+    from chatapp.documents.indexer import claims
     from chatapp.documents.service import make_indexer
     from chatapp.observability.logs import configure_logging
     from chatapp.store import Store, migrate
@@ -43,7 +43,7 @@ def main() -> None:
     log.info("indexer started", extra={"fields": fields})
     # Several documents at once, each thread an indexer of its own (its own connection to the
     # model service, its own reader process): their claims never take the same document
-    # (claims.py). With two or more, the last is the quick lane (indexer.py).
+    # (indexer/claims.py). With two or more, the last is the quick lane (indexer/worker.py).
     indexers = [
         make_indexer(store, config, quick=count > 1 and n == count - 1, instance=instance)
         for n in range(count)
@@ -62,7 +62,7 @@ def main() -> None:
 
 
 def report_exit(code: object) -> None:
-    """Tell the supervisor (indexer_process.py) this process ends by itself, with `code`: an
+    """Tell the supervisor (indexer/supervisor.py) this process ends by itself, with `code`: an
     end it is not told of was a signal's, whoever reaped the process."""
     fd = os.environ.get(STATUS_FD, "")
     if fd.isdigit():

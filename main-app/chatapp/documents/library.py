@@ -2,7 +2,7 @@
 
 Every function takes the owner's user id and every statement filters by it in SQL: another
 owner's document is "not found", never read, never changed. Indexing itself is the indexer's
-(`indexer.py`): here a document is only stored (`queued`) or refused at once (`failed`).
+(`indexer/worker.py`): here a document is only stored (`queued`) or refused at once (`failed`).
 
 A file's bytes are written a part at a time (`PART_BYTES`), each part in a transaction of its
 own, after the short one that adds the document: SQLite has one writer at a time, and 16
@@ -23,8 +23,6 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from chatapp.documents.blocks import Refused
-from chatapp.documents.formats import Limits, format_of, mime_of
 from chatapp.documents.models import (
     NAME_CHARS,
     PART_BYTES,
@@ -34,6 +32,8 @@ from chatapp.documents.models import (
     DocumentFile,
 )
 from chatapp.documents.names import stored_name
+from chatapp.documents.reading.blocks import Refused
+from chatapp.documents.reading.formats import Limits, format_of, mime_of
 from chatapp.store import Store
 from chatapp.store.base import utcnow
 

@@ -1,7 +1,7 @@
 """The library's tables: `documents`, `document_files` (the bytes), `chunks` (the passages).
 
 Vectors and keyword search are not mapped here: they differ by engine and live behind
-`chatapp.documents.search_index` (SQLite: a sqlite-vec `vec0` table and an FTS5 table over
+`chatapp.documents.index.search_index` (SQLite: a sqlite-vec `vec0` table and an FTS5 table over
 `chunks`; PostgreSQL: a `vector(dim)` table with an HNSW index, and a generated `tsvector`
 column on `chunks` with a GIN index). Every query of these tables takes the owner's user id.
 

@@ -25,10 +25,10 @@ from sqlalchemy.exc import OperationalError
 
 from chatapp.documents import library
 from chatapp.documents.embedder import EmbeddingsFailed
-from chatapp.documents.formats import Limits
 from chatapp.documents.models import Document
 from chatapp.documents.owner import current_owner_id
-from chatapp.documents.retrieval import Searcher
+from chatapp.documents.reading.formats import Limits
+from chatapp.documents.search.retrieval import Searcher
 from chatapp.errors import ApiError, error_response
 from chatapp.guards.uploads import FULL
 from chatapp.relay.images import body_limit

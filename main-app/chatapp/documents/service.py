@@ -17,13 +17,13 @@ from typing import Any
 from sqlalchemy import select
 
 from chatapp.documents.embedder import Embedder
-from chatapp.documents.formats import Limits
-from chatapp.documents.grounding import ChatTokenRatio
-from chatapp.documents.indexer import QUICK_S, Indexer
+from chatapp.documents.index.search_index import index_for
+from chatapp.documents.indexer.worker import QUICK_S, Indexer
 from chatapp.documents.models import Document
-from chatapp.documents.retrieval import Searcher
-from chatapp.documents.search_index import index_for
-from chatapp.documents.tokens import counter_for, passage_tokens
+from chatapp.documents.reading.formats import Limits
+from chatapp.documents.reading.tokens import counter_for, passage_tokens
+from chatapp.documents.search.grounding import ChatTokenRatio
+from chatapp.documents.search.retrieval import Searcher
 from chatapp.store import Store
 
 
@@ -39,8 +39,8 @@ def _pending(store: Store) -> bool:
 def make_indexer(
     store: Store, config: Mapping[str, Any], *, quick: bool = False, instance: str | None = None
 ) -> Indexer:
-    """An indexer of the app's settings; `quick`: the quick lane (indexer.py); `instance`: the
-    name its claims carry (claims.take_over), a random one if None."""
+    """An indexer of the app's settings; `quick`: the quick lane (indexer/worker.py); `instance`:
+    the name its claims carry (claims.take_over), a random one if None."""
     indexer = Indexer(
         store=store,
         index=index_for(store),
@@ -76,7 +76,8 @@ class Documents:
             max_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
             method=config["DOCUMENT_SEARCH"],
         )
-        # The chat model's tokens per encoder token, learned from grounded turns (grounding.py)
+        # The chat model's tokens per encoder token, learned from grounded turns
+        # (search/grounding.py)
         self.chat_tokens = ChatTokenRatio()
         self._store = store
         self._config = config

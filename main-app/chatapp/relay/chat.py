@@ -29,7 +29,7 @@ from chatapp import errors
 from chatapp.accounts import CurrentUser, current_user
 from chatapp.chats import turns
 from chatapp.chats.turns import StoredTurn
-from chatapp.documents.grounding import Grounding
+from chatapp.documents.search.grounding import Grounding
 from chatapp.errors import ApiError
 from chatapp.guards.body_deadline import LATE
 from chatapp.guards.uploads import FULL
@@ -63,7 +63,7 @@ class Relay:
         self._reply = reply
         # Told the model service's (prompt_tokens, dropped_messages) when the reply is done
         self._on_usage = on_usage
-        # A grounded turn (chatapp/documents/grounding.py): the reply's text is kept, for the
+        # A grounded turn (chatapp/documents/search/grounding.py): the reply's text is kept, for the
         # citations its done line carries.
         self._grounding = grounding
         self._record = record
@@ -307,11 +307,11 @@ def _ground(
     body: dict[str, Any], messages: list[dict[str, Any]], *, stored: bool
 ) -> Grounding | None:
     """`"documents": true`: the newest turn answered from the caller's library; earlier turns
-    keep the passages they were sent with (chatapp/documents/grounding.py). A stored chat's
+    keep the passages they were sent with (chatapp/documents/search/grounding.py). A stored chat's
     earlier turns come from the server (`stored`), never from the request's `grounding`."""
-    from chatapp.documents import grounding
     from chatapp.documents.embedder import EmbeddingsFailed
     from chatapp.documents.owner import current_owner_id
+    from chatapp.documents.search import grounding
 
     if not stored:
         grounding.restore_earlier(body, messages)
@@ -344,7 +344,7 @@ def _ground(
 
 def _learning(sent: list[dict[str, Any]]) -> Callable[[int | None, int | None], None]:
     """What a grounded turn's usage teaches the passages' budget (grounding.learn_from)."""
-    from chatapp.documents import grounding
+    from chatapp.documents.search import grounding
 
     documents = current_app.extensions["documents"]
 

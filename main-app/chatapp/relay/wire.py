@@ -306,7 +306,7 @@ def done(
     **grounded: Any,
 ) -> bytes:
     """The last line; a grounded turn adds `citations`, `unknown_citations` and `grounding`
-    (chatapp/documents/grounding.py)."""
+    (chatapp/documents/search/grounding.py)."""
     obj: dict[str, Any] = {"done": True}
     if finish_reason is not None:
         obj["finish_reason"] = finish_reason

@@ -1,5 +1,5 @@
 // Citations in a grounded reply: each [n] the app checked (the done line's `citations`,
-// chatapp/documents/grounding.py) becomes a chip that opens its passage, its file and page; a
+// chatapp/documents/search/grounding.py) becomes a chip that opens its passage, its file and page; a
 // number the app found no passage for (`unknown_citations`) is shown struck through, linked
 // to nothing. Only text outside code is touched, and only as text nodes.
 import { $ } from "./page.js";

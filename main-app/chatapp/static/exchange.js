@@ -40,7 +40,7 @@ function requestBody(messages, chat) {
  * images first (Phi-3-vision's own convention). An image this browser no longer keeps is left
  * out (its message says so on the page). */
 async function wireMessage({ role, content, images, grounding }) {
-  // A grounded turn goes back with the passages it was sent with (chatapp/documents/grounding.py),
+  // A grounded turn goes back with the passages it was sent with (chatapp/documents/search/grounding.py),
   // so the model service's conversation cache finds the same prompt.
   if (grounding) return { ...(await wireMessage({ role, content, images })), grounding };
   if (!images?.length) return { role, content };

@@ -63,7 +63,7 @@ export function firstTitle(messages) {
   return titleFrom(first?.content || (first?.images?.length ? "Image" : ""));
 }
 
-/** A reply's citations (chatapp/documents/grounding.py's done line), those well formed. */
+/** A reply's citations (chatapp/documents/search/grounding.py's done line), those well formed. */
 function cleanCitations(citations) {
   if (!Array.isArray(citations)) return null;
   return citations.filter((c) => c && typeof c === "object" && Number.isInteger(c.n) && typeof c.text === "string");

@@ -82,8 +82,9 @@ class Message(Base):
     finish: Mapped[str | None] = mapped_column(String(FINISH_CHARS))
     # The sources a grounded reply cites (the documents feature fills it).
     citations: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
-    # A grounded user turn's passages, as it was sent with them (chatapp/documents/grounding.py):
-    # the chat's later turns put them back from here, never from the request.
+    # A grounded user turn's passages, as it was sent with them
+    # (chatapp/documents/search/grounding.py): the chat's later turns put them back from here,
+    # never from the request.
     grounding: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
 

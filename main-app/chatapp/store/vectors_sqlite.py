@@ -1,7 +1,7 @@
 """SQLite with sqlite-vec: the driver the store's engine uses, and the extension in every
 connection.
 
-sqlite-vec (the documents' vectors, chatapp/documents/index_sqlite.py) is a loadable extension,
+sqlite-vec (the documents' vectors, chatapp/documents/index/sqlite.py) is a loadable extension,
 and many Python builds cannot load one (pyenv's and some distributions' `sqlite3` lack
 `enable_load_extension`). `sqlean.py` is the standard `sqlite3` module built with a recent
 SQLite (FTS5 included) that always can: the engine uses it (`driver()`), and `load` puts

@@ -144,7 +144,7 @@ def split_long_words(tokenizer: Tokenizer) -> None:
     of that many characters, each split into tokens as a word of its own, instead of one
     [UNK]: its tokens are what it costs (counted against the limit like any other), and its
     text reaches the vector. The chat app counts passages with the same rule
-    (chatapp/documents/tokens.py; tests/test_contracts.py). Other tokenizers are left as
+    (chatapp/documents/reading/tokens.py; tests/test_contracts.py). Other tokenizers are left as
     they are: BPE and Unigram have no such cliff."""
     from tokenizers import Regex, models, pre_tokenizers
 

@@ -165,7 +165,7 @@ def test_a_grounded_turn_is_stored_and_put_back_from_the_store(database_url: str
     """StoredTurn.ground: the user turn keeps its block, the reply the passages it cites; the
     chat's next prompt has the block back before the question, from the database."""
     from chatapp.chats import turns
-    from chatapp.documents.grounding import with_block
+    from chatapp.documents.search.grounding import with_block
     from chatapp.store import Store, chats, migrate
     from chatapp.store.users import ensure_user
 

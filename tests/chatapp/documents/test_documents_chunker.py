@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.documents.blocks import Block
-from chatapp.documents.chunker import LONG_CHARS, chunk
-from chatapp.documents.formats import Limits, read
-from chatapp.documents.tokens import ByteBound, EncoderTokens, TokenCounter, counter_for
+from chatapp.documents.reading.blocks import Block
+from chatapp.documents.reading.chunker import LONG_CHARS, chunk
+from chatapp.documents.reading.formats import Limits, read
+from chatapp.documents.reading.tokens import ByteBound, EncoderTokens, TokenCounter, counter_for
 
 FILES = Path(__file__).parent / "files"
 
@@ -115,7 +115,7 @@ def test_a_huge_heading_is_cut_to_leave_room_for_text() -> None:
 
 
 def test_the_encoder_folder_s_limit_lowers_the_setting(tmp_path: Path) -> None:
-    from chatapp.documents.tokens import encoder_limit, passage_tokens
+    from chatapp.documents.reading.tokens import encoder_limit, passage_tokens
 
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 64}')

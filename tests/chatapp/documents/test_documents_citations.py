@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chatapp.documents.citations import Checked, check, mark
+from chatapp.documents.search.citations import Checked, check, mark
 
 
 def test_a_reply_citing_9_of_4_passages() -> None:

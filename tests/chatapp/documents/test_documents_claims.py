@@ -9,10 +9,11 @@ import time
 
 from sqlalchemy import select, update
 
-from chatapp.documents import claims, library
-from chatapp.documents.claims import Watch
-from chatapp.documents.formats import Limits
+from chatapp.documents import library
+from chatapp.documents.indexer import claims
+from chatapp.documents.indexer.claims import Watch
 from chatapp.documents.models import STORING, Document
+from chatapp.documents.reading.formats import Limits
 from chatapp.store import Store
 from chatapp.store.base import utcnow
 

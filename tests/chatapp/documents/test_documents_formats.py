@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from chatapp.documents.blocks import REFUSALS, Block, Refused
-from chatapp.documents.formats import Limits, format_of, read
+from chatapp.documents.reading.blocks import REFUSALS, Block, Refused
+from chatapp.documents.reading.formats import Limits, format_of, read
 from tests.chatapp.documents import make_files
 
 FILES = Path(__file__).parent / "files"

@@ -17,8 +17,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from chatapp import create_app
-from chatapp.documents import grounding
-from chatapp.documents.grounding import (
+from chatapp.documents.search import grounding
+from chatapp.documents.search.grounding import (
     CHAT_TOKENS_PER_ENCODER_TOKEN,
     INSTRUCTION,
     MIN_LEARNING_TOKENS,
@@ -29,7 +29,7 @@ from chatapp.documents.grounding import (
     learn_from,
     with_block,
 )
-from chatapp.documents.retrieval import Passage
+from chatapp.documents.search.retrieval import Passage
 from chatapp.observability.logs import JsonFormatter
 from scripts.run.services import Service
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from sqlalchemy import delete, func, select, text
 
+from chatapp.documents.index.search_index import index_for
+from chatapp.documents.index.vector_space import DimensionsChanged
 from chatapp.documents.models import Chunk, Document
-from chatapp.documents.search_index import index_for
-from chatapp.documents.vector_space import DimensionsChanged
 from chatapp.store import Store
 
 WIDTH = 8

@@ -16,14 +16,14 @@ import pytest
 from sqlalchemy import func, select, update
 
 from chatapp.documents import library
-from chatapp.documents.claims import Claim
 from chatapp.documents.embedder import Embedder
-from chatapp.documents.formats import Limits
-from chatapp.documents.indexer import Indexer
+from chatapp.documents.index.search_index import index_for
+from chatapp.documents.indexer.claims import Claim
+from chatapp.documents.indexer.worker import Indexer
 from chatapp.documents.models import Chunk, Document
-from chatapp.documents.retrieval import Searcher
-from chatapp.documents.search_index import index_for
-from chatapp.documents.tokens import EncoderTokens
+from chatapp.documents.reading.formats import Limits
+from chatapp.documents.reading.tokens import EncoderTokens
+from chatapp.documents.search.retrieval import Searcher
 from chatapp.store import Store
 from scripts.run.services import Service
 from tests.chatapp.documents.test_documents_reader import alive

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from chatapp.documents import indexer_process
+from chatapp.documents.indexer import supervisor as indexer_process
 from chatapp.documents.models import Document
 from chatapp.store import Store
 from scripts.run import services

@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from chatapp.documents import library
-from chatapp.documents.formats import Limits
 from chatapp.documents.models import PART_BYTES, STORING, Chunk, Document, DocumentFile
+from chatapp.documents.reading.formats import Limits
 from chatapp.store import Store
 
 FILES = Path(__file__).parent / "files"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from chatapp.documents import library
-from chatapp.documents.formats import Limits
 from chatapp.documents.names import stored_name
+from chatapp.documents.reading.formats import Limits
 from chatapp.store import Store
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from chatapp.documents.ranking import fts5_query, fuse
+from chatapp.documents.index.ranking import fts5_query, fuse
 
 
 def test_a_question_becomes_quoted_terms_sqlite_accepts() -> None:

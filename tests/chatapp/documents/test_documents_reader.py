@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from chatapp.documents.formats import Limits
-from chatapp.documents.reader import Job, Reader
+from chatapp.documents.reading.formats import Limits
+from chatapp.documents.reading.reader import Job, Reader
 
 LIMITS = Limits(max_bytes=30_000_000, max_pages=50)
 NOTE = Job(b"The kettle boils a litre in three minutes.", "note.txt", None, LIMITS, None, 64)
@@ -89,8 +89,8 @@ def test_a_reader_the_kernel_kills_means_too_large(slow_docx: bytes) -> None:
 
 PARENT = """
 import sys, time
-from chatapp.documents.formats import Limits
-from chatapp.documents.reader import Job, Reader
+from chatapp.documents.reading.formats import Limits
+from chatapp.documents.reading.reader import Job, Reader
 reader = Reader(memory_mb=512, timeout_s=60)
 data = open(sys.argv[1], "rb").read()
 job = Job(data, "slow.docx", None, Limits(30_000_000, 50), None, 64)

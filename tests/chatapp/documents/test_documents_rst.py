@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from chatapp.documents.blocks import Block
-from chatapp.documents.formats import Limits, read
+from chatapp.documents.reading.blocks import Block
+from chatapp.documents.reading.formats import Limits, read
 
 PAGE = b"""\
 =====

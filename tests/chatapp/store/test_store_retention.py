@@ -11,9 +11,9 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from chatapp.documents import library
-from chatapp.documents.formats import Limits
+from chatapp.documents.index.search_index import index_for
 from chatapp.documents.models import Chunk, Document, DocumentFile
-from chatapp.documents.search_index import index_for
+from chatapp.documents.reading.formats import Limits
 from chatapp.store import Store
 from chatapp.store import chats as store_chats
 from chatapp.store.chats import NewMessage

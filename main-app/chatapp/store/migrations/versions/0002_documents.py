@@ -1,6 +1,6 @@
 """documents, their bytes, their passages, and keyword search over the passages
 
-The tables are the same on both engines; keyword search differs (`chatapp.documents.index_*`
+The tables are the same on both engines; keyword search differs (`chatapp.documents.index`
 reads it): SQLite gets an FTS5 table over `chunks` (external content, kept by triggers; Porter
 stemming, which found more answers on the Python FAQ than plain words), PostgreSQL a generated
 `tsvector` column `search` on `chunks` (the `english` configuration: the same stemming; the
@@ -28,7 +28,7 @@ depends_on: str | Sequence[str] | None = None
 
 SQLITE_SEARCH = [
     # owner_id is indexed too, so a query names its owner inside MATCH and FTS5 ranks only
-    # that owner's passages (index_sqlite.py filters in SQL as well).
+    # that owner's passages (documents/index/sqlite.py filters in SQL as well).
     """CREATE VIRTUAL TABLE chunks_fts USING fts5(
         heading, text, owner_id, content='chunks', content_rowid='id',
         tokenize='porter unicode61')""",

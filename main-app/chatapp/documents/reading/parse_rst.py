@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from chatapp.documents.blocks import Block
-from chatapp.documents.parse_text import decode
+from chatapp.documents.reading.blocks import Block
+from chatapp.documents.reading.parse_text import decode
 
 _UNDERLINE = re.compile(r"^([=\-~^*+#\"'`:.])\1{2,}\s*$")
 _ROLE = re.compile(r":[a-zA-Z][\w:.+-]*:`~?!?([^`<]*?)\s*(?:<[^>]*>)?`")

@@ -1,6 +1,6 @@
 """Search a person's library: dense, keyword, or their fusion, then the passages themselves.
 
-`search(...)` asks the engine's index (`search_index.py`) for candidates by the owner, then
+`search(...)` asks the engine's index (`index/search_index.py`) for candidates by the owner, then
 reads those passages joined with their documents, again by the owner, and only from documents
 that are `ready` (a document being read or cancelled is not searched). `DOCUMENT_SEARCH` picks
 the method; its default is the one the evaluation chose (docs/documents.md, `python -m
@@ -14,12 +14,12 @@ from typing import Literal
 
 from sqlalchemy import select
 
-from chatapp.documents.chunker import cut
 from chatapp.documents.embedder import Embedder
+from chatapp.documents.index.ranking import fuse
+from chatapp.documents.index.search_index import SearchIndex
 from chatapp.documents.models import Chunk, Document
-from chatapp.documents.ranking import fuse
-from chatapp.documents.search_index import SearchIndex
-from chatapp.documents.tokens import TokenCounter
+from chatapp.documents.reading.chunker import cut
+from chatapp.documents.reading.tokens import TokenCounter
 from chatapp.store import Store
 
 Method = Literal["dense", "keyword", "fusion"]

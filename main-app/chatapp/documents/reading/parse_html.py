@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from chatapp.documents.blocks import Block
-from chatapp.documents.parse_text import decode
+from chatapp.documents.reading.blocks import Block
+from chatapp.documents.reading.parse_text import decode
 
 _HIDDEN = {"script", "style", "template", "noscript", "head", "svg", "math"}
 _HEADINGS = {f"h{n}": n for n in range(1, 7)}

@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.documents.citations import check
-from chatapp.documents.retrieval import Passage, Searcher
-from chatapp.documents.tokens import TokenCounter
+from chatapp.documents.reading.tokens import TokenCounter
+from chatapp.documents.search.citations import check
+from chatapp.documents.search.retrieval import Passage, Searcher
 from chatapp.errors import ApiError
 from chatapp.relay import images
 from chatapp.relay.wire import FORBIDDEN_CHARS

@@ -31,13 +31,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from chatapp.documents.blocks import Refused
-from chatapp.documents.chunker import Chunk as Passage
-from chatapp.documents.chunker import chunk
-from chatapp.documents.formats import Limits, read
-from chatapp.documents.tokens import TokenCounter, counter_for
+from chatapp.documents.reading.blocks import Refused
+from chatapp.documents.reading.chunker import Chunk as Passage
+from chatapp.documents.reading.chunker import chunk
+from chatapp.documents.reading.formats import Limits, read
+from chatapp.documents.reading.tokens import TokenCounter, counter_for
 
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.documents.reader")
 
 POLL_S = 0.1
 # The reader's environment: one malloc arena and one thread in each library that would start
@@ -164,7 +165,7 @@ class Reader:
         answer_read, answer_write = os.pipe()
         try:  # the package is installed, as for `python -m chatapp.documents`
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "chatapp.documents.read_child", str(self.memory_mb)],
+                [sys.executable, "-m", "chatapp.documents.reading.read_child", str(self.memory_mb)],
                 stdin=job_read,
                 stdout=answer_write,
                 env={**os.environ, **_CHILD_ENV},

@@ -26,8 +26,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from chatapp.documents.blocks import Block
-from chatapp.documents.tokens import TokenCounter
+from chatapp.documents.reading.blocks import Block
+from chatapp.documents.reading.tokens import TokenCounter
 
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+")
 _SEPARATOR = "\n\n"

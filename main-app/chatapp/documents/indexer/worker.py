@@ -3,7 +3,7 @@ web worker.
 
 A document is the job: `queued` until an indexer claims it (`claims.py`: owners in turn, a
 random claim id, a lease kept alive by a `Watch` thread), then `reading`.
-`index_document(claim)` hands the stored bytes to a reader process (`reader.py`), which
+`index_document(claim)` hands the stored bytes to a reader process (`reading/reader.py`), which
 parses and cuts them within the document's budgets (DOCUMENT_READ_TIMEOUT, its own address
 space of DOCUMENT_READ_MEMORY_MB; the same passages every time: the parsers and the cutter
 are deterministic), then embeds and writes the passages in batches: each batch's passages,
@@ -43,19 +43,20 @@ from typing import Any
 import numpy as np
 from sqlalchemy import select
 
-from chatapp.documents import claims
-from chatapp.documents.chunker import Chunk as Passage
-from chatapp.documents.claims import Claim, Watch
 from chatapp.documents.embedder import Embedder, EmbeddingsFailed
-from chatapp.documents.formats import Limits
+from chatapp.documents.index.search_index import SearchIndex
+from chatapp.documents.index.vector_space import DimensionsChanged
+from chatapp.documents.indexer import claims
+from chatapp.documents.indexer.claims import Claim, Watch
 from chatapp.documents.models import Chunk, Document, DocumentFile
-from chatapp.documents.reader import Answer, Job, Reader
-from chatapp.documents.search_index import SearchIndex
-from chatapp.documents.vector_space import DimensionsChanged
+from chatapp.documents.reading.chunker import Chunk as Passage
+from chatapp.documents.reading.formats import Limits
+from chatapp.documents.reading.reader import Answer, Job, Reader
 from chatapp.store import Store
 from chatapp.store.base import utcnow
 
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.documents.indexer")
 
 QUICK_S = 5.0  # how long the quick lane works on one document before it gives it back
 

@@ -29,7 +29,7 @@ from io import BytesIO
 from posixpath import dirname, join, normpath
 from typing import Any
 
-from chatapp.documents.blocks import Block, Refused
+from chatapp.documents.reading.blocks import Block, Refused
 
 _OLE = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _HEADING_STYLE = re.compile(r"^(?:heading|überschrift|titre|título)\s*(\d)$", re.IGNORECASE)

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from chatapp.documents.blocks import Block, Refused
-from chatapp.documents.parse_docx import parse_docx
-from chatapp.documents.parse_html import parse_html
-from chatapp.documents.parse_pdf import parse_pdf
-from chatapp.documents.parse_rst import parse_rst
-from chatapp.documents.parse_text import parse_markdown, parse_text
+from chatapp.documents.reading.blocks import Block, Refused
+from chatapp.documents.reading.parse_docx import parse_docx
+from chatapp.documents.reading.parse_html import parse_html
+from chatapp.documents.reading.parse_pdf import parse_pdf
+from chatapp.documents.reading.parse_rst import parse_rst
+from chatapp.documents.reading.parse_text import parse_markdown, parse_text
 
 # The formats read here: name -> (extensions, MIME types). The MIME type stored for a document
 # is the first of its format's.

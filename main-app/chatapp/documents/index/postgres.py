@@ -18,8 +18,8 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from chatapp.documents.ranking import keyword_words
-from chatapp.documents.vector_space import claim_dimensions, dimensions
+from chatapp.documents.index.ranking import keyword_words
+from chatapp.documents.index.vector_space import claim_dimensions, dimensions
 
 EF_SEARCH = 100
 HNSW_INDEX = (

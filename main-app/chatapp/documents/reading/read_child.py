@@ -1,7 +1,7 @@
 """The reader process: a file's bytes in, its passages out, within the memory it was given.
 
-`python -m chatapp.documents.read_child MEMORY_MB`, started by `reader.Reader` for one indexer
-thread and kept for the documents after: each `reader.Job` it receives on stdin (pickled,
+`python -m chatapp.documents.reading.read_child MEMORY_MB`, started by `reader.Reader` for one
+indexer thread and kept for the documents after: each `reader.Job` it receives on stdin (pickled,
 `multiprocessing.connection` frames) is answered with a `reader.Answer` on stdout, until stdin
 closes. Reading is the untrusted work (parsers of hostile files, the cutter), so it happens
 here and not in the indexer:
@@ -43,8 +43,8 @@ def main(argv: list[str]) -> None:
     inbox = Connection(os.dup(0), writable=False)
     outbox = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
-    from chatapp.documents.reader import answer, too_large
-    from chatapp.documents.tokens import TokenCounter
+    from chatapp.documents.reading.reader import answer, too_large
+    from chatapp.documents.reading.tokens import TokenCounter
     from chatapp.observability.logs import configure_logging
 
     configure_logging(os.environ.get("LOG_LEVEL", "info") or "info")

@@ -1,7 +1,7 @@
 """One interface in front of the two engines' vector and keyword search over passages.
 
-`index_for(store)` gives the engine's `SearchIndex`: `index_sqlite.SqliteIndex` (sqlite-vec's
-`vec0`, FTS5) or `index_postgres.PostgresIndex` (pgvector's HNSW, `tsvector` + GIN). Every
+`index_for(store)` gives the engine's `SearchIndex`: `sqlite.SqliteIndex` (sqlite-vec's
+`vec0`, FTS5) or `postgres.PostgresIndex` (pgvector's HNSW, `tsvector` + GIN). Every
 method takes the owner's user id and filters by it in SQL: a passage of another owner is never
 read, whatever ids a caller passes. Scores are higher-is-better (dense: cosine similarity;
 keyword: the engine's BM25-like rank, comparable only within one query).
@@ -26,7 +26,7 @@ class SearchIndex(Protocol):
         """Make the vectors' table for `width` if the library has none (raises
         DimensionsChanged for another width). Writers call it in a transaction of its own
         before they write passages: on PostgreSQL, making the table takes locks that a
-        concurrent writer's passages hold (indexer.py)."""
+        concurrent writer's passages hold (indexer/worker.py)."""
         ...
 
     def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:
@@ -48,9 +48,9 @@ class SearchIndex(Protocol):
 
 def index_for(store: Store) -> SearchIndex:
     if store.dialect == "sqlite":
-        from chatapp.documents.index_sqlite import SqliteIndex
+        from chatapp.documents.index.sqlite import SqliteIndex
 
         return SqliteIndex()
-    from chatapp.documents.index_postgres import PostgresIndex
+    from chatapp.documents.index.postgres import PostgresIndex
 
     return PostgresIndex()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import re
 
-from chatapp.documents.blocks import Block, Refused
+from chatapp.documents.reading.blocks import Block, Refused
 
 _ATX = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")

@@ -12,7 +12,7 @@ import io
 import logging
 from typing import Any
 
-from chatapp.documents.blocks import Block, Refused
+from chatapp.documents.reading.blocks import Block, Refused
 
 # pypdf logs every oddity it repairs in a damaged file as a warning; a file's problems are
 # reported once, as its refusal or not at all.

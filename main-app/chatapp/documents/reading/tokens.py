@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.documents.tokens")
 
 
 class TokenCounter(Protocol):

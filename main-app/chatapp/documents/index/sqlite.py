@@ -20,8 +20,8 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from chatapp.documents.ranking import fts5_query
-from chatapp.documents.vector_space import claim_dimensions
+from chatapp.documents.index.ranking import fts5_query
+from chatapp.documents.index.vector_space import claim_dimensions
 
 
 class SqliteIndex:

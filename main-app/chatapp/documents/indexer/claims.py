@@ -37,7 +37,8 @@ from chatapp.documents.models import STORING, Chunk, Document
 from chatapp.store import Store
 from chatapp.store.base import utcnow
 
-log = logging.getLogger(__name__)
+# The name its log lines have always carried, not the module's path.
+log = logging.getLogger("chatapp.documents.claims")
 
 MAX_ATTEMPTS = 3
 # An upload still storing its bytes after this long died on the way: its document fails.
