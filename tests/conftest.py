@@ -154,8 +154,10 @@ SLOW_TESTS = (
     # prompts read slowly, 30-s timeouts
     "tests/sidecar/web/generation/test_sidecar_stream_start.py",
     "tests/chatapp/accounts/test_accounts_two_instances.py",  # two gunicorn apps, PostgreSQL
-    "tests/chatapp/documents/test_documents_grounding.py::test_a_grounded",  # two chats, both DBs
-    "tests/chatapp/documents/test_documents_indexer_process.py",  # gunicorn, an indexer killed
+    # two chats, both DBs
+    "tests/chatapp/documents/search/test_documents_grounding.py::test_a_grounded",
+    # gunicorn, an indexer killed
+    "tests/chatapp/documents/indexer/test_documents_indexer_process.py",
     "tests/scripts/test_bench_rag.py::test_turn_run",  # a sidecar and the app, a library indexed
     "tests/chatapp/chats/test_chats_import.py::test_through_gunicorn",  # MBs through gunicorn
     "tests/scripts/test_bench_store.py::test_through_chat",  # gunicorn and a sidecar
@@ -166,9 +168,9 @@ SLOW_TESTS = (
     "tests/sidecar/web/generation/test_sidecar_kv_memory.py",
     "tests/sidecar/web/generation/test_sidecar_kv_memory_generator.py",
     "tests/sidecar/web/chat_completions/test_sidecar_openai_sdk.py::test_the_sdk_retries_a_loading_model_",
-    "tests/chatapp/test_chatapp_connections.py::test_a_chat_refused_by_the_sidecars_connection_",
-    "tests/chatapp/test_chatapp_connections.py::test_gunicorn_raises_the_soft_limit_",
-    "tests/chatapp/test_chatapp_connections.py::test_a_limit_too_low_for_gunicorn_",
+    "tests/chatapp/guards/test_chatapp_connections.py::test_a_chat_refused_by_the_sidecars_connection_",
+    "tests/chatapp/guards/test_chatapp_connections.py::test_gunicorn_raises_the_soft_limit_",
+    "tests/chatapp/guards/test_chatapp_connections.py::test_a_limit_too_low_for_gunicorn_",
     "tests/sidecar/web/test_sidecar_hardening.py::test_5_a_crashed_worker_",
     "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_a_stopped_reply_stays_cached",
     "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_max_concurrency_two_",
@@ -195,7 +197,8 @@ SLOW_TESTS = (
     "tests/sidecar/test_sidecar_settings.py::test_the_web_process_never_imports_onnxruntime_",
     "tests/sidecar/web/generation/test_sidecar_faults.py::test_log_prompts_puts_the_exception_message_",
     "tests/sidecar/web/observability/test_sidecar_tracing.py::test_untraced_by_default",
-    "tests/chatapp/test_chatapp_logs.py::test_under_gunicorn_every_line_is_json_",  # processes
+    # processes
+    "tests/chatapp/observability/test_chatapp_logs.py::test_under_gunicorn_every_line_is_json_",
     "tests/chatapp/test_chatapp_gunicorn.py::test_development_server",
     "tests/sidecar/test_sidecar_settings.py::test_an_api_key_that_holds_no_key_stops_",
     "tests/sidecar/web/chat_completions/test_sidecar_tutorial_apps.py::test_each_tutorial_app_reads_the_whole_",

@@ -13,7 +13,7 @@ from chatapp.documents.reading.chunker import LONG_CHARS, chunk
 from chatapp.documents.reading.formats import Limits, read
 from chatapp.documents.reading.tokens import ByteBound, EncoderTokens, TokenCounter, counter_for
 
-FILES = Path(__file__).parent / "files"
+FILES = Path(__file__).parents[1] / "files"
 
 
 @pytest.fixture

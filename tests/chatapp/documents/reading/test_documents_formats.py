@@ -15,7 +15,7 @@ from chatapp.documents.reading.blocks import REFUSALS, Block, Refused
 from chatapp.documents.reading.formats import Limits, format_of, read
 from tests.chatapp.documents import make_files
 
-FILES = Path(__file__).parent / "files"
+FILES = Path(__file__).parents[1] / "files"
 LIMITS = Limits(max_bytes=10_000_000, max_pages=100)
 
 

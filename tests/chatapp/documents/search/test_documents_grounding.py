@@ -33,7 +33,7 @@ from chatapp.documents.search.retrieval import Passage
 from chatapp.observability.logs import JsonFormatter
 from scripts.run.services import Service
 
-FILES = Path(__file__).parent / "files"
+FILES = Path(__file__).parents[1] / "files"
 
 
 def passage(n: int) -> Passage:

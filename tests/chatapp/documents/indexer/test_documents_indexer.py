@@ -26,9 +26,9 @@ from chatapp.documents.reading.tokens import EncoderTokens
 from chatapp.documents.search.retrieval import Searcher
 from chatapp.store import Store
 from scripts.run.services import Service
-from tests.chatapp.documents.test_documents_reader import alive
+from tests.chatapp.documents.reading.test_documents_reader import alive
 
-FILES = Path(__file__).parent / "files"
+FILES = Path(__file__).parents[1] / "files"
 LIMITS = Limits(max_bytes=1_000_000, max_pages=50)
 ENCODER_LIMIT = 32  # make_encoder's default --max-tokens
 
