@@ -120,7 +120,7 @@ def _make_upstream(config: Mapping[str, Any]) -> Upstream:
     connection = Connection(
         config["SIDECAR_URL"],
         connect_timeout=config["SIDECAR_CONNECT_TIMEOUT"],
-        # No wait for the model service outlasts the chat's own limit (relay/chat.py).
+        # No wait for the model service outlasts the chat's own limit (relay/stream.py).
         read_timeout=min(config["SIDECAR_READ_TIMEOUT"], config["RELAY_TIME_LIMIT"]),
         api_key=config["UPSTREAM_API_KEY"],
     )

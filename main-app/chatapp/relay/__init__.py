@@ -1,5 +1,5 @@
 """The relay: `POST /chat` (chat.py) forwards a conversation to the model service and streams
-the reply back to the browser.
+the reply back to the browser (stream.py: the response body, its lines, heartbeats and limits).
 
 The browser's side: its wire format (wire.py: the request, the NDJSON lines, control
 characters) and the images a chat carries (images.py). The model service's side: one interface
