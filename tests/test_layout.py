@@ -6,8 +6,8 @@
 - No code edits sys.path: the services and scripts/ are installed packages.
 - scripts/ is grouped by job (models/, bench/, run/), each group's README naming its files;
   only the repo-keeping commands stay at its top.
-- No package of either service holds more than MAX_MODULES modules, and every package of the
-  sidecar is named in ARCHITECTURE.md: `ls` of a folder says what is in it.
+- No package of either service holds more than MAX_MODULES modules, and every package of
+  either is named in ARCHITECTURE.md: `ls` of a folder says what is in it.
 """
 
 from __future__ import annotations
@@ -211,5 +211,15 @@ def test_every_package_of_the_sidecar_is_named_in_the_architecture() -> None:
         for package in packages(SIDECAR)
         if package != SIDECAR
         and f"`{package.relative_to(SIDECAR.parent).as_posix()}/`" not in architecture
+    ]
+    assert unnamed == [], "say what each is in ARCHITECTURE.md, one line each"
+
+
+def test_every_package_of_the_app_is_named_in_the_architecture() -> None:
+    architecture = (REPO / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    unnamed = [
+        f"{package.relative_to(APP.parent).as_posix()}/"
+        for package in packages(APP)
+        if package != APP and f"`{package.relative_to(APP.parent).as_posix()}/`" not in architecture
     ]
     assert unnamed == [], "say what each is in ARCHITECTURE.md, one line each"
