@@ -6,7 +6,10 @@ sees it. Label values come from fixed sets of the code only (never a request id,
 - `chatapp_upstream_errors_total{type}`: failures of the hop to the sidecar (`loading`, `busy`,
   `upstream_unavailable`, `upstream_timeout`, `upstream_disconnected`, `reply_time_limit`,
   ...);
-- `chatapp_open_streams`: replies being streamed now.
+- `chatapp_open_streams`: replies being streamed now;
+- `chatapp_indexer_restarts_total{cause}`: documents indexer processes gunicorn's master started
+  again after one died (`killed`: a signal; `exited`: an exit code), counted by the master's
+  supervisor (chatapp/documents/indexer/supervisor.py), not here, into the same folder.
 
 Under gunicorn every worker process counts its own chats, so each writes its numbers into one
 shared folder (prometheus-client's multiprocess mode) and /metrics adds them up: gunicorn's
