@@ -3,7 +3,7 @@
 Each test sets `fake.predict` to a function that writes the whole raw HTTP answer to
 `POST /predict` (helpers below: `reply`, `refuse`). It speaks what the real sidecar answers the
 chat app (which asks for `Accept: application/x-ndjson`): NDJSON events, `{"text"}` lines then
-one `{"done": true, ...}` line with the model's counts (phi3-sidecar/sidecar/web/predict_api.py,
+one `{"done": true, ...}` line with the model's counts (phi3-sidecar/sidecar/web/predict/api.py,
 `Events`). `plain` is a sidecar from before events (text/plain), for the fallback's own tests.
 
 The fake records request bodies and headers, and notices when the client (the relay) closes

@@ -16,7 +16,7 @@ Any other name is refused 400 `invalid_host`, with the JSON error envelope. The 
 balancer or a scraper asks by the pod's address or a service name, and they say nothing of a
 person's and change nothing. Host names are compared in lower case (RFC 9110; issue 25), a
 port is ignored, and a value that is no host name (`evil.com#.example.com`) matches nothing.
-The same rule as the sidecar's (sidecar/web/access.py; tests/test_contracts.py).
+The same rule as the sidecar's (sidecar/web/guards/access.py; tests/test_contracts.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ model service: about 2 x GUNICORN_CONNECTIONS + RESERVE. What happens at each li
 - out of descriptors, accept() fails: gevent stops accepting for 0.01 s, doubling up to 1 s
   while it keeps failing, and writes the error to stderr each time, so at most one a second.
 
-The sidecar has a copy of the raise (phi3-sidecar/sidecar/web/listener.py); each image ships
+The sidecar has a copy of the raise (phi3-sidecar/sidecar/web/guards/listener.py); each image ships
 on its own.
 """
 

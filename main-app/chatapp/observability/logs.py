@@ -26,8 +26,8 @@ from typing import Any
 
 request_log = logging.getLogger("chatapp.request")
 
-# What the sidecar takes as X-Request-Id (its web/request_log.py; tests/test_contracts.py keeps
-# them equal), so both services log the same id.
+# What the sidecar takes as X-Request-Id (its web/observability/request_log.py;
+# tests/test_contracts.py keeps them equal), so both services log the same id.
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 

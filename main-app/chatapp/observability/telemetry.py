@@ -4,8 +4,9 @@ exporter is even imported.
 
 Destinations, any together: OTLP/HTTP (`OTEL_EXPORTER_OTLP_ENDPOINT` or `_TRACES_ENDPOINT`),
 Azure Monitor (`APPLICATIONINSIGHTS_CONNECTION_STRING`), a file of OTLP JSON lines
-(`TRACES_FILE`); the sidecar has the same rules (phi3-sidecar/sidecar/web/telemetry.py). The SDK
-reads OpenTelemetry's other standard variables itself (`OTEL_TRACES_SAMPLER`, ...).
+(`TRACES_FILE`); the sidecar has the same rules
+(phi3-sidecar/sidecar/web/observability/telemetry.py). The SDK reads OpenTelemetry's other
+standard variables itself (`OTEL_TRACES_SAMPLER`, ...).
 
 The trace of a chat: a server span for the browser's request, made by OpenTelemetry's WSGI
 middleware, which ends it after the last line of the stream (Flask's own instrumentation ends
@@ -135,7 +136,8 @@ def tracer_provider(config: Mapping[str, Any]) -> TracerProvider | None:
 
 
 def span_exporters(config: Mapping[str, Any]) -> list[SpanExporter]:
-    """One exporter per destination in the config (the sidecar's rules: web/telemetry.py)."""
+    """One exporter per destination in the config (the sidecar's rules:
+    web/observability/telemetry.py)."""
     if config["OTEL_SDK_DISABLED"]:
         return []
     found: list[SpanExporter] = []

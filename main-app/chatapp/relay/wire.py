@@ -121,8 +121,8 @@ MIMETYPE = "application/x-ndjson"
 # With the charset said: clients that guess otherwise (the requests library) decode it right.
 CONTENT_TYPE = f"{MIMETYPE}; charset=utf-8"
 ROLES = ("system", "user", "assistant")
-# What the model service refuses in message text (its web/messages.py; tests/test_contracts.py
-# keeps them equal): C0 controls except tab, newline and carriage
+# What the model service refuses in message text (its web/generation/messages.py;
+# tests/test_contracts.py keeps them equal): C0 controls except tab, newline and carriage
 # return; DEL and C1 controls; lone surrogates (possible through JSON \\ud800 escapes). The app
 # refuses them in system and user turns too, and makes them visible in assistant turns, so
 # that what it sends on never holds one.

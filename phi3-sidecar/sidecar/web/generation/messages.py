@@ -4,7 +4,7 @@ and the generation options.
 Validated strictly (no type coercion, no unknown fields), for /predict (predict/api.py) and
 /v1/chat/completions (chat_completions/schemas.py) alike. The chat app checks the same rules for
 system and user turns before it calls the sidecar, and makes such characters visible in assistant
-turns instead, so what it sends is always accepted here (main-app/chatapp/wire.py; contract
+turns instead, so what it sends is always accepted here (main-app/chatapp/relay/wire.py; contract
 tests keep the rules equal).
 """
 

@@ -14,7 +14,7 @@ Service, a laptop on a shared network), and list the names it is reached by.
   to resolve to 127.0.0.1 is the same origin as the sidecar there, and could use its routes)
   and requests meant for another site. The probes answer any name, as they answer without a
   key: probes and scrapers ask by an address or a service name. The same rule as the app's
-  (chatapp/host.py; tests/test_contracts.py).
+  (chatapp/guards/host.py; tests/test_contracts.py).
 
 Refusals use errors.REFUSALS: 401 `unauthorized` (with `WWW-Authenticate: Bearer`) and 400
 `invalid_host`.

@@ -153,7 +153,7 @@ class _Clock:
 
 def exporters(settings: Settings) -> list[SpanExporter]:
     """One exporter per destination the settings name (the chat app has the same rules:
-    chatapp/telemetry.py)."""
+    chatapp/observability/telemetry.py)."""
     found: list[SpanExporter] = []
     endpoint = settings.otel_exporter_otlp_traces_endpoint
     if endpoint is None and settings.otel_exporter_otlp_endpoint is not None:
