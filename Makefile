@@ -57,7 +57,7 @@ lint: venv node_modules/.installed
 docs: venv
 	$(PY) -m scripts.gen_docs
 
-# Every benchmark, one command (scripts/bench/README.md, docs/benchmarks.md): without BENCH, the
+# Every benchmark, one command (scripts/bench/README.md, docs/benchmarks/): without BENCH, the
 # questions it answers; make bench BENCH='users --preset small' asks one.
 BENCH ?= --help
 bench: venv

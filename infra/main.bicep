@@ -153,7 +153,7 @@ var encoderName = 'all-minilm-l6-v2'
 // How long App Service waits for the containers to start before it restarts them (its default
 // 230 s, at most 1800). The sidecar took at most 34 s from `podman run` to /readyz ready with
 // the Phi-3-mini-shaped model baked in or on a mounted folder, read from disk (AMD EPYC Zen 4,
-// 2 shared vCPUs under load: an upper bound; docs/benchmarks.md, "Container start"). The
+// 2 shared vCPUs under load: an upper bound; docs/benchmarks/container-start.md). The
 // limit is ten times that, in whole minutes: room for a slower plan CPU and for /home being
 // network storage. It only delays the restart of a start that truly hangs.
 var containerStartTimeLimit = '360'

@@ -7,7 +7,7 @@ threaded worker, a client that sent half a request's headers held a thread until
 deadline of `keepalive` seconds (REQUEST_HEADERS_TIMEOUT), so a client that stalls, or sends a
 byte a second, is closed after that; its body is read under REQUEST_BODY_TIMEOUT
 (chatapp/guards/body_deadline.py), so a stalled or endless body is answered 408 and closed
-(`python -m scripts.bench slow-clients`; docs/benchmarks.md, "Slow clients"). Past
+(`python -m scripts.bench slow-clients`; docs/benchmarks/slow-clients.md). Past
 worker_connections a worker stops accepting until one of its connections closes, and the soft
 open-files limit is raised to the hard one at start (chatapp/guards/open_files.py). HOST, PORT,
 LOG_LEVEL, WEB_CONCURRENCY, GUNICORN_CONNECTIONS and REQUEST_HEADERS_TIMEOUT are parsed by

@@ -70,8 +70,8 @@ class Settings(BaseSettings):
         default=True,
         description="Let onnxruntime's pool threads busy-wait for the next operator instead of "
         "sleeping: faster decode at a small cost to other processes on the same CPUs, and no "
-        "cost when idle (docs/benchmarks.md, 'Spinning'). Off for plans where other busy "
-        "processes share the CPUs.",
+        "cost when idle (docs/benchmarks/cpu-configuration.md, 'Spinning'). Off for plans where "
+        "other busy processes share the CPUs.",
     )
     max_concurrency: int = Field(
         default=4,
@@ -81,7 +81,7 @@ class Settings(BaseSettings):
         "they decode together, DECODE_BATCH_ROWS to a model call; each holds KV cache for its "
         "tokens (about 0.75 MiB a token for Phi-3-mini, counted in PROMPT_CACHE_MB's budget "
         "once the reply is over). 4 measured on 2 vCPUs: each of 4 users decodes at about half "
-        "the speed of one alone (docs/benchmarks.md, 'Batched decode').",
+        "the speed of one alone (docs/benchmarks/users.md, 'Batched decode').",
     )
     prefill_chunk: int = Field(
         default=64,
@@ -91,10 +91,10 @@ class Settings(BaseSettings):
         "gives the other generations their turn between steps, so a prefill is cut into chunks: "
         "a cancellation lands within one chunk, and other replies get a token per chunk while a "
         "long prompt is read. Each call has a fixed cost (three calls of 64 for a 130-token "
-        "prompt took 7-13% more CPU time than one, docs/benchmarks.md), so on the batched path a "
-        "prompt that is all the worker has to do is read 512 tokens a call (this value if "
-        "larger; always this value with PROMPT_CACHE_EXACT). 0 is refused; a value over the "
-        "prompt's length appends it in one call.",
+        "prompt took 7-13% more CPU time than one, docs/benchmarks/prefill-calls.md), so on the "
+        "batched path a prompt that is all the worker has to do is read 512 tokens a call "
+        "(this value if larger; always this value with PROMPT_CACHE_EXACT). 0 is refused; a "
+        "value over the prompt's length appends it in one call.",
     )
     decode_batch_rows: int = Field(
         default=4,
@@ -133,7 +133,7 @@ class Settings(BaseSettings):
         description="Seconds more the model worker may go without a step, per image, while a "
         "reply with images has not made its first token: on a vision model the prompt's images, "
         "and every token before them, are read in one step (about 1,300 to 2,650 tokens an "
-        "image, then the image encoder; docs/benchmarks.md, images, says how long on which CPU).",
+        "image, then the image encoder; docs/benchmarks/images.md says how long on which CPU).",
     )
     prompt_cache_mb: int = Field(
         default=2048,
@@ -169,7 +169,7 @@ class Settings(BaseSettings):
         default="int8",
         description="How idle conversations are kept in RAM and on disk, with batched decode: "
         "int8 (per token and head, 3.8x fewer bytes than fp32), fp16 (2x), fp32 (lossless); how "
-        "close a chat continued from each stays to fp32: docs/benchmarks.md, 'Compact KV: "
+        "close a chat continued from each stays to fp32: docs/benchmarks/quality.md, 'Compact KV: "
         "quality of a restored conversation' (python -m scripts.bench quality --kv-restore). "
         "off: idle conversations stay in their KV slot until dropped; no disk tier. "
         "PROMPT_CACHE_EXACT=true keeps them in fp32 whatever this says.",
@@ -211,7 +211,7 @@ class Settings(BaseSettings):
         "response_format or tools only, on the Generator path (not DECODE_BATCH_ROWS' batched "
         "one); the draft length adapts down and drafting pauses after misses. Ignored "
         "(logged) on a vision model: onnxruntime-genai drafts for decoder-only text models "
-        "only. docs/benchmarks.md, 'Prompt-lookup drafts'.",
+        "only. docs/benchmarks/variants.md, 'Prompt-lookup drafts'.",
     )
     prompt_cache_unscoped: bool = Field(
         default=True,

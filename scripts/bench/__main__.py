@@ -117,7 +117,7 @@ def build_parser(chosen: str | None) -> tuple[argparse.ArgumentParser, argparse.
         description="\n\n".join((__doc__ or "").split("\n\n")[:2]),
         epilog="what the questions share (scripts/bench/README.md):\n"
         + "".join(f"  {name:11s} {what}\n" for name, what in LIBRARIES.items())
-        + "the figures: docs/benchmarks.md",
+        + "the figures: docs/benchmarks/ (README.md: one line per question, today's figure)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     questions = parser.add_subparsers(dest="command", metavar="QUESTION", required=True)

@@ -10,7 +10,7 @@ read-only at /home/models/mounted. Before each run the model's files are dropped
 cache (posix_fadvise DONTNEED on those files only: nothing else on the machine is touched), so
 every start reads the model from disk, as the first start of an instance does. Each run's
 container is removed at its end. The figure feeds WEBSITES_CONTAINER_START_TIME_LIMIT in
-infra/main.bicep (docs/benchmarks.md, "Container start").
+infra/main.bicep (docs/benchmarks/container-start.md).
 """
 
 from __future__ import annotations

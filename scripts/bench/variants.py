@@ -1,4 +1,4 @@
-"""Speed, memory and quality of the model variants (docs/benchmarks.md, "Model variants"): one
+"""Speed, memory and quality of the model variants (docs/benchmarks/variants.md): one
 command per table.
 
     python -m scripts.bench variants speed    # generated phi3-mini shapes (2.3 GB each)

@@ -11,8 +11,8 @@ builder's other combinations (fp16/bf16 for cuda, fp32 for cpu, ...). The check 
 folder with the sidecar's own engine, renders a chat through the model's template and generates
 one token; it then prints what the sidecar will take from the folder and the MODEL_PATH to use.
 
-Variants (the builder's --extra_options of the same names; docs/benchmarks.md, "Model
-variants", has their speed, memory and quality):
+Variants (the builder's --extra_options of the same names; docs/benchmarks/variants.md has their
+speed, memory and quality):
 
     --block-size 128          int4 block of every MatMulNBits (block_size; default 32)
     --accuracy-level 4        MatMulNBits' activations: 4 int8 (CPU default), 1 fp32

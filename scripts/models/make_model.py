@@ -15,7 +15,7 @@ special tokens and chat template. Same arguments, byte-identical files.
 decoder reading embeddings, an embedding graph and a vision graph; it takes no variant option.
 
 The variant options make what the official builder's options of the same names make (see
-docs/benchmarks.md, "Model variants"): --block-size (block_size), --int4-embedding (Gather in
+docs/benchmarks/variants.md): --block-size (block_size), --int4-embedding (Gather in
 op_types_to_quantize), --prune-lm-head (prune_lm_head), --kv-cache (kv_cache_quant_scheme).
 The weights are the same numbers at every block size (scales are equal across a row's blocks),
 so block sizes compare like for like; the int4 embedding is the fp32 one, quantized.

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--precision",
         choices=sorted(PRECISION_OPTIONS),
-        help="default: the model's (docs/benchmarks.md says why)",
+        help="default: the model's (docs/benchmarks/quality.md says why)",
     )
     p.add_argument(
         "--work-dir",

@@ -6,7 +6,7 @@ reply a raw onnxruntime-genai loop gives on that folder, and, where the variant 
 same numbers (a pruned LM head), the default folder's reply too. Another block size holds the
 same weights, but accuracy level 4 quantizes the activations to int8 per block, so the
 random model's many near ties flip after a few tokens (measured: the first 2 to 48 tokens
-agree); its quality is measured on a real model (docs/benchmarks.md). The int8 KV cache is
+agree); its quality is measured on a real model (docs/benchmarks/variants.md). The int8 KV cache is
 measured by the sidecar itself: a token costs a quarter of the fp32 cache's bytes.
 """
 

@@ -3,13 +3,13 @@ model: `python -m scripts.bench quality --kv-restore int8 --exact` on SmolLM2-13
 committed text set. fp32's round trip must be lossless (what PROMPT_CACHE_EXACT=true keeps:
 the same logits, the same greedy replies); int8, the default, must stay above the floors below.
 
-The floors, from the measurement in docs/benchmarks.md ("Compact KV: quality of a restored
-conversation", AMD EPYC): int8 agreed with fp32 on 99.2% of the passages' positions and 98.9%
-of the chats' (no text below 95%), perplexity +0.24% / -0.13%. A CPU with other kernels may
-flip a few near ties, so agreement must stay at 97% or more on each kind of text (a broken
+The floors, from the measurement in docs/benchmarks/quality.md ("Compact KV: quality of a
+restored conversation", AMD EPYC): int8 agreed with fp32 on 99.2% of the passages' positions and
+98.9% of the chats' (no text below 95%), perplexity +0.24% / -0.13%. A CPU with other kernels
+may flip a few near ties, so agreement must stay at 97% or more on each kind of text (a broken
 scale or a position off by one falls far below; the builder's int8 KV cache per tensor, a
-coarser scale, gave 94.4% in "Model variants"), and perplexity within 1% (the project's gate
-for a variant, ibid.)."""
+coarser scale, gave 94.4% in "Model variants"), and perplexity within 1% (the project's gate for
+a variant, ibid.)."""
 
 from __future__ import annotations
 

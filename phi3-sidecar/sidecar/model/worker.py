@@ -2,8 +2,8 @@
 
 Why a process: every onnxruntime-genai Generator call holds the GIL for its whole duration (a
 prefill chunk can take seconds on a CPU, a Phi-3-mini decode step a tenth of one: see
-docs/benchmarks.md). In the web process that would freeze the event loop, so /healthz and
-every other stream would stall. A thread
+docs/benchmarks/decode-step.md). In the web process that would freeze the event loop, so
+/healthz and every other stream would stall. A thread
 cannot avoid it, and smaller prefill chunks would only shorten the stalls. In a separate process
 the model can hold its own GIL as long as it likes; the web process only relays small messages.
 

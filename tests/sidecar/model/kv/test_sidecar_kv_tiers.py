@@ -187,7 +187,8 @@ def test_a_restored_conversation_replies_as_one_kept_in_fp32_when_exact(
 
 def test_int8_restore_stays_close_to_fp32(tiny_model_dir: Path) -> None:
     """The default encoding is lossy: the logits after a restored int8 prefix stay within a
-    small distance of the fp32 prefix's (the agreement on a real model: docs/benchmarks.md)."""
+    small distance of the fp32 prefix's (the agreement on a real model:
+    docs/benchmarks/quality.md)."""
     engine = make_engine(tiny_model_dir)
     batch = engine.batch
     assert batch is not None
