@@ -1,20 +1,24 @@
 """The docs cannot drift from the code: the generated tables are current, every setting and
-refusal has its sentence, every link leads somewhere, every measured table names its CPU."""
+refusal has its sentence, every link leads somewhere, every question of `python -m scripts.bench`
+has its page of figures and its row in their index, every measured table names its CPU."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+
 from chatapp import settings as app_settings
 from scripts import gen_docs
+from scripts.bench import __main__ as bench
 from sidecar.settings import Settings
 from sidecar.web.errors import REFUSALS, WHEN
 from sidecar.web.observability.metrics import GENERATION_PATHS
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "CONTRIBUTING.md"]
-PAGES += sorted((REPO / "docs").glob("*.md"))
+PAGES = sorted(REPO.glob("*.md")) + sorted((REPO / "docs").rglob("*.md"))
+BENCHMARKS = REPO / "docs" / "benchmarks"  # README.md, the index; a page per question
 
 
 def test_the_generated_pages_are_current() -> None:
@@ -62,6 +66,7 @@ def test_the_readme_is_a_landing_page() -> None:
 
 
 def test_every_relative_link_leads_to_a_file() -> None:
+    """In docs/ (its folders too) and the top-level pages."""
     link = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
     for page in PAGES:
         for target in link.findall(page.read_text(encoding="utf-8")):
@@ -87,7 +92,7 @@ def anchors(page: Path) -> set[str]:
 
 
 def test_every_link_to_a_section_finds_it() -> None:
-    """Headings move (docs/benchmarks.md is rewritten as measurements are); links follow."""
+    """Headings move (docs/benchmarks/ is rewritten as measurements are); links follow."""
     link = re.compile(r"\]\(([^)\s#]*)#([^)\s]+)\)")
     for page in PAGES:
         for target, anchor in link.findall(page.read_text(encoding="utf-8")):
@@ -98,17 +103,43 @@ def test_every_link_to_a_section_finds_it() -> None:
 
 
 def test_anchors_are_github_s() -> None:
-    page = REPO / "docs" / "benchmarks.md"
-    assert "users-how-fast-is-it-with-n-users-at-once" in anchors(page)
-    assert "batched-decode-decode_batch_rows-2026-11-24" in anchors(page)
-    assert "against-llamacpp-before-batched-decode-2026-11-23" in anchors(page)
+    assert "users-how-fast-is-it-with-n-users-at-once" in anchors(BENCHMARKS / "users.md")
+    assert "batched-decode-decode_batch_rows-2026-11-24" in anchors(BENCHMARKS / "users.md")
+    peers = anchors(BENCHMARKS / "peers.md")
+    assert "against-llamacpp-before-batched-decode-2026-11-23" in peers
+    assert {"today", "history"} <= peers
 
 
-def test_every_measured_table_names_its_cpu() -> None:
-    """In docs/benchmarks.md, the paragraph above each table (or its header) names the CPU:
-    a figure, and above all a ratio against llama.cpp, holds for that CPU only."""
+def test_every_question_has_its_page_and_its_row() -> None:
+    """Each question `python -m scripts.bench` offers (scripts/bench/__main__.py, COMMANDS) has
+    docs/benchmarks/QUESTION.md, today's figure first, and a row in the index's table."""
+    index = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
+    rows = {
+        found[1]: line
+        for line in index.splitlines()
+        if (found := re.match(r"\| \[([\w-]+)\]\(\1\.md\) \|", line))
+    }
+    for command in bench.COMMANDS:
+        page = BENCHMARKS / f"{command.name}.md"
+        assert page.is_file(), f"docs/benchmarks/{command.name}.md: the page of its figures"
+        headings = [
+            line for line in page.read_text(encoding="utf-8").splitlines() if line[:2] == "##"
+        ]
+        assert headings[:1] == ["## Today"], f"{page.relative_to(REPO)}: today's figure first"
+        assert command.name in rows, f"docs/benchmarks/README.md: a row for {command.name}"
+        cells = [cell.strip() for cell in rows[command.name].strip("|").split("|")]
+        assert len(cells) == 5 and all(cells), (
+            f"{command.name}: question, what, figure, target, peer"
+        )
+    assert set(rows) == {command.name for command in bench.COMMANDS}, "a row for a question gone"
+
+
+@pytest.mark.parametrize("page", sorted(BENCHMARKS.glob("*.md")), ids=lambda page: page.stem)
+def test_every_measured_table_names_its_cpu(page: Path) -> None:
+    """In docs/benchmarks/, the paragraph above each table (or its header) names the CPU: a
+    figure, and above all a ratio against llama.cpp, holds for that CPU only."""
     cpu = re.compile(r"Intel Xeon|AMD EPYC|\bCPU\b")
-    lines = (REPO / "docs/benchmarks.md").read_text(encoding="utf-8").splitlines()
+    lines = page.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines):
         if not line.startswith("|") or (number and lines[number - 1].startswith("|")):
             continue
@@ -119,7 +150,9 @@ def test_every_measured_table_names_its_cpu() -> None:
         while above >= 0 and lines[above].strip() and not lines[above].startswith(("|", "#")):
             paragraph.append(lines[above])
             above -= 1
-        assert cpu.search(" ".join(paragraph)), f"docs/benchmarks.md:{number + 1}: name the CPU"
+        assert cpu.search(" ".join(reversed(paragraph))), (
+            f"{page.relative_to(REPO)}:{number + 1}: name the CPU"
+        )
 
 
 def test_the_readme_states_no_ratio_against_a_peer() -> None:

@@ -32,7 +32,7 @@ from sidecar.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "CONTRIBUTING.md"]
-PAGES += sorted((REPO / "docs").glob("*.md")) + sorted((REPO / "infra").rglob("*.md"))
+PAGES += sorted((REPO / "docs").rglob("*.md")) + sorted((REPO / "infra").rglob("*.md"))
 PAGES += sorted((REPO / "scripts").rglob("README.md"))
 
 HISTORIC = re.compile(

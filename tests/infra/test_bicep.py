@@ -388,11 +388,11 @@ def test_application_insights_is_optional_and_feeds_both_containers() -> None:
 
 def test_the_start_time_limit_comes_from_the_measured_start() -> None:
     """WEBSITES_CONTAINER_START_TIME_LIMIT: ten times the measured start-to-ready upper bound
-    (docs/benchmarks.md, "Container start"), in whole minutes, never below App Service's own
-    default (230 s) nor above its maximum (1800 s)."""
-    text = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    (docs/benchmarks/container-start.md, "Container start"), in whole minutes, never below App
+    Service's own default (230 s) nor above its maximum (1800 s)."""
+    text = (REPO / "docs" / "benchmarks" / "container-start.md").read_text(encoding="utf-8")
     found = re.search(r"Container start to ready, upper bound: \*\*(\d+) s\*\*", text)
-    assert found, "docs/benchmarks.md lost its 'Container start' figure"
+    assert found, "docs/benchmarks/container-start.md lost its 'Container start' figure"
     measured = int(found[1])
     limit = int(resolve(app_settings()["WEBSITES_CONTAINER_START_TIME_LIMIT"]))
     assert limit == max(230, math.ceil(10 * measured / 60) * 60) <= 1800
