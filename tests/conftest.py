@@ -225,6 +225,21 @@ SLOW_TESTS = (
     "tests/scripts/test_services.py::test_a_relative_model_path_means_the_callers_folder",
     "tests/sidecar/model/test_sidecar_memory.py::test_freed_blocks_go_back_to_the_system",
     "tests/sidecar/model/test_sidecar_vision.py::test_a_sidecar_serves_text_on_the_vision_model",
+    # then still 4 min 9 s (pytest 3 min 50 s): the next, 1.2 to 1.6 s each, a process each
+    "tests/sidecar/web/guards/test_sidecar_connections.py::test_at_the_cap_the_connection_idle_",
+    "tests/sidecar/web/guards/test_sidecar_connections.py::test_the_soft_open_files_limit_",
+    "tests/sidecar/web/guards/test_sidecar_connections.py::test_over_the_cap_a_request_is_",
+    "tests/sidecar/model/test_sidecar_device.py::test_cuda_without_a_cuda_build_fails_",
+    "tests/sidecar/web/test_sidecar_health.py::test_a_failed_download_shows_in_readyz",
+    "tests/sidecar/web/chat_completions/test_sidecar_openai_sdk.py::test_a_wrong_key_is_the_sdks_",
+    "tests/scripts/test_services.py::test_waiting_for_a_sidecar_whose_model_failed_ends_at_once",
+    "tests/sidecar/web/generation/test_sidecar_faults.py::test_sigterm_to_the_process_group_",
+    "tests/sidecar/web/generation/test_sidecar_refusal_cost.py::test_the_reservation_gauge_",
+    "tests/peers/test_gguf_model.py::test_ensure_converts_once",
+    "tests/models/test_models_tiny_vision.py::test_two_images_in_one_prompt",
+    "tests/sidecar/web/chat_completions/test_sidecar_openai.py::test_not_ready_is_503_",
+    "tests/test_layout.py::test_the_encoder_loads_in_the_web_process_without_the_chat_model_s_",
+    "tests/sidecar/embeddings/test_embeddings_service.py::test_without_model_download_the_phase_",
 )
 
 
