@@ -195,7 +195,8 @@ class Settings(BaseSettings):
     prompt_cache_exact: bool = Field(
         default=False,
         description="Reuse only what a fresh prefill would compute bit for bit, so a greedy "
-        "reply is always the one an uncached run gives; each turn then re-reads the previous "
+        "reply is always the one an uncached run gives (on a CPU with AVX-512 VNNI; with AVX2 "
+        "only, up to a near tie: docs/models.md); each turn then re-reads the previous "
         "reply. Off: the next turn of a chat continues after every cached token, as llama.cpp "
         "does (a reply may differ from an uncached one at rare near-ties). Regenerated replies "
         "and edited messages are exact either way.",
