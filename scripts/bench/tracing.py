@@ -39,16 +39,28 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of these processes and their children (gunicorn's workers; not
-    the sidecar's model worker, whose pid is left out by the caller)."""
-    total = 0.0
+def cpu_by_process(pids: list[int], leave_out: set[int]) -> dict[int, float]:
+    """User + system CPU seconds of these processes and their children (gunicorn's workers),
+    by pid, but for those of `leave_out` (the sidecar's model worker and prompt process)."""
+    seconds: dict[int, float] = {}
     for pid in pids:
         process = psutil.Process(pid)
         for p in (process, *process.children(recursive=True)):
-            times = p.cpu_times()
-            total += times.user + times.system
-    return total
+            if p.pid in leave_out:
+                continue
+            try:
+                times = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            seconds[p.pid] = times.user + times.system
+    return seconds
+
+
+def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two snapshots by the processes alive at the second: one that
+    ended meanwhile (an indexer's reader, a recycled worker) takes its time with it, and must
+    not make the sum go down."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 def one_chat(url: str, text: str, new_tokens: int) -> tuple[float, float]:
@@ -108,20 +120,17 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(3):
                 one_chat(urls[name], f"Warm-up {i} for {name}.", args.new_tokens)
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in PAIRS}
-        workers = {n: psutil.Process(pids[n][0]).children(recursive=True) for n in PAIRS}
-        cpu: dict[str, float] = {}
-        for name in PAIRS:
-            engine = sum(sum(w.cpu_times()[:2]) for w in workers[name])
-            cpu[name] = -(cpu_seconds(pids[name]) - engine)
+        workers = {
+            n: {w.pid for w in psutil.Process(pids[n][0]).children(recursive=True)} for n in PAIRS
+        }
+        before = {n: cpu_by_process(pids[n], workers[n]) for n in PAIRS}
         for i in range(args.rounds):
             # Rotated: each pair goes first, second and third in turn, and never follows
             # itself (a pair asked twice in a row answers faster, warm).
             order = PAIRS[i % 3 :] + PAIRS[: i % 3]
             for name in order:
                 samples[name].append(one_chat(urls[name], f"Tell me about {i}.", args.new_tokens))
-        for name in PAIRS:
-            engine = sum(sum(w.cpu_times()[:2]) for w in workers[name])
-            cpu[name] += cpu_seconds(pids[name]) - engine
+        cpu = {n: cpu_spent(before[n], cpu_by_process(pids[n], workers[n])) for n in PAIRS}
     report: dict[str, dict[str, float]] = {}
     for name in PAIRS:
         ttft = [s[0] * 1000 for s in samples[name]]
