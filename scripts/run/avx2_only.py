@@ -59,7 +59,7 @@ def env(base: dict[str, str] | None = None) -> dict[str, str]:
 # numpy reads cpuid at import: what it reports is what the shim answered.
 _PROBE = """
 import numpy._core._multiarray_umath as m
-found = set(m.__cpu_features__) and {k for k, v in m.__cpu_features__.items() if v}
+found = {name for name, present in m.__cpu_features__.items() if present}
 print("avx2-only" if "AVX2" in found and "AVX512F" not in found else sorted(found))
 """
 

@@ -19,6 +19,7 @@ second), so small documents read one after another pay for one start, not one ea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -88,12 +89,8 @@ def answer(job: Job, memory_mb: int, counters: dict[str | None, TokenCounter]) -
     except Exception:  # a parser's own bug: this file is not read, the next ones are
         log.exception("reading failed", extra={"fields": {"name_chars": len(job.name)}})
         result = Answer(code="broken", message="The file could not be read.")
-    return Answer(
-        passages=result.passages,
-        code=result.code,
-        message=result.message,
-        peak_mb=peak_mb(),
-        seconds=round(time.monotonic() - began, 3),
+    return dataclasses.replace(
+        result, peak_mb=peak_mb(), seconds=round(time.monotonic() - began, 3)
     )
 
 
