@@ -110,11 +110,13 @@ class Indexer:
         began = time.monotonic()
         until = math.inf if self.quick_s is None else began + self.quick_s
         with Watch(self.store, claim, self.lease_s, self.check_s) as watch:
+
+            def give_up() -> bool:  # the claim lost, or the quick lane's time up
+                return watch.lost.is_set() or time.monotonic() > until
+
             job = Job(b"".join(parts), name, mime, self.limits, self.tokenizer, self.chunk_tokens)
             del parts
-            answer = self.reader.read(
-                job, give_up=lambda: watch.lost.is_set() or time.monotonic() > until
-            )
+            answer = self.reader.read(job, give_up=give_up)
             self._log_read(claim, answer)
             if answer.stopped:
                 return self._stopped(claim, watch)
@@ -124,7 +126,7 @@ class Indexer:
             todo = [p for p in passages if p.ordinal not in written]
             done = len(passages) - len(todo)
             for start in range(0, len(todo), self.batch):
-                if watch.lost.is_set() or time.monotonic() > until:
+                if give_up():
                     return self._stopped(claim, watch)
                 batch = todo[start : start + self.batch]
                 try:
