@@ -3,8 +3,9 @@ process (sidecar/model/): how the worker is started, and the messages (pickled o
 
 Web -> worker: Generate, Cancel, Stop, Ping. Per-request messages carry the request's `key`.
 Worker -> web: Phase (load progress), then per request either Rejected, or Started, any number
-of Piece, and one End; CacheStats after a change; Pong for each Ping (read between two steps,
-so a worker that stops answering is noticed: web/generation/model_client.py's watchdog).
+of Reading (a long prompt being read) and Piece, and one End; CacheStats after a change; Pong
+for each Ping (read between two steps, so a worker that stops answering is noticed:
+web/generation/model_client.py's watchdog).
 """
 
 from __future__ import annotations
@@ -230,6 +231,29 @@ class Started:
     room_moves: tuple[int, int] = (0, 0)
 
 
+# A prompt with at least this many tokens to read (after what a cache held) is reported as it is
+# read (Reading), and /predict's NDJSON and /v1's streams say how far it is (issue 54).
+READING_REPORT_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """How far the worker is in reading a prompt of READING_REPORT_TOKENS or more: sent when
+    its reading starts and after each of its calls, until its first token. The web process
+    estimates `read` within the call under way from `rate` (web/generation/progress.py)."""
+
+    key: int
+    read: int  # prompt tokens read so far (what a cache held is not counted)
+    total: int  # prompt tokens to read in all (the same)
+    # Prompt tokens the call that comes next reads (PREFILL_CHUNK, ALONE_CHUNK, or fewer at the
+    # end): an estimate never runs past read + call_tokens
+    call_tokens: int
+    # Tokens a second this prompt was read at so far (its own calls and the others' steps
+    # between them); before its first call, the worker's last such rate; None: none yet
+    rate: float | None
+    at: float  # time.monotonic() when it was sent: one clock for both processes
+
+
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
     """One generated token's log probability, and the most likely tokens at its place (best
@@ -313,4 +337,4 @@ class CacheStats:
 
 
 ToWorker = Generate | Cancel | Stop | Ping
-FromWorker = Phase | Rejected | Started | Piece | End | CacheStats | Pong
+FromWorker = Phase | Rejected | Started | Reading | Piece | End | CacheStats | Pong

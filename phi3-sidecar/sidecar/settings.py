@@ -282,6 +282,16 @@ class Settings(BaseSettings):
         'sends a chunk with delta {"content": ""}, which clients add as no text. Not on '
         "/predict, whose text stream has no room for one.",
     )
+    progress_interval_s: float = Field(
+        default=1.0,
+        ge=0.2,
+        le=2.0,
+        description="Seconds between two progress events while a prompt of 256 tokens or more "
+        'is read: {"progress": {"read", "total", "seconds_left"}} lines on /predict\'s NDJSON '
+        "form, a chunk with a `progress` member on /v1/chat/completions streams; `read` is "
+        "estimated between the model worker's reports, one per call of up to 512 tokens "
+        "(docs/api.md, 'Prompt reading progress'). At most 2: the chat page shows them.",
+    )
     max_body_bytes: int = Field(
         default=64 * 1024,
         ge=1024,

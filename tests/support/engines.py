@@ -209,6 +209,9 @@ class PacedEngine:
         real = self._real.start(request, prompt=prompt)
         return PacedGeneration(real, self._pace, self._prefill_pace, first_step)
 
+    def reading_chunk(self, generation: PacedGeneration) -> int:
+        return self._real.reading_chunk(generation._real)
+
     def prompt_spec(self) -> PromptSpec:
         return self._real.prompt_spec()
 

@@ -116,10 +116,22 @@ class _Pending:
 
 
 @dataclass
+class _Reading:
+    """A long prompt being read (ipc.Reading): its tokens to read, those read when last
+    reported, when its reading started and when it was last reported."""
+
+    total: int
+    started_at: float
+    read: int = 0
+    at: float = 0.0
+
+
+@dataclass
 class _Job:
     request_id: str
     generation: Stepper
     deadline: float | None = None  # ipc.Generate.deadline
+    reading: _Reading | None = None  # reported as it is read (ipc.READING_REPORT_TOKENS)
     # When recent tokens were finished (prefill steps are not tokens), to count those made
     # after a disconnect was noticed.
     finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=8))
@@ -206,6 +218,9 @@ class Scheduler:
         self._retry = False
         self._stopping = False
         self._books_changed = False  # a running reply's KV reservation grew (kv/bound.py)
+        # Tokens a second the last long prompt was read at: the estimate for a new prompt's
+        # first call, before it has a rate of its own (ipc.Reading.rate)
+        self._reading_rate: float | None = None
 
     def run(self) -> None:
         """Until Stop; EOFError/OSError when the web process is gone."""
@@ -381,7 +396,38 @@ class Scheduler:
         # only after the next reply ends (sidecar_kv_reserved_bytes read 0 while a reply held
         # 3 GB of the bound)
         self._outbox.send(self._engine.cache_stats())
+        left = getattr(generation, "prompt_left", 0)  # an engine wrapper may not say
+        if left >= ipc.READING_REPORT_TOKENS:
+            job = self._jobs[request.key]
+            job.reading = _Reading(left, time.monotonic())
+            self._report_reading(request.key, job)
         return True
+
+    def _report_reading(self, key: int, job: _Job) -> None:
+        """Tell the web process how far a long prompt's reading is (ipc.Reading): when it
+        starts, then after each of its calls, the last one when all of it is read."""
+        reading = job.reading
+        assert reading is not None
+        left = getattr(job.generation, "prompt_left", 0)
+        read = reading.total - left
+        if reading.at and read == reading.read:
+            return  # another reply's step: nothing new of this one
+        now = time.monotonic()
+        if read > 0:  # its own rate, over all of its reading so far
+            self._reading_rate = read / max(now - reading.started_at, 1e-6)
+        reading.read, reading.at = read, now
+        call = self._call_tokens(job.generation, left, read)
+        self._outbox.send(ipc.Reading(key, read, reading.total, call, self._reading_rate, now))
+        if not left:
+            job.reading = None
+
+    def _call_tokens(self, generation: Stepper, left: int, read: int) -> int:
+        """The prompt tokens the generation's next call reads (engine.reading_chunk); an
+        engine that cannot say: as many as its last call read, or all that is left."""
+        chunk = getattr(self._engine, "reading_chunk", None)
+        if chunk is not None:
+            return min(int(chunk(generation)), left)
+        return min(read, left) if read else left
 
     def _refuse(self, request: ipc.Generate, exc: Exception, spent_s: float = 0.0) -> None:
         """Answer Rejected for what building or starting a request raised; `spent_s`: the
@@ -429,6 +475,8 @@ class Scheduler:
         reserved = getattr(job.generation, "reserved", 0)
         if reserved != job.reserved:
             job.reserved, self._books_changed = reserved, True
+        if job.reading is not None:
+            self._report_reading(key, job)
         if text is not None:  # None: a chunk of the prompt was appended, no token yet
             now = time.monotonic()
             job.finished_at.append(now)

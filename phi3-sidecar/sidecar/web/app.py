@@ -108,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         time_limit_s=settings.reply_time_limit_s,
         start_after_s=settings.stream_start_after_s,
         keepalive_s=settings.stream_keepalive_s,
+        progress_s=settings.progress_interval_s,
     )
     errors.install(app)
     openapi.install(app)

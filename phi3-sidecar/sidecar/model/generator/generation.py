@@ -143,6 +143,16 @@ class Generation:
         """True while part of the prompt is still to be appended."""
         return self._appended < len(self.prompt.ids)
 
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens still to read (as BatchGeneration's: the worker's progress reports)."""
+        return len(self.prompt.ids) - self._appended
+
+    def reading_chunk(self) -> int:
+        """The prompt tokens the next step reads: everything up to the last image, or a chunk."""
+        end = self._images.end if self._images is not None else self._appended + self._chunk
+        return min(end, len(self.prompt.ids)) - self._appended
+
     def step(self) -> str | None:
         """One bounded piece of work: while the prompt is not all appended, append its next
         chunk (at most PREFILL_CHUNK tokens) and return None, no token made; after that,

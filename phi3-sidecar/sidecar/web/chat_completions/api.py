@@ -84,12 +84,16 @@ Reply, stream true: 200 text/event-stream, events `data: <json>\n\n` sent as the
   (readers that JSON-parse every line throw on one), and U+2028, U+2029 and U+0085 escaped
   (readers that split lines there, as httpx's aiter_lines does, would cut an event). After
   STREAM_KEEPALIVE_S of silence (the queue, a long prompt, a tool call held) a chunk with
-  delta {"content": ""} says nothing. A request not started within STREAM_START_AFTER_S gets
-  its 200, headers and first chunk at once (generation/early_start.py): a refusal after that is an
-  error event, `data: {"error": {...}}` with the refusal's fields, and no [DONE]. An error after the
-  first byte ends the response without [DONE] and without its final chunk (as /predict),
-  logged with the id; a structured reply that fails its final check ends with an error event
-  instead, `data: {"error": {...}}` (code invalid_reply), and no [DONE].
+  delta {"content": ""} says nothing. While a prompt of 256 tokens or more to read is read,
+  the same chunk with a `progress` member {"read", "total", "seconds_left"} comes at each of
+  the worker's reports and every PROGRESS_INTERVAL_S (generation/progress.py; an extension the
+  openai SDK keeps aside as an unknown member). A request not started within
+  STREAM_START_AFTER_S gets its 200, headers and first chunk at once
+  (generation/early_start.py): a refusal after that is an error event, `data: {"error":
+  {...}}` with the refusal's fields, and no [DONE]. An error after the first byte ends the
+  response without [DONE] and without its final chunk (as /predict), logged with the id; a
+  structured reply that fails its final check ends with an error event instead, `data:
+  {"error": {...}}` (code invalid_reply), and no [DONE].
 
 Errors before the reply: OpenAI's {"error": {"message", "type", "param", "code"}} with OpenAI's
 statuses (errors.py REFUSALS, its openai columns): 400 invalid_request_error (code
@@ -118,6 +122,7 @@ from sidecar.web.deps import EmbeddingsDep, ImagesDep, ModelDep, PipelineDep, Re
 from sidecar.web.errors import ApiError
 from sidecar.web.generation.model_client import ModelClient
 from sidecar.web.generation.pipeline import read_body
+from sidecar.web.generation.progress import ProgressEvent
 from sidecar.web.generation.reply import ReplyFormat
 from sidecar.web.images.decoding import body_allowance
 from sidecar.web.structured import settle as structured
@@ -363,9 +368,19 @@ class EventStream(_Checked):
         # chunk to its content (Spring's Reactor: null is an error) read them as no text.
         return self._chunk({"role": "assistant", "content": ""})
 
+    shows_progress = True
+
     def keepalive(self) -> bytes:
         # A chunk, not an SSE comment: readers that JSON-parse every line (.NET's) throw on one.
         return self._chunk({"content": ""})
+
+    def progress(self, event: ProgressEvent) -> bytes:
+        # A keep-alive's chunk with one member more: readers that take every chunk's first
+        # choice (most) read it as no text, SDKs keep unknown members aside (issue 54)
+        choice = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": None}
+        usage = {"usage": None} if self._include_usage else {}
+        chunk = self._ids.object("chat.completion.chunk", choices=[choice], **usage)
+        return _event(chunk | {"progress": event.as_json()})
 
     def piece(self, text: str) -> bytes:
         self._keep(text)

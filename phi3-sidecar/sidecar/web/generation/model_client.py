@@ -78,12 +78,14 @@ class Reply:
         self.first_piece = False
         self.start: asyncio.Future[ipc.Started | ipc.Rejected | ipc.End] = loop.create_future()
         self.end: asyncio.Future[ipc.End] = loop.create_future()
-        self.pieces: asyncio.Queue[ipc.Piece | ipc.End] = asyncio.Queue()
+        self.pieces: asyncio.Queue[ipc.Piece | ipc.Reading | ipc.End] = asyncio.Queue()
         self.generated = 0  # as the last piece said
 
     def deliver(self, message: ipc.FromWorker) -> None:
         if isinstance(message, ipc.Started | ipc.Rejected) and not self.start.done():
             self.start.set_result(message)
+        elif isinstance(message, ipc.Reading):
+            self.pieces.put_nowait(message)
         elif isinstance(message, ipc.Piece):
             self.first_piece = True
             self.generated = message.generated

@@ -106,6 +106,7 @@ class Pipeline:
         time_limit_s: float = 0.0,
         start_after_s: float = 2.0,
         keepalive_s: float = 5.0,
+        progress_s: float = 1.0,
     ) -> None:
         self._model = model
         self._admission = admission
@@ -114,6 +115,7 @@ class Pipeline:
         self._time_limit_s = time_limit_s  # REPLY_TIME_LIMIT_S; 0: none
         self._start_after_s = start_after_s  # STREAM_START_AFTER_S
         self._keepalive_s = keepalive_s  # STREAM_KEEPALIVE_S
+        self._progress_s = progress_s  # PROGRESS_INTERVAL_S
 
     async def run(
         self,
@@ -212,6 +214,7 @@ class Pipeline:
             reply_format,
             keep_text=self._log_prompts,
             keepalive_s=self._keepalive_s,
+            progress_s=self._progress_s,
         )
 
     async def _admit(self) -> None:

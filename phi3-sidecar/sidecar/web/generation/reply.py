@@ -17,6 +17,8 @@ A format with a `keepalive` (the server-sent events) writes it whenever the stre
 silent for STREAM_KEEPALIVE_S (`Outbox`): clients that read with a timeout see a byte while a
 long prompt is read. One whose reply has not even started in time is answered by
 `early_start.EarlyStart`, which hands its `Outbox` to this response once the reply starts.
+A format that `shows_progress` writes how far a long prompt's reading is (progress.py) at each
+of the worker's reports and every PROGRESS_INTERVAL_S between them, until the first token.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 from sidecar import ipc
 from sidecar.web.errors import ApiError, not_ready
 from sidecar.web.generation.model_client import ModelClient, Reply
+from sidecar.web.generation.progress import ProgressEvent, ReadingProgress
 from sidecar.web.observability.record import RequestRecord
 
 
@@ -45,6 +48,7 @@ class ReplyFormat:
 
     media_type: str
     buffered = False  # True: nothing is sent before the end; tail() is then the whole body
+    shows_progress = False  # True: progress() writes a long prompt's reading (progress.py)
 
     def head(self) -> bytes:
         """Sent right after the headers."""
@@ -58,6 +62,10 @@ class ReplyFormat:
     def piece(self, text: str) -> bytes:
         """Sent for each piece of text as it comes ('' sends nothing)."""
         raise NotImplementedError
+
+    def progress(self, event: ProgressEvent) -> bytes:
+        """Sent while a long prompt is read, before the first piece (shows_progress)."""
+        return b""
 
     def logprobs(self, entries: list[ipc.TokenLogprob]) -> None:
         """The log probabilities of the tokens of the next piece (Generate.logprobs), given
@@ -96,17 +104,20 @@ class Outbox:
         await self._send({"type": "http.response.body", "body": body, "more_body": more})
         self._last = time.monotonic()
 
-    async def wait(self, *futures: asyncio.Future[Any]) -> None:
-        """Until one of `futures` is done, writing the keepalive whenever the stream has been
-        silent for `keepalive_s`."""
+    async def wait(self, *futures: asyncio.Future[Any], until: float | None = None) -> None:
+        """Until one of `futures` is done (or `until`, a time.monotonic(), passed), writing the
+        keepalive whenever the stream has been silent for `keepalive_s`."""
         while True:
             timeout = None
             if self._keepalive:
                 timeout = max(0.0, self._last + self._keepalive_s - time.monotonic())
+            if until is not None:
+                left = max(0.0, until - time.monotonic())
+                timeout = left if timeout is None else min(timeout, left)
             done, _ = await asyncio.wait(
                 futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
-            if done:
+            if done or (until is not None and time.monotonic() >= until):
                 return
             await self.write(self._keepalive)
 
@@ -122,6 +133,7 @@ class ReplyResponse(Response):
         *,
         keep_text: bool = False,
         keepalive_s: float = 0.0,
+        progress_s: float = 1.0,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -133,6 +145,7 @@ class ReplyResponse(Response):
         self._started = started
         self._text: list[str] | None = [] if keep_text else None
         self._keepalive_s = keepalive_s
+        self._progress = ReadingProgress(progress_s)  # PROGRESS_INTERVAL_S
         self.init_headers(
             {
                 "cache-control": "no-store",
@@ -236,6 +249,10 @@ class ReplyResponse(Response):
             batch = [await self._next(outbox)]
             while not pieces.empty() and not isinstance(batch[-1], ipc.End):
                 batch.append(pieces.get_nowait())
+            readings = [m for m in batch if isinstance(m, ipc.Reading)]
+            if readings and self._format.shows_progress and not self._progress.done:
+                event = self._progress.report(readings[-1])
+                await outbox.write(self._format.progress(event))
             text = "".join(m.text for m in batch if isinstance(m, ipc.Piece))
             if logprobs := [e for m in batch if isinstance(m, ipc.Piece) for e in m.logprobs]:
                 self._format.logprobs(logprobs)
@@ -245,6 +262,7 @@ class ReplyResponse(Response):
                 m.at for m in batch if isinstance(m, ipc.Piece) and m.text
             )
             if text:
+                self._progress.done = True  # the first word: no more reading to show
                 if self._record.ttft_ms is None:
                     elapsed = time.monotonic() - self._record.started_at
                     self._record.ttft_ms = round(elapsed * 1000, 1)
@@ -255,14 +273,21 @@ class ReplyResponse(Response):
             if isinstance(batch[-1], ipc.End):
                 return batch[-1]
 
-    async def _next(self, outbox: Outbox) -> ipc.Piece | ipc.End:
-        """The next message of the reply, keeping the stream alive while there is none."""
+    async def _next(self, outbox: Outbox) -> ipc.Piece | ipc.Reading | ipc.End:
+        """The next message of the reply, keeping the stream alive while there is none, and
+        writing the reading's estimate whenever one is due."""
         pieces = self._reply.pieces
         if not pieces.empty():
             return pieces.get_nowait()
         getter = asyncio.ensure_future(pieces.get())
+        progress = self._progress
         try:
-            await outbox.wait(getter)
+            while True:
+                await outbox.wait(getter, until=progress.due())
+                if getter.done():
+                    break
+                if body := self._format.progress(progress.tick()):
+                    await outbox.write(body)
         finally:
             getter.cancel()  # only if the pump itself is cancelled: no message is lost then
         return getter.result()

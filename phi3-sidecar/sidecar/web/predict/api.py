@@ -20,7 +20,9 @@ Request, application/json, validated strictly (no type coercion; unknown fields 
 Reply: 200 text/plain; charset=utf-8, streamed: each chunk is the text of one or more new
 tokens, sent as soon as it is decoded, never ending inside a character; nothing around it.
 With `Accept: application/x-ndjson` instead: one JSON object per line, {"text": "..."} as the
-text comes, then {"done": true, "finish_reason": "stop" | "length", "generated_tokens",
+text comes (before the first, while a prompt of 256 tokens or more to read is read:
+{"progress": {"read", "total", "seconds_left"}} lines, generation/progress.py and docs/api.md),
+then {"done": true, "finish_reason": "stop" | "length", "generated_tokens",
 "prompt_tokens", "image_tokens", "cached_tokens", "dropped_messages"} ("length" also when the
 reply reached REPLY_TIME_LIMIT_S: the log line's outcome says time_limit); or, if the generation
 fails after the first byte, {"error": {"message", "type": "generation_failed"}} as the last line.
@@ -66,6 +68,7 @@ from sidecar.web.generation.messages import (
     text_of,
 )
 from sidecar.web.generation.pipeline import read_body
+from sidecar.web.generation.progress import ProgressEvent
 from sidecar.web.generation.reply import ReplyFormat
 from sidecar.web.images.decoding import ImageRef, body_allowance
 
@@ -169,9 +172,13 @@ class Events(ReplyFormat):
     how the reply ended (what text/plain cannot say). The chat app reads this."""
 
     media_type = "application/x-ndjson"
+    shows_progress = True
 
     def piece(self, text: str) -> bytes:
         return _line({"text": text})
+
+    def progress(self, event: ProgressEvent) -> bytes:
+        return _line({"progress": event.as_json()})
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
         return _line(
