@@ -145,6 +145,12 @@ class Generate:
     # it looks like a tag.
     images: tuple[bytes, ...] = ()
     image_slots: tuple[tuple[int, int], ...] = ()
+    # A grounded request's passages (issue 54): texts that stand verbatim in its messages, whose
+    # K/V the passage store (model/kv/passages.py) keeps and puts back wherever they stand;
+    # `passage_scope`: whose store they are in (with API_KEY set, within its owner's:
+    # owned_scope), so no owner's request finds another's passages.
+    passages: tuple[str, ...] = ()
+    passage_scope: str | None = None
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
     @property
@@ -229,6 +235,8 @@ class Started:
     # them to the disk tier) for its room, and how many it compacted and wrote
     room_s: float = 0.0
     room_moves: tuple[int, int] = (0, 0)
+    # Prompt tokens whose K/V came from the passage store (model/kv/passages.py), not read
+    passage_cached_tokens: int = 0
 
 
 # A prompt with at least this many tokens to read (after what a cache held) is reported as it is
@@ -334,6 +342,15 @@ class CacheStats:
     kv_reserved_bytes: int = 0
     kv_waits: int = 0
     kv_pauses: int = 0  # times a running reply waited to grow its reservation (kv/bound.py)
+    # The passage store (model/kv/passages.py): passages in RAM and their bytes (with the
+    # reading prefixes), on disk, found and not found in requests, waiting to be read
+    passage_entries: int = 0
+    passage_bytes: int = 0
+    passage_disk_entries: int = 0
+    passage_disk_bytes: int = 0
+    passage_hits: int = 0
+    passage_misses: int = 0
+    passage_wanted: int = 0
 
 
 ToWorker = Generate | Cancel | Stop | Ping

@@ -31,13 +31,16 @@ from dataclasses import fields
 from typing import Any
 
 from sidecar.ipc import Generate
+from sidecar.model.batch import passages as batch_passages
 from sidecar.model.batch.decoder import BatchDecoder
+from sidecar.model.batch.passages import PassageReading
 from sidecar.model.batch.row import BatchGeneration, SlotHolder
 from sidecar.model.batch.step import BatchStep
 from sidecar.model.kv import compact as kv_compact
 from sidecar.model.kv import shared_prefix
 from sidecar.model.kv.bound import GROWTH_TOKENS, Memory, NoRoom
 from sidecar.model.kv.idle import IdleRoom
+from sidecar.model.kv.passages import PassageStore
 from sidecar.model.kv.prompt_cache import Lease, PromptCache
 from sidecar.model.kv.shared_prefix import SharedPrefix, Staged
 from sidecar.model.kv.tiers import KvTiers, Restored
@@ -78,6 +81,10 @@ class BatchScheduler(BatchStep):
         self.shared: list[SharedPrefix] = []  # SHARED_PREFIXES, read once (kv/shared_prefix.py)
         self.staged: Staged | None = None  # one of them written ahead into a free slot
         self._last_shared: SharedPrefix | None = None  # the one a new chat used last
+        # The passage store (kv/passages.py; set by batch/setup.py) and the wanted passage
+        # being read into a free slot while idle
+        self.passages: PassageStore | None = None
+        self.reading: PassageReading | None = None
         self.decoding: list[BatchGeneration] = []  # in slot order: decoding[i] is in slot i
         self.prefilling: deque[BatchGeneration] = deque()
         self.ready: list[BatchGeneration] = []  # prompt read; first token at the next step
@@ -94,9 +101,10 @@ class BatchScheduler(BatchStep):
 
     def tidy(self) -> bool:
         """One piece of idle work: room for a new chat (kv/idle.py), then a shared prefix
-        written ahead (kv.shared_prefix.Staged), then the pages of the slot the next prompt is
-        written into mapped (kv/warm.py); False when there is none."""
-        return self.idle.step() or self._stage_step() or self.warm.step()
+        written ahead (kv.shared_prefix.Staged), then a wanted passage read into the passage
+        store (batch/passages.py), then the pages of the slot the next prompt is written into
+        mapped (kv/warm.py); False when there is none."""
+        return self.idle.step() or self._stage_step() or self._read_step() or self.warm.step()
 
     def next_new_slot(self) -> int | None:
         """The slot the next new chat (or conversation restored into a free slot) takes: the
@@ -126,6 +134,42 @@ class BatchScheduler(BatchStep):
             return False
         staged.step(self.pool)
         return True
+
+    def _read_step(self) -> bool:
+        """Read one more piece of a wanted passage (batch.passages.PassageReading) into the
+        highest free slot (not the one the next new chat takes), where the bound leaves room
+        for it beside the kept conversations and the room kept for a new chat."""
+        reading, store = self.reading, self.passages
+        if reading is None:
+            if self.busy or store is None or not self.idle.headroom_tokens:
+                return False
+            wanted = store.next_wanted()
+            if wanted is None:
+                return False
+            taken = self.staged.slot if self.staged is not None else None
+            free = [s for s, h in enumerate(self._slots) if h is None and s != taken]
+            if not free:
+                return False
+            reading = PassageReading(store, self.decoder, wanted, free[-1], self.chunk)
+            headroom = self.idle.headroom * self.pool.bytes_per_token
+            if self.cache.stats().bytes + headroom + reading.nbytes > self.room():
+                return False
+            self.reading = reading
+            self.memory.set_aside += reading.nbytes
+        reading.step()
+        if reading.done:
+            self._end_reading(abandon=False)
+        return True
+
+    def _end_reading(self, *, abandon: bool = True) -> None:
+        """The passage being read leaves the bound's books (a request starts: its slot freed,
+        the wish kept for later)."""
+        reading, self.reading = self.reading, None
+        if reading is None:
+            return
+        self.memory.set_aside -= reading.nbytes
+        if abandon:
+            reading.abandon()
 
     def _take_staged(self, prefix: SharedPrefix | None) -> Staged | None:
         """A request starts: the staged prefix leaves the bound's books, and its slot is
@@ -177,6 +221,7 @@ class BatchScheduler(BatchStep):
         """Start a reply: reserve its KV against the bound (NoRoom: it must wait for a running
         reply to end), then continue the cached conversation the lease lends (restored into a
         slot from compact RAM or disk where it is not in one) or take a new slot."""
+        self._end_reading()  # its slot may be the one this reply needs
         needed = len(prompt.ids) + prompt.max_new_tokens
         # Its prompt and the first GROWTH_TOKENS of its reply now, the rest as it grows
         # (kv/bound.py): a large max_new_tokens holds nobody up front
@@ -248,8 +293,22 @@ class BatchScheduler(BatchStep):
         if lease.fresh and shared:
             # Not the scope's own tokens: cached_tokens stays what the scope held (none)
             generation.cached_tokens, generation.cache_reason = 0, "shared"
+        if not self.cache.exact:  # PROMPT_CACHE_EXACT: a fresh read's K/V only
+            scope = request.passage_scope
+            generation.placements = batch_passages.plan(
+                self.passages, prompt, scope, max(holder.kv_len, shared)
+            )
         self.prefilling.append(generation)
         return generation
+
+    def place(self, generation: BatchGeneration, placement: batch_passages.Placement) -> None:
+        """Write a stored passage's positions into the reply's slot (its prompt reaches them)."""
+        assert self.passages is not None
+        start = placement.start
+        span = (placement.at - start, placement.end - start)
+        self.passages.place(
+            placement.entry, placement.kv, self.pool, generation.holder.index, start, span
+        )
 
     def _unlease(self, lease: Lease) -> None:
         """Give back a lease whose request must wait: a lent entry is idle again, as it was."""
@@ -306,6 +365,8 @@ SERVED_FIELDS = frozenset(
         "guidance",
         "logprobs",  # BatchGeneration.take
         "prompt",  # the engine reads it; a plain prompt is ids like any other
+        "passages",  # the passage store's (batch/passages.py); the Generator reads them as text
+        "passage_scope",
     }
 )
 

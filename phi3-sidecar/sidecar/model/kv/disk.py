@@ -118,12 +118,20 @@ class _Corrupt(Exception):
 class DiskTier:
     """The files of one directory, indexed; `budget_bytes` bounds their sum."""
 
-    def __init__(self, directory: Path, budget_bytes: int, fingerprint: str, shape: Shape) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        budget_bytes: int,
+        fingerprint: str,
+        shape: Shape,
+        name: str = "conversation cache disk tier",  # its log lines'
+    ) -> None:
         self.directory = directory
         self.budget_bytes = budget_bytes
         self.fingerprint = fingerprint
         self.shape = shape
         self.enabled = True
+        self.name = name
         self.files: dict[Path, Stored] = {}
         self.writes = self.reads = self.failures = 0
         self._clock = 0
@@ -162,7 +170,7 @@ class DiskTier:
             "removed": removed,
             "foreign": foreign,  # not the tier's files: left alone
         }
-        log.info("conversation cache disk tier", extra={"fields": fields})
+        log.info(self.name, extra={"fields": fields})
         self._trim()
         return [s for s in kept if s.path in self.files]
 
@@ -379,15 +387,13 @@ class DiskTier:
 
     def _refuse(self, why: str) -> None:
         fields = {"directory": str(self.directory), "why": why}
-        log.error(
-            "conversation cache disk tier refused its directory: RAM only", extra={"fields": fields}
-        )
+        log.error(f"{self.name} refused its directory: RAM only", extra={"fields": fields})
         self.enabled = False
 
     def _off(self, why: str, exc: OSError) -> None:
         if self.enabled:
             fields = {"why": why, "error": f"{type(exc).__name__} errno {exc.errno}"}
-            log.error("conversation cache disk tier off: RAM only", extra={"fields": fields})
+            log.error(f"{self.name} off: RAM only", extra={"fields": fields})
         self.enabled = False
 
 

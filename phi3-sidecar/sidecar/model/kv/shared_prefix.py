@@ -51,6 +51,7 @@ from sidecar.ipc import Role
 from sidecar.model.batch.decoder import BatchDecoder, KvPool
 from sidecar.model.kv import compact as kv_compact
 from sidecar.model.kv.compact import CompactKv
+from sidecar.model.prompt.passages import common_start
 
 log = logging.getLogger("sidecar.model.shared_prefix")  # the name its log lines always had
 
@@ -62,10 +63,6 @@ class Reader(Protocol):
     shared: list[SharedPrefix]
 
     def read_shared(self, prefixes: list[list[int]]) -> None: ...
-
-
-# The user turns whose prompts' common start is a system message's prefix
-_PROBES = ("a", "b", "1")
 
 
 @dataclass(frozen=True)
@@ -106,15 +103,8 @@ class Staged:
 
 
 def prefix_tokens(system: str, render: Render) -> list[int]:
-    """The tokens every prompt that opens with this system message starts with: the common
-    start of the prompts `render` makes for it with different user turns."""
-    prompts = [render((("system", system), ("user", probe))) for probe in _PROBES]
-    common = 0
-    for tokens in zip(*prompts, strict=False):
-        if len(set(tokens)) > 1:
-            break
-        common += 1
-    return prompts[0][:common]
+    """The tokens every prompt that opens with this system message starts with."""
+    return common_start(system, render)
 
 
 def read(decoder: BatchDecoder, slot: int, ids: Sequence[int], chunk: int) -> SharedPrefix:

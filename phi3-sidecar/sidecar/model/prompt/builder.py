@@ -97,6 +97,10 @@ class Prompt:
     # Characters handed to the tokenizer to build it (each turn counted as often as it was
     # encoded): what fitting it cost; 0 for token ids
     encoded_chars: int = 0
+    # A grounded request's passages (prompt/passages.py): where each stands and its tokens,
+    # and the reading prefix the passage store reads them after (kv/passages.py)
+    passages: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    reading_prefix: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,10 @@ class PromptBuilder:
         if len(ids) + 1 > max_length:
             raise PromptTooLong(len(ids), max_length)
         return Prompt(ids, 0, min(max_new_tokens, max_length - len(ids)))
+
+    def encode_alone(self, text: str) -> list[int]:
+        """A text's tokens as the tokenizer makes them for it alone (no BOS)."""
+        return self._strip_bos(self._encode_text(text))
 
     # -- internals ---------------------------------------------------------------------------
 

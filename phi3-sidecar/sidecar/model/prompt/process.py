@@ -40,6 +40,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from sidecar import ipc
+from sidecar.model.prompt import passages
 from sidecar.model.prompt.builder import (
     Prompt,
     PromptBuilder,
@@ -118,6 +119,7 @@ def serve(spec: PromptSpec, conn: Connection) -> None:
         refusal: Exception | None = None
         try:
             prompt = builder.build(job.request, job.max_length)
+            prompt = passages.mark(builder, job.request, prompt, job.max_length)
         except (PromptTooLong, UnsafePrompt, TemplateRefused) as exc:
             refusal = exc
         except Exception as exc:  # its message may quote the prompt: the type only
