@@ -153,6 +153,9 @@ SLOW_TESTS = (
     "tests/sidecar/web/test_sidecar_hardening.py::test_6_",  # watchdog timeouts
     # prompts read slowly, 30-s timeouts
     "tests/sidecar/web/generation/test_sidecar_stream_start.py",
+    # prompts read slowly, their progress seen (issue 54): sidecars, the app, a browser
+    "tests/sidecar/web/generation/test_sidecar_progress.py",
+    "tests/chatapp/relay/test_chatapp_progress.py",
     "tests/chatapp/accounts/test_accounts_two_instances.py",  # two gunicorn apps, PostgreSQL
     # two chats, both DBs
     "tests/chatapp/documents/search/test_documents_grounding.py::test_a_grounded",

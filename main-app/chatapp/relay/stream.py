@@ -1,7 +1,9 @@
 """The response body of `POST /chat`: the NDJSON lines of one model service reply.
 
-`Relay` turns the upstream's events (`upstream.py`: `Text`, `Done`, `Refused`, `Broken`) into
-the browser's lines (`wire.py`): a `delta` per piece as soon as it arrives, the `done` line
+`Relay` turns the upstream's events (`upstream.py`: `Text`, `Progress`, `Done`, `Refused`,
+`Broken`) into the browser's lines (`wire.py`): a grounded turn's `sources` first of all, a
+`progress` line for each of the model service's while it reads a long prompt, a `delta` per
+piece as soon as it arrives, the `done` line
 with the model's token count, the speed and the checked citations of a grounded turn, or an
 `error` line after the first byte (`upstream_disconnected`, `upstream_timeout`,
 `reply_time_limit`, a refusal in a started stream). While the model service is silent it
@@ -20,7 +22,7 @@ from chatapp.documents.search.grounding import Grounding
 from chatapp.observability.logs import ChatRecord
 from chatapp.relay import wire
 from chatapp.relay.pending import PendingReply
-from chatapp.relay.upstream import Broken, Done, Refused, ReplyStream
+from chatapp.relay.upstream import Broken, Done, Progress, Refused, ReplyStream
 
 # The name the relay's log lines have always carried (chatapp/relay/chat.py's too).
 log = logging.getLogger("chatapp.relay")
@@ -92,6 +94,8 @@ class Relay:
         started = record.started
         first = last = silent_since = started
         try:
+            if self._grounding is not None:  # before the model is asked anything (issue 54)
+                yield wire.sources(self._grounding.sources())
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -142,8 +146,13 @@ class Relay:
                 if isinstance(event, Refused):  # refused after the stream started (upstream.py)
                     log.warning("the model service refused a started chat: %s", event.error.type)
                     self._outcome = event.error.type
-                    yield wire.error(event.error.message, event.error.type)
+                    error = event.error
+                    yield wire.error(error.message, error.type, error.retry_after)
                     return
+                if isinstance(event, Progress):  # a long prompt being read: the service lives
+                    silent_since = now
+                    yield wire.progress(event.read, event.total, event.seconds_left)
+                    continue
                 if isinstance(event, Broken):
                     type = "upstream_timeout" if event.timed_out else "upstream_disconnected"
                     message = STALLED if event.timed_out else (event.message or STOPPED)

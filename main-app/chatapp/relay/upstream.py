@@ -6,10 +6,11 @@ default: `upstream_predict.py`) or `openai` (`POST /v1/chat/completions` on any
 OpenAI-compatible server: our sidecar's `/v1`, App Service's built-in model sidecars, Ollama,
 llama.cpp's `llama-server`, Foundry Local: `upstream_openai.py`). Each module turns every failure
 before the reply starts into an `ApiError` with one readable sentence, and the reply into the
-same events: `Text` as it comes, then `Done` (how it ended, the counts the server gave) or
-`Broken`. Whichever module read it, a `Text` holds no control character but tab, newline and
-carriage return (`ReplyStream` makes the others visible, `chatapp.relay.wire.visible`): the page
-stores the reply and sends it back in the next turn, where the model service refuses them.
+same events: `Text` as it comes (before it, `Progress` while a long prompt is read), then
+`Done` (how it ended, the counts the server gave) or `Broken`. Whichever module read it, a
+`Text` holds no control character but tab, newline and carriage return (`ReplyStream` makes the
+others visible, `chatapp.relay.wire.visible`): the page stores the reply and sends it back in
+the next turn, where the model service refuses them.
 
 A `ReplyStream` reads the reply on a thread (whole HTTP chunks as they arrive, never byte by
 byte) into a queue, so the relay can wait on it with a timeout and write heartbeats while the
@@ -58,6 +59,29 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """How far the model is in reading a long prompt (our sidecar's progress events): prompt
+    tokens read (estimated between its worker's reports), of `total`; the seconds left at the
+    rate measured (None: not known yet)."""
+
+    read: int
+    total: int
+    seconds_left: float | None = None
+
+    @staticmethod
+    def of(value: object) -> Progress | None:
+        """A server's `progress` member, if it is one."""
+        if not isinstance(value, dict):
+            return None
+        read, total = int_or_none(value.get("read")), int_or_none(value.get("total"))
+        if read is None or total is None or not 0 <= read <= total:
+            return None
+        left = value.get("seconds_left")
+        seconds = float(left) if isinstance(left, int | float) and left >= 0 else None
+        return Progress(read, total, seconds)
+
+
+@dataclass(frozen=True)
 class Refused:
     """The model service refused the chat after the relay's stream had started: it waited in
     the sidecar's queue past QUEUED_STREAM_AFTER (chatapp/relay/pending.py), or the server's own
@@ -75,7 +99,7 @@ class Broken:
     message: str | None = None
 
 
-Event = Text | Done | Broken | Refused
+Event = Text | Progress | Done | Broken | Refused
 
 
 class ReplyStream:
@@ -97,7 +121,7 @@ class ReplyStream:
         try:
             for event in _visible(events(self._response)):
                 self._queue.put(event)
-                if not isinstance(event, Text):
+                if not isinstance(event, Text | Progress):
                     return
             event = Broken(timed_out=False)  # the stream ended without saying how
         except requests.Timeout:

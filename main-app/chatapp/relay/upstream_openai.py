@@ -14,7 +14,8 @@ difference as it comes:
   reply with the server's message. Before any text, one with the code of a refusal our
   sidecar sends in its stream once the stream has started early (`STREAM_START_AFTER_S`:
   `context_length_exceeded`, `overloaded`, `model_not_ready`) is that refusal, as if it had
-  been the HTTP status. Chunks with an empty content (the sidecar's keep-alives) add nothing.
+  been the HTTP status. Chunks with an empty content (the sidecar's keep-alives) add nothing;
+  one with a `progress` member (our sidecar, while it reads a long prompt) is a `Progress`.
 - The model: `UPSTREAM_MODEL`, or the first one `GET /v1/models` lists (asked once, and again
   while none is known). Readiness is that list naming a model; a server without the list (404)
   counts as ready when `UPSTREAM_MODEL` names the model.
@@ -42,6 +43,7 @@ from chatapp.relay.upstream import (
     Connection,
     Done,
     Event,
+    Progress,
     Refused,
     ReplyStream,
     Text,
@@ -214,6 +216,8 @@ def events(response: requests.Response) -> Iterator[Event]:
             return
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"]
+        if not said and (progress := Progress.of(chunk.get("progress"))) is not None:
+            yield progress  # our sidecar's extension: a long prompt being read
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict):
                 continue

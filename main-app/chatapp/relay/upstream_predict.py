@@ -1,6 +1,7 @@
 """Our sidecar's `POST /predict` (UPSTREAM_API=predict, the default).
 
-The request asks for `Accept: application/x-ndjson`: `{"text"}` events, then a `done` event
+The request asks for `Accept: application/x-ndjson`: `{"progress"}` events while a long prompt
+is read, `{"text"}` events, then a `done` event
 that says how the reply ended (`finish_reason`) and its counts, or an `error` event. A sidecar
 that answers `text/plain` (before it had events) still works: its chunks are the text, UTF-8
 decoded incrementally so a character split across chunks stays whole, and the end of the stream
@@ -29,6 +30,7 @@ from chatapp.relay.upstream import (
     Connection,
     Done,
     Event,
+    Progress,
     ReplyStream,
     Text,
     busy,
@@ -99,6 +101,9 @@ def _ndjson(response: requests.Response) -> Iterator[Event]:
         event = json.loads(line)
         if "text" in event:
             yield Text(str(event["text"]))
+        elif "progress" in event:  # a long prompt being read (docs/api.md)
+            if (progress := Progress.of(event["progress"])) is not None:
+                yield progress
         elif event.get("done"):
             yield Done(
                 finish_reason=_str(event.get("finish_reason")),

@@ -73,6 +73,18 @@ The reply stream
 `200` with `Content-Type: application/x-ndjson; charset=utf-8`: one JSON object per line, each line
 ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` only). In order:
 
+- `{"sources": [{"n", "name", "page", "document_id"}, ...]}`: a grounded turn's (`"documents":
+  true`) first line, written as soon as its passages are chosen and before the model service is
+  asked: the passages the reply is given, numbered as the model reads them (`[n]`), each its
+  document's name, page (`null` for a file without pages) and id. An empty list when nothing
+  relevant was found. A grounded turn's stream starts at once with it, so a refusal of the model
+  service (busy, loading, too long) comes as the stream's `error` line, with `retry_after`
+  (seconds) where waiting heals it.
+- `{"progress": {"read": n, "total": m, "seconds_left": s}}`: while the model reads a prompt
+  of 256 tokens or more (after what its caches held), about once a second until the first
+  delta: prompt tokens read (an estimate between the model service's reports, never
+  decreasing), of `total`, and the seconds left at the rate measured (`null` until one is).
+  From our sidecar only (`/predict`'s events, or its `/v1` stream's `progress` member).
 - `{"delta": "..."}`: the next piece of the reply, as the model writes it; the reply is the
   concatenation of the deltas. A delta never ends inside a character, and holds no control
   character but tab, newline and carriage return: the others are shown as their Unicode
@@ -291,6 +303,14 @@ def delta(text: str) -> bytes:
     return _line({"delta": text})
 
 
+def sources(listed: list[dict[str, Any]]) -> bytes:
+    return _line({"sources": listed})
+
+
+def progress(read: int, total: int, seconds_left: float | None) -> bytes:
+    return _line({"progress": {"read": read, "total": total, "seconds_left": seconds_left}})
+
+
 PING = _line({"ping": True})
 
 
@@ -321,5 +341,8 @@ def done(
     return _line(obj)
 
 
-def error(message: str, type: str) -> bytes:
-    return _line({"error": {"message": message, "type": type}})
+def error(message: str, type: str, retry_after: int | None = None) -> bytes:
+    body: dict[str, Any] = {"message": message, "type": type}
+    if retry_after is not None:  # a refusal that waiting heals (loading, busy, restarting)
+        body["retry_after"] = retry_after
+    return _line({"error": body})

@@ -80,6 +80,13 @@ class Grounding:
     passages: list[Passage]
     block: str  # what the turn was sent with, before the question
 
+    def sources(self) -> list[dict[str, Any]]:
+        """The passages as the stream's first line lists them (wire.sources), before any reply."""
+        return [
+            {"n": n, "name": p.name, "page": p.page, "document_id": p.document_id}
+            for n, p in enumerate(self.passages, start=1)
+        ]
+
     def done_fields(self, reply: str) -> dict[str, Any]:
         checked = check(reply, len(self.passages))
         cited = [

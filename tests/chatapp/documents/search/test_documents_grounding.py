@@ -147,6 +147,11 @@ def chat(
     done = lines[-1]
     assert done.get("done") is True, lines[-1]
     done["text"] = "".join(line.get("delta", "") for line in lines)
+    if documents:  # the sources first of all, before the model said anything (issue 54)
+        assert "sources" in lines[0], lines[0]
+        done["sources"] = lines[0]["sources"]
+    else:
+        assert not any("sources" in line for line in lines)
     return done
 
 
@@ -158,6 +163,13 @@ def test_a_grounded_turn_and_its_follow_up(client: FlaskClient) -> None:
     assert block.startswith("Passages from my documents:") and "[1] guide.md" in block
     assert "The warranty lasts" in block
     assert isinstance(first["citations"], list) and isinstance(first["unknown_citations"], list)
+    sources = first["sources"]
+    assert [source["n"] for source in sources] == list(range(1, len(sources) + 1))
+    assert {source["name"] for source in sources} == {"guide.md"}
+    assert all(set(source) == {"n", "name", "page", "document_id"} for source in sources)
+    assert len(sources) == block.count("] guide.md")
+    for cited in first["citations"]:  # each cited passage is one of the sources listed first
+        assert {k: cited[k] for k in ("n", "name", "page", "document_id")} in sources
     # The follow-up sends the first turn back with its block: its prompt starts as the first's.
     follow = chat(
         client,
@@ -243,6 +255,7 @@ def test_nothing_relevant_is_said_plainly(client: FlaskClient) -> None:
     done = chat(client, [{"role": "user", "content": "zebra quantum?"}])  # an empty library
     assert done["grounding"] == NOTHING_FOUND
     assert done["citations"] == [] and done["unknown_citations"] == []
+    assert done["sources"] == []
 
 
 def test_a_grounding_with_control_characters_is_refused(client: FlaskClient) -> None:
