@@ -453,6 +453,75 @@ class Settings(BaseSettings):
         "Default: what EMBED_MODEL_ID's catalog entry says (nomic-embed-text-v1.5), else off: "
         "`dimensions` other than the model's own is then a 400.",
     )
+    # Speech to text (sidecar/speech/, web/audio/): off unless a speech model is set.
+    speech_model_path: Path | None = Field(
+        default=None,
+        description="Folder of a Whisper model in CTranslate2's form (model.bin, config.json, "
+        "tokenizer.json, vocabulary.txt: what `python -m scripts.models.make_real_model --model "
+        "whisper-tiny-en` writes) for POST /v1/audio/transcriptions and `input_audio` parts "
+        "(docs/speech.md). Unset: no speech is served (the route answers 404 "
+        "speech_not_served, /readyz and /v1/models say so).",
+    )
+    speech_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The speech model's name in /v1/models, /readyz and replies; default: the "
+        "folder's name.",
+    )
+    speech_threads: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="CPU threads one transcription computes on (CTranslate2's); 0 = the CPUs "
+        "this process may use (as NUM_THREADS). They run at SPEECH_NICE.",
+    )
+    speech_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="How much lower speech's CPU priority is than the chat's (Linux nice, per "
+        "thread, inherited by CTranslate2's threads): at 10 a chat keeps about 90 % of a core "
+        "speech also wants. 0: the same priority as the chat.",
+    )
+    speech_compute_type: Literal["int8", "float32"] = Field(
+        default="int8",
+        description="The precision CTranslate2 computes in (the weights are converted at "
+        "load): int8 is about twice float32's speed on CPUs with VNNI "
+        "(docs/benchmarks/speech.md).",
+    )
+    speech_beam_size: int = Field(
+        default=1,
+        ge=1,
+        le=10,
+        description="Whisper's beam width: 1 is greedy (the fastest); 5 is faster-whisper's "
+        "default, a few words better on hard audio at several times the compute.",
+    )
+    speech_vad: bool = Field(
+        default=True,
+        description="Silero VAD (inside faster-whisper's wheel) skips the silence before "
+        "transcribing: faster on recordings with pauses, and no words invented in silence.",
+    )
+    speech_max_bytes: int = Field(
+        default=25 * 1024 * 1024,
+        ge=1024,
+        le=512 * 1024 * 1024,
+        description="Largest audio file (OpenAI's 25 MB): a /v1/audio/transcriptions upload, "
+        "or an `input_audio` part after base64; beyond: 413 audio_too_large.",
+    )
+    speech_max_seconds: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=7200.0,
+        description="Longest audio one request may hold, its parts together, read from the "
+        "decoded samples (a header's claim is not trusted); beyond: 400 audio_too_long.",
+    )
+    speech_queue_size: int = Field(
+        default=8,
+        ge=0,
+        le=1024,
+        description="Transcriptions that may wait beside the one running; beyond: 503 overloaded.",
+    )
     write_timeout_s: float = Field(
         default=30.0,
         ge=1.0,

@@ -118,7 +118,15 @@ from sidecar.settings import Settings
 from sidecar.web.chat_completions import logprobs
 from sidecar.web.chat_completions.schemas import ChatCompletionRequest
 from sidecar.web.chat_completions.tool_protocol import Call, ReplySplitter, read_calls
-from sidecar.web.deps import EmbeddingsDep, ImagesDep, ModelDep, PipelineDep, RecordDep, SettingsDep
+from sidecar.web.deps import (
+    EmbeddingsDep,
+    ImagesDep,
+    ModelDep,
+    PipelineDep,
+    RecordDep,
+    SettingsDep,
+    SpeechDep,
+)
 from sidecar.web.errors import ApiError
 from sidecar.web.generation.model_client import ModelClient
 from sidecar.web.generation.pipeline import read_body
@@ -134,22 +142,27 @@ router = APIRouter()
 @router.get("/v1/models")
 @router.head("/v1/models", include_in_schema=False)
 async def list_models(
-    settings: SettingsDep, model: ModelDep, embeddings: EmbeddingsDep
+    settings: SettingsDep, model: ModelDep, embeddings: EmbeddingsDep, speech: SpeechDep
 ) -> dict[str, Any]:
-    """OpenAI's model list: the chat model this sidecar serves, and its encoder if it has one."""
-    encoder = embeddings.model_object()
-    data = [_model_object(settings, model), *([encoder] if encoder else [])]
+    """OpenAI's model list: the chat model this sidecar serves, and its encoder and speech
+    model if it has them."""
+    extra = [m for m in (embeddings.model_object(), speech.model_object()) if m is not None]
+    data = [_model_object(settings, model), *extra]
     return {"object": "list", "data": data}
 
 
 @router.get("/v1/models/{model_id:path}")
 @router.head("/v1/models/{model_id:path}", include_in_schema=False)
 async def get_model(
-    model_id: str, settings: SettingsDep, model: ModelDep, embeddings: EmbeddingsDep
+    model_id: str,
+    settings: SettingsDep,
+    model: ModelDep,
+    embeddings: EmbeddingsDep,
+    speech: SpeechDep,
 ) -> dict[str, Any]:
-    encoder = embeddings.model_object()
-    if encoder is not None and model_id == encoder["id"]:
-        return encoder
+    for other in (embeddings.model_object(), speech.model_object()):
+        if other is not None and model_id == other["id"]:
+            return other
     if model_id != settings.served_model_name:
         raise ApiError(
             "model_not_found", f"no model {model_id!r} here; GET /v1/models lists the one served"
