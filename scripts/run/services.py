@@ -89,6 +89,21 @@ def wait_for_embeddings(service: Service, timeout: float = 120.0) -> dict[str, A
     raise TimeoutError(f"the encoder was not ready in {timeout} s: {state}")
 
 
+def wait_for_speech(service: Service, timeout: float = 120.0) -> dict[str, Any]:
+    """Wait until the sidecar's speech model is ready (/readyz `speech.served`); its /readyz
+    `speech` object. RuntimeError when it failed to load."""
+    deadline = time.monotonic() + timeout
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        state = httpx.get(service.url + "/readyz", timeout=5).json().get("speech", {})
+        if state.get("served"):
+            return state
+        if state.get("phase") in ("failed", "off"):
+            raise RuntimeError(f"no speech: {state}\n{service.log()[-3000:]}")
+        time.sleep(0.1)
+    raise TimeoutError(f"the speech model was not ready in {timeout} s: {state}")
+
+
 def wait_for(url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
     """Poll `url` until it answers 200, failing early if the process has died or says that it
     will never be ready (the sidecar's readiness phase `failed`: its model cannot load)."""

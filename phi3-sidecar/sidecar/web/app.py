@@ -3,7 +3,8 @@
 Each object the routes use lives on app.state and reaches them through one dependency
 (deps.py). The routes: /predict (predict/api.py), /v1/chat/completions (chat_completions/api.py),
 /v1/completions (completions/api.py), /v1/responses (responses/api.py), /v1/embeddings
-(embeddings/api.py, on the encoder of sidecar/embeddings/), the probes and /metrics (probes.py).
+(embeddings/api.py, on the encoder of sidecar/embeddings/), /v1/audio/transcriptions
+(audio/api.py, on the speech model of sidecar/speech/), the probes and /metrics (probes.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from fastapi import FastAPI
 
 from sidecar.embeddings.service import Embeddings
 from sidecar.settings import Settings
+from sidecar.speech.service import Speech
 from sidecar.web import errors, openapi
+from sidecar.web.audio.api import router as audio_router
 from sidecar.web.chat_completions.api import router as openai_router
 from sidecar.web.completions.api import router as completions_router
 from sidecar.web.embeddings.api import router as embeddings_router
@@ -62,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # None unless a destination is set (observability/telemetry.py)
     tracing = Tracing.from_settings(settings)
     embeddings = Embeddings(settings)  # phase "off" unless an encoder is set
+    speech = Speech(settings)  # phase "off" unless a speech model is set
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,9 +74,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         asyncio.get_running_loop().set_exception_handler(accept_errors(connections))
         await model.start()  # returns at once: the port opens while the model loads
         embeddings.start()  # the same: loads in a thread of its own
+        speech.start()  # and speech
         try:
             yield
         finally:
+            speech.stop()
             embeddings.stop()
             await model.stop()
             if tracing is not None:
@@ -98,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.admission = admission
     app.state.model = model
     app.state.embeddings = embeddings
+    app.state.speech = speech
     app.state.response_store = response_store
     app.state.images = images
     app.state.pipeline = Pipeline(
@@ -126,4 +133,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(completions_router)
     app.include_router(responses_router)
     app.include_router(embeddings_router)
+    app.include_router(audio_router)
     return app

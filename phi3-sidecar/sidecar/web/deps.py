@@ -8,6 +8,7 @@ from fastapi import Depends, Request
 
 from sidecar.embeddings.service import Embeddings
 from sidecar.settings import Settings
+from sidecar.speech.service import Speech
 from sidecar.web.generation.admission import Admission
 from sidecar.web.generation.model_client import ModelClient
 from sidecar.web.generation.pipeline import Pipeline
@@ -57,6 +58,11 @@ def get_embeddings(request: Request) -> Embeddings:
     return embeddings
 
 
+def get_speech(request: Request) -> Speech:
+    speech: Speech = request.app.state.speech
+    return speech
+
+
 def get_record(request: Request) -> RequestRecord:
     """The request's log record (made by RequestLogMiddleware)."""
     record: RequestRecord = request.scope["state"]["record"]
@@ -72,3 +78,4 @@ RecordDep = Annotated[RequestRecord, Depends(get_record)]
 ResponseStoreDep = Annotated[ResponseStore, Depends(get_response_store)]
 ImagesDep = Annotated[Images, Depends(get_images)]
 EmbeddingsDep = Annotated[Embeddings, Depends(get_embeddings)]
+SpeechDep = Annotated[Speech, Depends(get_speech)]

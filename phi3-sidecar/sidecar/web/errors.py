@@ -86,6 +86,21 @@ REFUSALS: dict[str, Answer] = {
     "input_too_long": Answer(400, "input_too_long", 400, "context_length_exceeded"),
     "too_many_characters": Answer(400, "too_many_characters", 400, "too_many_characters"),
     "dimensions_unsupported": Answer(400, "dimensions_unsupported", 400, "invalid_value"),
+    # speech (web/audio/): /v1/audio/transcriptions and input_audio parts
+    "speech_not_served": Answer(404, "speech_not_served", 404, "speech_not_served"),
+    "audio_input_unsupported": Answer(
+        400, "audio_input_unsupported", 400, "audio_input_unsupported"
+    ),
+    "audio_missing": Answer(400, "audio_missing", 400, "audio_missing"),
+    "audio_empty": Answer(400, "audio_empty", 400, "audio_empty"),
+    "audio_too_large": Answer(413, "audio_too_large", 413, "audio_too_large"),
+    "audio_too_long": Answer(400, "audio_too_long", 400, "audio_too_long"),
+    "invalid_audio": Answer(400, "invalid_audio", 400, "invalid_audio"),
+    "invalid_multipart": Answer(400, "invalid_multipart", 400, "invalid_multipart"),
+    "unsupported_response_format": Answer(
+        400, "unsupported_response_format", 400, "unsupported_response_format"
+    ),
+    "no_speech": Answer(400, "no_speech", 400, "no_speech"),
     "start_failed": Answer(500, "internal_error", 500, None, "server_error"),
     "generation_failed": Answer(500, "internal_error", 500, None, "server_error"),
     # a finished structured reply that fails its final check (structured/reply_check.py)
@@ -97,7 +112,8 @@ REFUSALS: dict[str, Answer] = {
 # When each refusal happens, in a sentence: docs/api.md's table is generated from REFUSALS and
 # this (scripts/gen_docs.py); a test requires a sentence for every reason.
 WHEN: dict[str, str] = {
-    "unsupported_media_type": "the body is not `application/json`",
+    "unsupported_media_type": "the body is not `application/json` (for "
+    "`/v1/audio/transcriptions`, not `multipart/form-data`)",
     "body_too_large": "the body is over `MAX_BODY_BYTES` (`/predict`, `/v1/chat/completions`, "
     "`/v1/completions`, `/v1/responses`), not counting its images' data URLs, of which "
     "`MAX_IMAGES` of `MAX_IMAGE_BYTES` fit beyond it; for `/v1/embeddings`, over "
@@ -175,6 +191,29 @@ WHEN: dict[str, str] = {
     "instead (the tokens beyond them would be cut anyway)",
     "dimensions_unsupported": "`dimensions` other than the encoder's width, on an encoder not "
     "trained for shorter vectors (Matryoshka), or wider than its width",
+    "speech_not_served": "`POST /v1/audio/transcriptions` on a sidecar with no speech model "
+    "(`SPEECH_MODEL_PATH` unset; `/readyz` `speech.served` and `/v1/models` say so)",
+    "audio_input_unsupported": "an `input_audio` part for a sidecar with no speech model: the "
+    "chat model reads no audio, and nothing here can turn it into text",
+    "audio_missing": "a transcription request without a `file` part (multipart/form-data), or "
+    "an `input_audio` part without `data`",
+    "audio_empty": "the audio file is empty, or decodes to no samples",
+    "audio_too_large": "the audio file is over `SPEECH_MAX_BYTES` (an upload, or an "
+    "`input_audio` part after base64)",
+    "audio_too_long": "the audio is longer than `SPEECH_MAX_SECONDS`, a request's parts "
+    "together, counted in decoded samples (a header's claim is not trusted)",
+    "invalid_audio": "the file is not audio the sidecar reads (wav, mp3, ogg, webm, m4a, flac, "
+    "aac, told by its first bytes, never by its name or declared type), or it cannot be "
+    "decoded; an `input_audio` part whose `data` is not base64 or whose `format` is not one "
+    "of those",
+    "invalid_multipart": "the transcription body is not `multipart/form-data` that parses: a "
+    "part's headers over 8 KiB, more than one file or 16 fields, a field over 64 KiB, an "
+    "unknown field (named), or a field's value out of range (`language`, `temperature`, "
+    "`timestamp_granularities[]`)",
+    "unsupported_response_format": "`response_format` other than json, text, srt, "
+    "verbose_json or vtt",
+    "no_speech": "a user message whose only content was audio in which no speech was heard: "
+    "nothing would reach the model",
     "start_failed": "the model worker could not start the generation",
     "generation_failed": "the generation failed before its first byte (after it, the stream is "
     "cut off instead); a fault of one reply's own (logits that hold NaN, a grammar that leaves no "

