@@ -115,6 +115,7 @@ from fastapi import APIRouter, Request, Response
 
 from sidecar import ipc
 from sidecar.settings import Settings
+from sidecar.web.audio.parts import audio_allowance, transcribe_parts
 from sidecar.web.chat_completions import logprobs
 from sidecar.web.chat_completions.schemas import ChatCompletionRequest
 from sidecar.web.chat_completions.tool_protocol import Call, ReplySplitter, read_calls
@@ -194,10 +195,14 @@ async def chat_completions(
     pipeline: PipelineDep,
     record: RecordDep,
     images: ImagesDep,
+    speech: SpeechDep,
 ) -> Response:
-    allowance = body_allowance(settings)  # images' data URLs, beyond MAX_BODY_BYTES
+    # images' data URLs and audio's base64, beyond MAX_BODY_BYTES
+    allowance = body_allowance(settings) + audio_allowance(settings)
     body = await read_body(request, settings.max_body_bytes, ChatCompletionRequest, allowance)
     record.stream = body.stream
+    # input_audio parts read as the user's text (400s naming the part)
+    audio_seconds = await transcribe_parts(request, speech, settings, list(body.messages))
     checked = await images.prepare(body.image_refs(), record)  # 400s naming the image
     check = await structured.settle(body, record)  # 400 invalid_schema
     generate = body.generate(record.request_id, settings.max_new_tokens, checked)
@@ -211,6 +216,7 @@ async def chat_completions(
     else:
         reply_format = Completion(ids, tools, check)
     reply_format.keep_logprobs = body.logprobs_count is not None
+    reply_format.audio_seconds = audio_seconds
     try:
         return await pipeline.run(request, record, generate, reply_format)
     except ApiError as error:
@@ -292,6 +298,7 @@ class _Checked(ReplyFormat):
         self._whole: list[str] = []  # the reply as written, kept only to be checked
         self._splitter = ReplySplitter() if tools else None
         self.keep_logprobs = False  # logprobs: true (web/chat_completions/logprobs.py)
+        self.audio_seconds: float | None = None  # the input_audio parts' (web/audio/parts.py)
         self._logprobs: list[ipc.TokenLogprob] = []  # not yet written
 
     def logprobs(self, entries: list[ipc.TokenLogprob]) -> None:
@@ -347,7 +354,7 @@ class Completion(_Checked):
             "logprobs": self._logprobs_out(),
             "finish_reason": _finish_reason(end, calls),
         }
-        usage = _usage(end, started)
+        usage = _usage(end, started, self.audio_seconds)
         return _json(self._ids.object("chat.completion", choices=[choice], usage=usage))
 
 
@@ -417,7 +424,7 @@ class EventStream(_Checked):
             events += self._chunk({"tool_calls": [call.as_openai(index)]})
         events += self._chunk({"content": ""}, _finish_reason(end, calls))
         if self._include_usage:
-            usage = _usage(end, started)
+            usage = _usage(end, started, self.audio_seconds)
             events += _event(self._ids.object("chat.completion.chunk", choices=[], usage=usage))
         return events + b"data: [DONE]\n\n"
 

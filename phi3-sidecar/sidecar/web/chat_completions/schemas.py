@@ -30,11 +30,12 @@ from sidecar.web.chat_completions.tools import (
 )
 from sidecar.web.generation.messages import (
     MAX_MESSAGES,
+    AudioPart,
     CacheScope,
     ChatMessage,
+    ChatParts,
     ImagePart,
     NewTokens,
-    Parts,
     Seed,
     StopSequences,
     Temperature,
@@ -125,7 +126,7 @@ class OpenAIMessage(ChatMessage):
     chat_completions/tool_protocol.py writes both into the prompt."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]  # type: ignore[assignment]
-    content: Parts | None = None  # type: ignore[assignment]
+    content: ChatParts | None = None  # type: ignore[assignment]
     name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
     tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
@@ -140,7 +141,9 @@ class OpenAIMessage(ChatMessage):
             raise ValueError("content is required (null only with tool_calls)")
         check_image_roles(self.role, self.content)
         text = self.text
-        if self.role not in ("assistant", "tool") and text is not None and not self.has_images:
+        # audio is checked once transcribed (web/audio/parts.py)
+        shown = self.has_images or any(isinstance(p, AudioPart) for p in self.content or ())
+        if self.role not in ("assistant", "tool") and text is not None and not shown:
             not_blank(text)
         return self
 
@@ -333,6 +336,11 @@ class ChatCompletionRequest(BaseModel):
             return tool_protocol.placed(turns, self.tools or (), self.tool_choice or "auto")
         plain = tuple((m.plain_role, m.text or "") for m in self.messages)
         return plain, list(range(len(plain)))
+
+    def audio_chars(self) -> int:
+        """The characters of the input_audio parts' base64 (read_body's allowance for them)."""
+        parts = (p for m in self.messages for p in m.content or ())
+        return sum(len(p.input_audio.data) for p in parts if isinstance(p, AudioPart))
 
     def _image_refs(self, where: list[int | None]) -> list[ImageRef]:
         refs: list[ImageRef] = []

@@ -13,7 +13,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    model_validator,
+)
 
 from sidecar.ipc import MIN_TEMPERATURE, Role
 from sidecar.web.images.decoding import ImageRef
@@ -124,9 +132,28 @@ class ImagePart(_Strict):
     image_url: ImageUrl
 
 
+class InputAudio(_Strict):
+    data: Annotated[str, Field(min_length=1)]  # base64; bounded by the body (SPEECH_MAX_BYTES)
+    format: Annotated[str, Field(max_length=16)]  # OpenAI's wav | mp3; the bytes tell the rest
+
+
+class AudioPart(_Strict):
+    """OpenAI's input_audio part (/v1/chat/completions only): for a model that reads no audio,
+    transcribed before admission (web/audio/parts.py) and read by the model as the user's
+    text, where the part stands."""
+
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+    _transcript: str = PrivateAttr(default="")
+
+    @property
+    def text(self) -> str:
+        return self._transcript
+
+
 # The tags pydantic puts in an error's path after a part's index (`content.0.text.text`):
 # left out of the field a refusal names (pipeline._first_error).
-PART_TAGS = frozenset({"text", "image_url"})
+PART_TAGS = frozenset({"text", "image_url", "input_audio"})
 
 
 def _part_kind(value: object) -> object:
@@ -138,6 +165,15 @@ def _part_kind(value: object) -> object:
         )
     if kind not in ("text", "image_url"):
         raise ValueError("only content parts of type 'text' and 'image_url' are supported")
+    return value
+
+
+def _part_or_audio(value: object) -> object:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "image_url", "input_audio"):
+        raise ValueError(
+            "only content parts of type 'text', 'image_url' and 'input_audio' are supported"
+        )
     return value
 
 
@@ -161,30 +197,50 @@ Parts = Annotated[
 ]
 
 
-def text_of(parts: list[TextPart | ImagePart]) -> str:
-    """The text of a message's parts, one text part per line."""
-    return "\n".join(p.text for p in parts if isinstance(p, TextPart))
+# /v1/chat/completions' parts: also input_audio.
+ChatPart = Annotated[
+    Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")],
+    BeforeValidator(_part_or_audio),
+]
+ChatParts = Annotated[
+    list[ChatPart],
+    Field(max_length=MAX_PARTS, json_schema_extra=_or_text),
+    BeforeValidator(_as_parts),
+]
 
 
-def images_of(parts: list[TextPart | ImagePart], message: int, field: str) -> list[ImageRef]:
+def text_of(parts: list[TextPart | ImagePart] | list[TextPart | ImagePart | AudioPart]) -> str:
+    """The text of a message's parts, one text (or transcribed audio) part per line."""
+    return "\n".join(p.text for p in parts if isinstance(p, TextPart | AudioPart))
+
+
+def images_of(
+    parts: list[TextPart | ImagePart] | list[TextPart | ImagePart | AudioPart],
+    message: int,
+    field: str,
+) -> list[ImageRef]:
     """Where each image part of message `message` stands in its text (`text_of`): the offset
     at which the next text part begins, or the end; `field` names the content for errors."""
     refs: list[ImageRef] = []
     offset = 0  # where the next text part begins
     texts = 0
     for index, part in enumerate(parts):
-        if isinstance(part, TextPart):
+        if isinstance(part, TextPart | AudioPart):
             offset += (1 if texts else 0) + len(part.text)
             texts += 1
             continue
-        after = any(isinstance(p, TextPart) for p in parts[index + 1 :])
+        after = any(isinstance(p, TextPart | AudioPart) for p in parts[index + 1 :])
         at = offset + (1 if texts and after else 0)
         refs.append(ImageRef(part.image_url.url, f"{field}.{index}.image_url.url", message, at))
     return refs
 
 
-def check_image_roles(role: str, parts: list[TextPart | ImagePart] | None) -> None:
-    """Images come in user messages only (as in OpenAI's API): a system prompt or an earlier
-    reply with an image means nothing a template can say."""
+def check_image_roles(
+    role: str, parts: list[TextPart | ImagePart] | list[TextPart | ImagePart | AudioPart] | None
+) -> None:
+    """Images and audio come in user messages only (as in OpenAI's API): a system prompt or an
+    earlier reply with an image means nothing a template can say."""
     if role != "user" and any(isinstance(p, ImagePart) for p in parts or ()):
         raise ValueError("content: only a user message may hold image_url parts")
+    if role != "user" and any(isinstance(p, AudioPart) for p in parts or ()):
+        raise ValueError("content: only a user message may hold input_audio parts")

@@ -62,7 +62,8 @@ async def read_body(request: Request, limit: int, schema: type[Body], images: in
                 break
     except ClientDisconnect:
         raise ApiError("body_cut_off", "the body was cut off") from None
-    if size > whole or (size > limit and b"data:" not in body):  # the latter: no image in it
+    # the latter: no image (nor audio) in it
+    if size > whole or (size > limit and b"data:" not in body and b"input_audio" not in body):
         _too_large(limit, images)
     if size <= limit:
         return _parse(body, schema)
@@ -70,6 +71,8 @@ async def read_body(request: Request, limit: int, schema: type[Body], images: in
     parsed = await asyncio.to_thread(_parse, body, schema)
     refs = getattr(parsed, "image_refs", None)
     urls = sum(len(ref.url) for ref in refs()) if refs is not None else 0
+    audio = getattr(parsed, "audio_chars", None)  # input_audio parts' base64 (web/audio/parts.py)
+    urls += audio() if audio is not None else 0
     if size - urls > limit:
         _too_large(limit, images)
     return parsed
