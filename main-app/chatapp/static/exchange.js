@@ -20,6 +20,7 @@ import {
   UNREACHABLE,
 } from "./page.js";
 import { assistantName, state, store } from "./state.js";
+import { progressText } from "./sources.js";
 import { showModelStatus } from "./status.js";
 import { addView, clearTransient, messageView, refreshActions } from "./views.js";
 
@@ -184,7 +185,12 @@ async function run(exchange) {
     }
     return;
   }
-  finish(exchange, await readReply(response, exchange));
+  const outcome = await readReply(response, exchange);
+  if (outcome.kind === "retry" && !exchange.stopped) {
+    waitAndRetry(exchange, outcome.type, outcome.seconds); // a grounded turn's refusal in its stream
+    return;
+  }
+  finish(exchange, outcome);
 }
 
 async function readError(response) {
@@ -238,10 +244,25 @@ async function readReply(response, exchange) {
     }
     if (typeof message.delta === "string") {
       exchange.reply.append(message.delta);
+    } else if (Array.isArray(message.sources)) {
+      exchange.sources = message.sources; // before the model is asked: shown at once
+      exchange.reply.showSources(message.sources);
+    } else if (message.progress && typeof message.progress.read === "number") {
+      if (exchange.reply.text) return;
+      const text = progressText(message.progress, exchange.sources);
+      exchange.reply.showProgress(text);
+      // Said once, not every second (the line itself is no live region)
+      if (!exchange.announcedReading) announce(text);
+      exchange.announcedReading = true;
     } else if (message.done === true) {
       ending = { kind: "done", stats: message };
     } else if (message.error) {
-      ending = { kind: "cut-off", message: String(message.error.message || "The reply broke off.") };
+      const { type, retry_after: seconds } = message.error;
+      if (RETRIED.has(type) && Number.isInteger(seconds) && seconds > 0 && !exchange.reply.text) {
+        ending = { kind: "retry", type, seconds };
+      } else {
+        ending = { kind: "cut-off", message: String(message.error.message || "The reply broke off.") };
+      }
     }
     // {"ping": true} and anything unknown: nothing to show.
   };
@@ -313,6 +334,7 @@ function finish(exchange, outcome) {
 function settle(exchange, outcome, shown) {
   const { reply, question, turn, chat: owner } = exchange;
   const answered = reply.text.length > 0;
+  reply.hideProgress();
   let ending = null;
   if (outcome.kind === "done") {
     ending = doneEnding(outcome.stats);
@@ -328,11 +350,13 @@ function settle(exchange, outcome, shown) {
     const stats = outcome.kind === "done" ? outcome.stats : {};
     if (typeof stats.grounding === "string") turn.grounding = stats.grounding;
     if (Array.isArray(stats.citations)) answer.citations = stats.citations;
+    if (exchange.sources) answer.sources = exchange.sources;
     owner.messages.push(turn, answer);
     if (shown) state.views.push(question, reply);
     persist(owner);
     reply.complete();
     reply.linkCitations(answer.citations);
+    reply.markCited(answer.citations);
     reply.setEnding(ending);
     const said = ending.badge ? ` ${ending.badge}.` : "";
     announce(`${assistantName()} replied: ${reply.readable() || "(nothing)"}${said}`);

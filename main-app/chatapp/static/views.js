@@ -4,6 +4,7 @@ import { imageName, imageUrl } from "./images.js";
 import { loadImage } from "./image-store.js";
 import { MarkdownStream, readableText, renderMarkdown } from "./markdown.js";
 import { empty, log, nearBottom, scrollToEnd, template } from "./page.js";
+import { markCited, sourcesList } from "./sources.js";
 import { assistantName, state, viewOf } from "./state.js";
 
 export const MISSING_IMAGE = "Image not kept in this browser: the model no longer sees it. Attach it again.";
@@ -57,6 +58,8 @@ export function messageView(role, text = "", images = []) {
   }
   const meta = node.querySelector(".meta");
   const actions = node.querySelector(".message-actions");
+  let sources = null;
+  let reading = null;
   const view = {
     node,
     role,
@@ -66,7 +69,31 @@ export function messageView(role, text = "", images = []) {
     /** The streamed reply: its text so far, rendered as Markdown a block at a time. */
     append(delta) {
       this.text += delta;
+      this.hideProgress(); // the first word: the reading is over
       this.stream.update(this.text);
+    },
+    /** A grounded reply's sources (sources.js), under it from the start. */
+    showSources(list) {
+      const box = sourcesList(list);
+      if (sources) sources.replaceWith(box);
+      else node.querySelector(".bubble").after(box);
+      sources = box;
+    },
+    markCited(citations) {
+      if (sources) markCited(sources, citations);
+    },
+    /** How far the reading of a long prompt is; not a live region: it changes every second. */
+    showProgress(text) {
+      if (!reading) {
+        reading = document.createElement("p");
+        reading.className = "reading";
+        node.querySelector(".bubble").after(reading);
+      }
+      reading.textContent = text;
+    },
+    hideProgress() {
+      reading?.remove();
+      reading = null;
     },
     /** The reply is complete (or will not grow): render its end. */
     complete() {
@@ -131,6 +158,10 @@ export function restoredView(message) {
   if (message.role === "assistant") {
     view.showMarkdown(message.content);
     view.linkCitations(message.citations);
+    if (Array.isArray(message.sources)) {
+      view.showSources(message.sources);
+      view.markCited(message.citations);
+    }
     if (message.ending) view.setEnding(message.ending);
     else view.setState("done", "");
   }

@@ -154,3 +154,86 @@ def test_a_signed_in_users_library_and_a_stored_chats_citations(
         expect(bob.locator(".library-item")).to_have_count(0)
     finally:
         bob.context.close()
+
+
+@pytest.fixture
+def slow_library_app(
+    encoder_sidecar: services.Service,
+    tiny_encoder_dir: Path,
+    start_app: AppFactory,
+    tmp_path: Path,
+) -> Iterator[services.Service]:
+    """The app over a sidecar that reads the grounded prompt for 3 s (its progress events, as
+    the real one writes them: tests/chatapp/relay/test_chatapp_progress.py), then answers
+    citing [1] (issue 54)."""
+    with FakeSidecar() as fake:
+
+        def answer(h: fs.Handler) -> None:
+            if h.path == "/v1/embeddings":
+                real = httpx.post(
+                    encoder_sidecar.url + h.path,
+                    content=fake.raw_bodies[-1],
+                    headers={"Content-Type": "application/json"},
+                    timeout=60,
+                )
+                fs.refuse(h, real.status_code, real.json())
+                return
+            fs.start_events(h)
+            for read, left in ((0, 12.0), (410, 7.0), (820, 2.0)):
+                progress = {"read": read, "total": 1000, "seconds_left": left}
+                fs.write_chunk(h, fs.event_line({"progress": progress}))
+                time.sleep(1.5)
+            fs.write_text(h, "Descale once a month with citric acid [1].")
+            fs.write_done(h, 9)
+            fs.end_chunks(h)
+
+        fake.predict = answer
+        with start_app(
+            fake.url,
+            EMBED_MODEL="tiny",
+            EMBED_TOKENIZER=str(tiny_encoder_dir),
+            EMBED_MAX_TOKENS="32",
+            DOCUMENT_SEARCH="fusion",
+            DATA_DIR=str(tmp_path / "data"),
+        ) as app:
+            yield app
+
+
+def test_sources_at_once_and_the_reading_visible(
+    page: Page, slow_library_app: services.Service
+) -> None:
+    page.goto(slow_library_app.url)
+    _add_guide(page)
+    page.locator("#use-documents").check()
+    send(page, "How do I descale the kettle?")
+    sources = reply(page).locator(".sources li")
+    expect(sources.first).to_contain_text("guide.md")  # before any word of the reply
+    assert reply(page).locator(".text").inner_text() == ""
+    count = sources.count()
+    reading = reply(page).locator(".reading")
+    expect(reading).to_contain_text(f"Reading {count} source")
+    expect(reading).to_contain_text("% · about")
+    save_screenshot(page, "documents-reading.png")
+    expect(reply(page)).to_have_attribute("data-state", "done", timeout=30_000)
+    expect(reading).to_have_count(0)  # gone with the first word
+    expect(sources).to_have_count(count)  # kept under the reply
+    cited = reply(page).locator(".sources li.cited")
+    expect(cited).to_have_count(1)
+    expect(cited).to_contain_text("[1]")
+    save_screenshot(page, "documents-sources.png")
+    page.emulate_media(color_scheme="dark")
+    page.set_viewport_size({"width": 390, "height": 844})
+    save_screenshot(page, "documents-sources-phone-dark.png")
+    page.reload()  # kept in the browser's chat: the sources come back with it
+    expect(page.locator(".message.assistant .sources li")).to_have_count(count)
+    expect(page.locator(".message.assistant .sources li.cited")).to_have_count(1)
+
+
+def test_a_long_question_shows_its_reading(page: Page, slow_library_app: services.Service) -> None:
+    """Not grounded: the progress line says "Reading your message"."""
+    page.goto(slow_library_app.url)
+    send(page, "A long pasted text, read slowly.")
+    expect(reply(page).locator(".reading")).to_contain_text("Reading your message · ")
+    expect(reply(page).locator(".sources")).to_have_count(0)
+    expect(reply(page)).to_have_attribute("data-state", "done", timeout=30_000)
+    expect(reply(page).locator(".reading")).to_have_count(0)

@@ -10,6 +10,7 @@ checked is the issue's bound, an event at least every 2 s, against events due ev
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -81,7 +82,7 @@ def check_progress(events: list[tuple[float, dict[str, Any]]], total_at_least: i
     assert all(p["total"] == total for _, p in progress)
     assert reads[0] == 0 and reads[-1] == total
     assert reads == sorted(reads), "read never decreases"
-    gaps = [b - a for (a, _), (b, _) in zip(progress, progress[1:], strict=False)]
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(progress)]
     assert max(gaps) < 2.0, gaps  # the bound; events are due every second
     gap_to_text = events[first_text][0] - progress[-1][0]
     assert gap_to_text < 2.0
