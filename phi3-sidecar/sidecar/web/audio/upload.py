@@ -9,7 +9,7 @@ beyond), and held in memory only: the parser's spooled files never reach the dis
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -63,7 +63,7 @@ async def read_form(request: Request, max_bytes: int) -> TranscriptionForm:
     boundary = params.split("boundary=", 1)[1].split(";")[0].strip().strip('"').encode()
     _check_headers(body, boundary)
 
-    async def once() -> AsyncIterator[bytes]:
+    async def once() -> AsyncGenerator[bytes, None]:
         yield body
 
     parser = _InMemory(
@@ -180,7 +180,7 @@ def _temperature(value: str | None) -> float:
     return number
 
 
-def _words(values: list[object]) -> bool:
+def _words(values: Sequence[object]) -> bool:
     if any(v not in ("segment", "word") for v in values):
         raise ApiError(
             "invalid_multipart",
