@@ -140,12 +140,8 @@ def generator_sidecar_service(
 # (tests/e2e), the `small` model, and these modules and tests.
 SLOW_TESTS = (
     "tests/e2e/",
-    # Speech (issue 57): the real Whisper tiny.en from its wheel, a sidecar or a browser each
+    # Speech (issue 57): the real Whisper tiny.en from its wheel, a sidecar each
     "tests/sidecar/web/audio/test_sidecar_audio_",
-    "tests/sidecar/speech/test_speech_transcriber.py",
-    "tests/chatapp/test_app_transcribe.py",
-    "tests/e2e/test_e2e_microphone.py",
-    "tests/scripts/test_bench_speech.py",
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
     "tests/sidecar/web/embeddings/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
     # The benchmarks' own tests (shape, not speed), each a sidecar or several for seconds;
