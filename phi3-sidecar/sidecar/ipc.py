@@ -190,6 +190,11 @@ class Phase:
     context_length: int | None = None
     # Whether the loaded model reads images (a vision type, e.g. phi3v); set with "ready".
     image_input: bool = False
+    # The passage store (model/kv/passages.py), set with "ready": "rotated" (stored passages
+    # placed where prompts hold them), "exact: <why>" (the model's attention cannot take moved
+    # keys: every passage is read), or "off" (PASSAGE_KV_MB=0, PROMPT_CACHE_EXACT, no batched
+    # path)
+    passage_reuse: str = "off"
 
     @property
     def ready(self) -> bool:

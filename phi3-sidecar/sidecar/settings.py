@@ -234,6 +234,35 @@ class Settings(BaseSettings):
         "is one of these, whole: list none that callers must not be able to confirm "
         "(docs/conversation-cache.md).",
     )
+    passage_kv_mb: int = Field(
+        default=1024,
+        ge=0,
+        le=1024 * 1024,
+        description="The passage store (batched path; docs/documents.md, 'Passages read "
+        "once'): RAM, in MiB, for the K/V of grounded requests' passages (their `passages`), "
+        "each read once on its own while the worker is idle and then placed wherever a later "
+        "prompt holds it, its keys rotated to their new positions; least recently used out "
+        "first. Counted beside the KV bound: a bound chosen from the memory limit is chosen "
+        "this much smaller. 0: off (every passage read in its prompt). Kept in KV_COMPACT's "
+        "encoding (fp16 where that is off). A model whose attention cannot take moved keys "
+        "reads every passage (/readyz: passage_reuse).",
+    )
+    passage_disk_mb: int = Field(
+        default=4096,
+        ge=0,
+        le=1024 * 1024,
+        description="The most the passage store keeps on disk, in MiB, in PROMPT_CACHE_DIR's "
+        "`passages/` folder (the conversation tier's rules: private, only its own files, "
+        "every read checked), so it survives a restart. 0 or no PROMPT_CACHE_DIR: RAM only.",
+    )
+    passage_recompute_tokens: int = Field(
+        default=16,
+        ge=0,
+        le=4096,
+        description="Tokens at the start of each stored passage read again with the prompt's "
+        "real context instead of taken from the store (EPIC's recomputed first tokens). The "
+        "default is chosen by the quality gate in docs/benchmarks/passages.md.",
+    )
     reply_time_limit_s: float = Field(
         default=210.0,
         ge=0.0,

@@ -130,6 +130,7 @@ def _turn_and_grounding(
         grounding = _ground(body, payload["messages"], stored=False)
         if grounding is not None:  # the passages must fit in the bound the page kept
             payload["messages"] = turns.fit_conversation(payload["messages"], current_app.config)
+        _mark_passages(payload, grounding)
         return None, grounding
     found: list[Grounding | None] = [None]
 
@@ -142,7 +143,20 @@ def _turn_and_grounding(
     grounding = found[0]
     if grounding is not None:
         turn.ground(grounding.block, lambda reply: list(grounding.done_fields(reply)["citations"]))
+    _mark_passages(payload, grounding)
     return turn, grounding
+
+
+def _mark_passages(payload: dict[str, Any], grounding: Grounding | None) -> None:
+    """Tell our sidecar which texts of the turn are passages, and whose (its passage store
+    reads each once and reuses it wherever a later question puts it: issue 54, /predict's
+    `passages`); an OpenAI-compatible server is not sent them (upstream_openai.py)."""
+    from chatapp.documents.owner import current_owner_id
+
+    if grounding is None or not grounding.passages:
+        return
+    payload["passages"] = [passage.text for passage in grounding.passages]
+    payload["passage_scope"] = f"library-{current_owner_id()}"
 
 
 def _ground(

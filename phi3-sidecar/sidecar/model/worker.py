@@ -186,7 +186,13 @@ def _load(settings: Settings, outbox: Connection) -> Backend | None:
         reason = f"loading the model failed: {type(exc).__name__}: {first_line(exc)}"
         outbox.send(ipc.Phase("failed", reason))
         return None
-    ready = ipc.Phase("ready", context_length=engine.max_length, image_input=engine.image_input)
+    reuse = getattr(engine, "passage_reuse", None)  # an engine wrapper may not say
+    ready = ipc.Phase(
+        "ready",
+        context_length=engine.max_length,
+        image_input=engine.image_input,
+        passage_reuse=reuse() if callable(reuse) else "off",
+    )
     outbox.send(ready)
     outbox.send(engine.cache_stats())  # the KV bound chosen, before any request
     return engine
@@ -218,6 +224,7 @@ class Scheduler:
         self._retry = False
         self._stopping = False
         self._books_changed = False  # a running reply's KV reservation grew (kv/bound.py)
+        self._tidied = False  # idle work was done since the gauges were last sent
         # Tokens a second the last long prompt was read at: the estimate for a new prompt's
         # first call, before it has a rate of its own (ipc.Reading.rate)
         self._reading_rate: float | None = None
@@ -258,7 +265,13 @@ class Scheduler:
         tidy = getattr(getattr(self._engine, "batch", None), "tidy", None)
         if tidy is None or self._jobs or self._waiting or self._inbox.poll():
             return False
-        return bool(tidy())
+        worked = bool(tidy())
+        if worked:
+            self._tidied = True
+        elif self._tidied:  # the idle work is done: the gauges follow (the passage store's)
+            self._tidied = False
+            self._outbox.send(self._engine.cache_stats())
+        return worked
 
     def _read(self, *, block: bool) -> None:
         if block:
@@ -390,6 +403,7 @@ class Scheduler:
                 kv_wait_s=time.monotonic() - waited if waited is not None else 0.0,
                 room_s=getattr(generation, "room_s", 0.0),
                 room_moves=getattr(generation, "room_moves", (0, 0)),
+                passage_cached_tokens=getattr(generation, "passage_cached_tokens", 0),
             )
         )
         # The gauges follow the books: the reservation it made is in them from now on, not

@@ -238,9 +238,17 @@ class Ids:
         return head | fields
 
 
-def _usage(end: ipc.End, started: ipc.Started) -> dict[str, Any]:
+def _usage(
+    end: ipc.End, started: ipc.Started, audio_seconds: float | None = None
+) -> dict[str, Any]:
     completion = end.generated_tokens
-    details = {"cached_tokens": started.cached_tokens, "image_tokens": started.image_tokens}
+    details = {
+        "cached_tokens": started.cached_tokens,
+        "image_tokens": started.image_tokens,
+        "passage_cached_tokens": started.passage_cached_tokens,
+    }
+    if audio_seconds is not None:  # input_audio parts, read as their transcripts' tokens
+        details["audio_seconds"] = audio_seconds
     return {
         "prompt_tokens": started.prompt_tokens,  # image tokens included
         "completion_tokens": completion,

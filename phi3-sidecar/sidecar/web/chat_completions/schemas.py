@@ -36,12 +36,14 @@ from sidecar.web.generation.messages import (
     ChatParts,
     ImagePart,
     NewTokens,
+    Passages,
     Seed,
     StopSequences,
     Temperature,
     TopK,
     TopP,
     check_image_roles,
+    check_passages,
     check_roles,
     images_of,
     not_blank,
@@ -225,6 +227,10 @@ class ChatCompletionRequest(BaseModel):
     n_predict: PredictLimit | None = None
     cache_prompt: bool = True
     repeat_penalty: RepeatPenalty | None = None
+    # Not OpenAI's (as in /predict): a grounded request's passages, texts that stand verbatim in
+    # its messages, and whose passage store they are in (model/kv/passages.py)
+    passages: Passages | None = None
+    passage_scope: CacheScope | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -247,6 +253,7 @@ class ChatCompletionRequest(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed when stream is true")
         self._check_tools()
+        check_passages(self.passages, [text for _, text in self._placed()[0]])
         if logprobs_count(self.logprobs, self.top_logprobs) is not None and self.calls_tools:
             raise ValueError("logprobs: not available with tools (a call's tokens are no content)")
         return self
@@ -311,6 +318,8 @@ class ChatCompletionRequest(BaseModel):
             use_cache=self.cache_prompt,
             repetition_penalty=self.repeat_penalty,
             logprobs=self.logprobs_count,
+            passages=tuple(self.passages or ()),
+            passage_scope=self.passage_scope,
         )
 
     @property

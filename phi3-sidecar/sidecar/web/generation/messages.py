@@ -81,6 +81,21 @@ StopSequences = Annotated[
 ]
 # Who may reuse a conversation's cached tokens: an opaque label, compared exactly.
 CacheScope = Annotated[str, Field(min_length=1, max_length=256)]
+# A grounded request's passages (issue 54; model/kv/passages.py): texts that stand verbatim in
+# its messages, whose K/V the passage store keeps and reuses wherever they stand
+MAX_PASSAGES = 32
+MAX_PASSAGE_CHARS = 32_768
+Passages = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=MAX_PASSAGE_CHARS)]],
+    Field(max_length=MAX_PASSAGES),
+]
+
+
+def check_passages(passages: list[str] | None, texts: list[str]) -> None:
+    """Each passage must stand, verbatim, in one of the messages' texts."""
+    for index, passage in enumerate(passages or ()):
+        if not any(passage in text for text in texts):
+            raise ValueError(f"passages[{index}] does not stand verbatim in any message")
 
 
 def check_roles(roles: list[Role]) -> None:

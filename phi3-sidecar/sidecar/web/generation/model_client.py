@@ -54,6 +54,7 @@ class PhaseState:
     max_length: int | None = None
     retry_at: float | None = None  # when a replacement should be ready (time.monotonic())
     image_input: bool = False  # the loaded model reads images (ipc.Phase, sent with "ready")
+    passage_reuse: str = "off"  # the passage store (ipc.Phase, sent with "ready")
 
     def retry_after_s(self) -> int:
         """Seconds a client should wait before retrying (Retry-After)."""
@@ -264,6 +265,7 @@ class ModelClient:
             message.context_length,
             retry_at,
             message.image_input,
+            message.passage_reuse,
         )
         if message.ready:
             self._crashes = 0

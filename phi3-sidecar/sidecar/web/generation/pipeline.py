@@ -132,7 +132,8 @@ class Pipeline:
         # Every scope is the API key's own (ipc.owned_scope): the one place all routes pass.
         owner = request.scope.get("state", {}).get("key_owner", "")
         scope = ipc.owned_scope(owner[:OWNER_CHARS], generate.cache_scope)
-        generate = dataclasses.replace(generate, cache_scope=scope)
+        passage_scope = ipc.owned_scope(owner[:OWNER_CHARS], generate.passage_scope)
+        generate = dataclasses.replace(generate, cache_scope=scope, passage_scope=passage_scope)
         if self._log_prompts:
             record.prompt = generate.messages or generate.prompt  # a plain prompt: /v1/completions
         if not model.phase.ready:
@@ -199,6 +200,8 @@ class Pipeline:
         if generate.images:
             record.image_tokens = start.image_tokens
         record.cached_tokens = start.cached_tokens
+        if generate.passages:
+            record.passage_cached_tokens = start.passage_cached_tokens
         record.cache_reason = start.cache_reason or None
         record.cache_tier = start.cache_tier
         if start.cache_tier in ("compact", "disk"):

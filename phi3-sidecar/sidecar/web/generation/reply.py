@@ -153,6 +153,7 @@ class ReplyResponse(Response):
                 "x-prompt-tokens": str(started.prompt_tokens),
                 "x-image-tokens": str(started.image_tokens),  # of those, standing for images
                 "x-cached-tokens": str(started.cached_tokens),
+                "x-passage-cached-tokens": str(started.passage_cached_tokens),
                 "x-dropped-messages": str(started.dropped_messages),
             }
         )

@@ -59,7 +59,36 @@ class GaugesCollector(Collector):
             "(since the model worker started).",
             value=g.cache.kv_waits,
         )
+        yield CounterMetricFamily(
+            "sidecar_passage_store_hits",
+            "Passages of grounded requests found in the passage store (since the model worker "
+            "started; model/kv/passages.py).",
+            value=g.cache.passage_hits,
+        )
+        yield CounterMetricFamily(
+            "sidecar_passage_store_misses",
+            "Passages of grounded requests not in the passage store: read in their prompt, and "
+            "read alone for the store while the worker is idle.",
+            value=g.cache.passage_misses,
+        )
         for name, help_text, value in (
+            (
+                "passage_store_bytes",
+                "RAM of the passage store: stored passages' K/V and their reading prefixes "
+                "(PASSAGE_KV_MB bounds it).",
+                g.cache.passage_bytes,
+            ),
+            ("passage_store_entries", "Passages in the store's RAM.", g.cache.passage_entries),
+            (
+                "passage_store_disk_bytes",
+                "Bytes of the passage store's files (PASSAGE_DISK_MB bounds them).",
+                g.cache.passage_disk_bytes,
+            ),
+            (
+                "passage_store_wanted",
+                "Passages waiting to be read into the store while the worker is idle.",
+                g.cache.passage_wanted,
+            ),
             (
                 "prompt_cache_bytes",
                 "KV-cache bytes of the generators the conversation cache holds.",

@@ -16,6 +16,11 @@ Request, application/json, validated strictly (no type coercion; unknown fields 
   cache_scope   who may reuse this conversation's cached tokens (1-256 characters; the chat
                 app sends one per browser conversation); absent: the shared unscoped pool
   stop          up to 4 strings that end the reply where they would begin (never shown)
+  passages      a grounded request's passages (up to 32 texts of up to 32,768 characters, each
+                standing verbatim in a message): the passage store reads each once and reuses
+                its K/V wherever a later prompt holds it (docs/documents.md)
+  passage_scope whose passage store they are in (1-256 characters; the chat app sends one per
+                library owner); absent: the shared pool (within the API key's owner)
 
 Reply: 200 text/plain; charset=utf-8, streamed: each chunk is the text of one or more new
 tokens, sent as soon as it is decoded, never ending inside a character; nothing around it.
@@ -23,11 +28,13 @@ With `Accept: application/x-ndjson` instead: one JSON object per line, {"text": 
 text comes (before the first, while a prompt of 256 tokens or more to read is read:
 {"progress": {"read", "total", "seconds_left"}} lines, generation/progress.py and docs/api.md),
 then {"done": true, "finish_reason": "stop" | "length", "generated_tokens",
-"prompt_tokens", "image_tokens", "cached_tokens", "dropped_messages"} ("length" also when the
-reply reached REPLY_TIME_LIMIT_S: the log line's outcome says time_limit); or, if the generation
-fails after the first byte, {"error": {"message", "type": "generation_failed"}} as the last line.
+"prompt_tokens", "image_tokens", "cached_tokens", "passage_cached_tokens",
+"dropped_messages"} ("length" also when the reply reached REPLY_TIME_LIMIT_S: the log line's
+outcome says time_limit); or, if the generation fails after the first byte, {"error":
+{"message", "type": "generation_failed"}} as the last line.
 Headers: X-Request-Id, X-Prompt-Tokens, X-Cached-Tokens (of those, how many the conversation
-cache already held, so were not read again), X-Image-Tokens (of the prompt tokens, those that
+cache already held, so were not read again), X-Passage-Cached-Tokens (of those, how many came
+from the passage store), X-Image-Tokens (of the prompt tokens, those that
 stand for images), X-Dropped-Messages (the oldest turns left out so the conversation fits the
 context). An error after the first byte ends the stream without its
 final chunk, so the client sees an incomplete response rather than a normal end.
@@ -56,12 +63,14 @@ from sidecar.web.generation.messages import (
     NewTokens,
     NonBlankText,
     Parts,
+    Passages,
     Seed,
     StopSequences,
     Temperature,
     TopK,
     TopP,
     check_image_roles,
+    check_passages,
     check_roles,
     images_of,
     not_blank,
@@ -114,6 +123,8 @@ class PredictRequest(BaseModel):
     seed: Seed | None = None
     cache_scope: CacheScope | None = None
     stop: StopSequences | None = None
+    passages: Passages | None = None
+    passage_scope: CacheScope | None = None
 
     @model_validator(mode="after")
     def _one_conversation(self) -> Self:
@@ -134,6 +145,7 @@ class PredictRequest(BaseModel):
             check_roles(roles)
             if self.system is not None and roles[0] == "system":
                 raise ValueError("give the system message either in system or in messages")
+        check_passages(self.passages, [text for _, text in self.conversation()])
         return self
 
     def conversation(self) -> tuple[tuple[Role, str], ...]:
@@ -190,6 +202,7 @@ class Events(ReplyFormat):
                 "prompt_tokens": started.prompt_tokens,
                 "image_tokens": started.image_tokens,  # of prompt_tokens
                 "cached_tokens": started.cached_tokens,
+                "passage_cached_tokens": started.passage_cached_tokens,
                 "dropped_messages": started.dropped_messages,
             }
         )
@@ -238,6 +251,8 @@ async def predict(
         seed=body.seed,
         cache_scope=None if body.cache_scope is None else "scope:" + body.cache_scope,
         stop=tuple(body.stop or ()),
+        passages=tuple(body.passages or ()),
+        passage_scope=body.passage_scope,
     )
     reply_format = Events() if wants_events(request) else PlainText()
     return await pipeline.run(request, record, generate, reply_format)
