@@ -18,11 +18,18 @@ read the same tokens from nothing; their difference is what grounding itself cos
 question embedded, the library searched, the block built). The bare question (no passages)
 stays as the first row; the search alone (`POST /api/search` for the same question) is timed
 apart.
+
+Issue 54's targets, from the grounded turns' streams: the app's `sources` line within 200 ms of
+the request (`sources_line_*_ms`, from the request sent to the line read), and a `progress`
+line at least every 2 s while the prompt is read (`progress_gap_max_s`: the longest wait
+between two of them, or from the last to the first delta; None when no prompt was long enough
+to be reported: 256 tokens to read).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -41,6 +48,9 @@ from scripts.run import services
 
 # Issue 44: a grounded turn's TTFT at most the bare chat's with the same prompt plus this.
 TARGET_MS = 150
+# Issue 54: the sources line within this of the request; a progress line at least this often.
+SOURCES_TARGET_MS = 200
+PROGRESS_TARGET_S = 2.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,11 +78,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             bare, grounded, cached, extra, search = [], [], [], [], []
             same, overhead, same_tokens, same_cached = [], [], [], []
             grounding_ms: list[float] = []  # the app's own measure (its chat line)
+            sources_ms: list[float] = []  # issue 54: the request to the sources line
+            gaps: list[float] = []  # and the longest wait between progress lines, per turn
             above: list[float] = []  # what grounding adds above the model's own TTFT
             for n, pair in enumerate(pairs[: args.turns]):
                 ask = [{"role": "user", "content": pair.question}]
                 plain = _chat(app.url, ask, f"bare-{n}", False, args.max_new_tokens)
                 first = _chat(app.url, ask, f"grounded-{n}", True, args.max_new_tokens)
+                sources_ms.append(first["sources_ms"])
+                if first["progress_gap_s"] is not None:
+                    gaps.append(first["progress_gap_s"])
                 line = services.request_line(app, first["request_id"], logger="chatapp.request")
                 grounding_ms.append(line["grounding_ms"])
                 follow = _chat(
@@ -127,6 +142,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "added_above_model_p95_ms": round(_p95(above), 1),
         "grounding_ms_p95": _p95(grounding_ms),
         "target_ms": TARGET_MS,
+        "sources_line_p50_ms": round(statistics.median(sources_ms), 1),
+        "sources_line_p95_ms": round(_p95(sources_ms), 1),
+        "progress_gap_max_s": round(max(gaps), 2) if gaps else None,
+        "progress_turns": len(gaps),
     }
     print(f"{len(pairs)} FAQ answers indexed in {index_s:.1f} s; {len(bare)} questions\n")
     print("| turn | TTFT p50 ms | prompt tokens added | follow-up cached tokens |")
@@ -137,6 +156,17 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         f" | {result['follow_up_cached_tokens_p50']} |"
     )
     print(f"| bare, the grounded turn's prompt | {result['same_prompt_ttft_p50_ms']} | | |")
+    gap = result["progress_gap_max_s"]
+    print("\n| grounded turn's stream (issue 54) | p50 | p95 or max | target |")
+    print("|---|---:|---:|---:|")
+    print(
+        f"| the sources line, ms from the request | {result['sources_line_p50_ms']} | "
+        f"{result['sources_line_p95_ms']} | {SOURCES_TARGET_MS} |"
+    )
+    print(
+        f"| longest gap between progress lines, s ({result['progress_turns']} turns reported)"
+        f" | | {'-' if gap is None else gap} | {PROGRESS_TARGET_S} |"
+    )
     print(
         f"\nthe search alone (POST /api/search: the question embedded, the library searched): "
         f"p50 {result['search_p50_ms']} ms"
@@ -207,11 +237,34 @@ def _chat(
         "temperature": 0,
     }
     rid = uuid.uuid4().hex[:16]
-    response = httpx.post(url + "/chat", json=body, headers={"X-Request-Id": rid}, timeout=600)
-    lines = [json.loads(line) for line in response.text.splitlines() if line.strip()]
+    lines: list[dict[str, Any]] = []
+    arrived: list[float] = []  # when each line was read, from the request sent
+    began = time.perf_counter()
+    headers = {"X-Request-Id": rid}
+    with httpx.stream("POST", url + "/chat", json=body, headers=headers, timeout=600) as reply:
+        for raw in reply.iter_lines():
+            if raw.strip():
+                arrived.append(time.perf_counter() - began)
+                lines.append(json.loads(raw))
     done = lines[-1]
     if not done.get("done"):
         raise RuntimeError(f"the chat ended without a done line: {done}")
     done["text"] = "".join(line.get("delta", "") for line in lines)
     done["request_id"] = rid
+    done["sources_ms"] = next(
+        (round(at * 1000, 1) for at, line in zip(arrived, lines, strict=True) if "sources" in line),
+        None,
+    )
+    done["progress_gap_s"] = _progress_gap(arrived, lines)
     return done
+
+
+def _progress_gap(arrived: list[float], lines: list[dict[str, Any]]) -> float | None:
+    """The longest wait between two progress lines, or from the last to the first delta;
+    None without any progress line."""
+    times = [at for at, line in zip(arrived, lines, strict=True) if "progress" in line]
+    if not times:
+        return None
+    deltas = [at for at, line in zip(arrived, lines, strict=True) if "delta" in line]
+    times += deltas[:1]
+    return round(max((b - a for a, b in itertools.pairwise(times)), default=0.0), 3)

@@ -114,9 +114,15 @@ def test_turn_run_grounds_and_reuses_the_cache(
     assert result["grounding_overhead_p95_ms"] >= result["grounding_overhead_p50_ms"]
     assert 0 < result["grounding_ms_p50"] <= result["grounding_ms_p95"]  # the app's chat line
     assert result["added_above_model_p95_ms"] >= result["added_above_model_p50_ms"]
+    # Issue 54: the sources line came (its time measured), the progress gap is a number or
+    # None (a prompt under 256 tokens to read is not reported)
+    assert 0 < result["sources_line_p50_ms"] <= result["sources_line_p95_ms"]
+    gap = result["progress_gap_max_s"]
+    assert (gap is None) == (result["progress_turns"] == 0) and (gap is None or gap >= 0)
     out = capsys.readouterr().out
     assert "| grounded |" in out and "| bare, the grounded turn's prompt |" in out
     assert "grounded minus bare with the same prompt (issue 44: at most 150 ms)" in out
+    assert "| the sources line, ms from the request |" in out
 
 
 def test_the_baseline_splitter_cuts_as_open_webui_does() -> None:

@@ -63,6 +63,19 @@ export function firstTitle(messages) {
   return titleFrom(first?.content || (first?.images?.length ? "Image" : ""));
 }
 
+/** A grounded reply's sources (the stream's first line, sources.js), those well formed. */
+function cleanSources(sources) {
+  if (!Array.isArray(sources)) return null;
+  return sources
+    .filter((s) => s && typeof s === "object" && Number.isInteger(s.n) && typeof s.name === "string")
+    .map((s) => ({
+      n: s.n,
+      name: text(s.name, 500),
+      page: Number.isInteger(s.page) ? s.page : null,
+      document_id: Number.isInteger(s.document_id) ? s.document_id : null,
+    }));
+}
+
 /** A reply's citations (chatapp/documents/search/grounding.py's done line), those well formed. */
 function cleanCitations(citations) {
   if (!Array.isArray(citations)) return null;
@@ -84,6 +97,8 @@ export function cleanChat(value) {
     if (message.role === "user" && typeof message.grounding === "string") clean.grounding = message.grounding;
     const citations = message.role === "assistant" ? cleanCitations(message.citations) : null;
     if (citations) clean.citations = citations;
+    const sources = message.role === "assistant" ? cleanSources(message.sources) : null;
+    if (sources) clean.sources = sources;
     messages.push(clean);
   }
   return {

@@ -223,10 +223,10 @@ def test_sources_at_once_and_the_reading_visible(
     save_screenshot(page, "documents-sources.png")
     page.emulate_media(color_scheme="dark")
     page.set_viewport_size({"width": 390, "height": 844})
-    save_screenshot(page, "documents-sources-phone-dark.png")
     page.reload()  # kept in the browser's chat: the sources come back with it
     expect(page.locator(".message.assistant .sources li")).to_have_count(count)
     expect(page.locator(".message.assistant .sources li.cited")).to_have_count(1)
+    save_screenshot(page, "documents-sources-phone-dark.png")
 
 
 def test_a_long_question_shows_its_reading(page: Page, slow_library_app: services.Service) -> None:
