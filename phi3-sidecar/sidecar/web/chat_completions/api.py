@@ -242,7 +242,7 @@ def _usage(
     end: ipc.End, started: ipc.Started, audio_seconds: float | None = None
 ) -> dict[str, Any]:
     completion = end.generated_tokens
-    details = {
+    details: dict[str, Any] = {
         "cached_tokens": started.cached_tokens,
         "image_tokens": started.image_tokens,
         "passage_cached_tokens": started.passage_cached_tokens,
