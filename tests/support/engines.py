@@ -210,7 +210,12 @@ class PacedEngine:
         return PacedGeneration(real, self._pace, self._prefill_pace, first_step)
 
     def reading_chunk(self, generation: PacedGeneration) -> int:
-        return self._real.reading_chunk(generation._real)
+        """The worker asks this of a wrapper that hides the batch (worker._call_tokens)."""
+        real = generation._real
+        if isinstance(real, BatchGeneration):
+            assert self._real.batch is not None
+            return self._real.batch.chunk_for(real)
+        return real.reading_chunk()
 
     def prompt_spec(self) -> PromptSpec:
         return self._real.prompt_spec()

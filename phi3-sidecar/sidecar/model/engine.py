@@ -200,12 +200,6 @@ class Engine:
             cached = False  # a cached generator may draft (generator/drafts.py), a fresh one not
         return Generation(self, prompt, request, cached=cached)
 
-    def reading_chunk(self, generation: Generation | BatchGeneration) -> int:
-        """The prompt tokens `generation`'s next call reads (the worker's Reading reports)."""
-        if isinstance(generation, BatchGeneration) and self.batch is not None:
-            return min(self.batch.chunk_for(generation), generation.prompt_left)
-        return generation.reading_chunk() if isinstance(generation, Generation) else 0
-
     def _start_with_images(self, request: Generate, *, cached: bool) -> Generation:
         """A request with images: the processor's tensors and each image's token count, the
         prompt fitted with each image's run of tokens in its place (older turns left out with

@@ -436,12 +436,20 @@ class Scheduler:
             job.reading = None
 
     def _call_tokens(self, generation: Stepper, left: int, read: int) -> int:
-        """The prompt tokens the generation's next call reads (engine.reading_chunk); an
-        engine that cannot say: as many as its last call read, or all that is left."""
-        chunk = getattr(self._engine, "reading_chunk", None)
-        if chunk is not None:
-            return min(int(chunk(generation)), left)
-        return min(read, left) if read else left
+        """The prompt tokens the generation's next call reads: the batch's chunk for it
+        (BatchStep.chunk_for), the Generator path's (Generation.reading_chunk), or what an
+        engine wrapper that hides the batch says (tests); else as many as its last call read,
+        or all that is left."""
+        batch = getattr(self._engine, "batch", None)
+        if getattr(generation, "batched", False) and hasattr(batch, "chunk_for"):
+            chunk = batch.chunk_for(generation)  # type: ignore[union-attr]
+        elif hasattr(generation, "reading_chunk"):
+            chunk = generation.reading_chunk()
+        elif hasattr(self._engine, "reading_chunk"):
+            chunk = self._engine.reading_chunk(generation)
+        else:
+            return min(read, left) if read else left
+        return min(int(chunk), left)
 
     def _refuse(self, request: ipc.Generate, exc: Exception, spent_s: float = 0.0) -> None:
         """Answer Rejected for what building or starting a request raised; `spent_s`: the
