@@ -35,7 +35,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from chatapp.observability import metrics
     from chatapp.observability.telemetry import Telemetry
     from chatapp.relay import chat as relay
-    from chatapp.relay import images
+    from chatapp.speech import routes as speech_routes
 
     app = Flask(__name__)
     # "//" in a path is a 404, not a redirect: Werkzeug would redirect to a URL built from the
@@ -55,13 +55,11 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     # A request body must arrive within REQUEST_BODY_TIMEOUT (guards/body_deadline.py); one
     # with images may be larger than a text's (relay/images.py), a few at once
     # (guards/uploads.py).
-    largest = images.body_limit(
-        app.config, max(app.config["MAX_CONTENT_LENGTH"], app.config["MAX_IMPORT_BYTES"])
-    )
+    largest = speech_routes.largest_body(app.config)
     app.wsgi_app = BodyDeadline(  # type: ignore[method-assign]
         app.wsgi_app,
         app.config["REQUEST_BODY_TIMEOUT"],
-        largest,  # a chat's, or an import's
+        largest,  # a chat's, an import's, or a recording's
     )
     app.wsgi_app = LargeBodies(  # type: ignore[method-assign]
         app.wsgi_app, app.config["MAX_CONTENT_LENGTH"], app.config["MAX_IMAGE_CHATS"]
@@ -78,6 +76,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(health.bp)
     app.register_blueprint(chats_api.bp)
     app.register_blueprint(documents_routes.bp)
+    app.register_blueprint(speech_routes.bp)
     if app.config["METRICS"]:
         app.register_blueprint(metrics.bp)
     return app
@@ -125,5 +124,5 @@ def _make_upstream(config: Mapping[str, Any]) -> Upstream:
         api_key=config["UPSTREAM_API_KEY"],
     )
     if config["UPSTREAM_API"] == "openai":
-        return OpenAIUpstream(connection, config["UPSTREAM_MODEL"])
+        return OpenAIUpstream(connection, config["UPSTREAM_MODEL"], config["UPSTREAM_SPEECH_MODEL"])
     return PredictUpstream(connection)

@@ -3,11 +3,13 @@
 
 `/healthz` body: `{"status": "ok", "model": str | null, "sidecar": {"reachable": bool, "ready":
 bool, "error"?: "upstream_unauthorized", "detail"?: {"ready", "phase", "phase_seconds",
-"model", "image_input"?}}}` (`error`: the model service refuses this app's key, so no chat
-can work: not ready, phase `failed`, though its own open /readyz says ready; `image_input`:
-true or false when the model service says whether its model reads images, absent when it does
-not say, and the page then offers images anyway); `detail` is the part of the
-sidecar's own `/readyz` JSON that a browser may see (its load phase and the model's name; not
+"model", "image_input"?, "speech"?: {"served", "phase", "max_seconds"?}}}}` (`error`: the
+model service refuses this app's key, so no chat can work: not ready, phase `failed`, though
+its own open /readyz says ready; `image_input`: true or false when the model service says
+whether its model reads images, absent when it does not say, and the page then offers images
+anyway; `speech`: whether it transcribes speech, for the page's microphone, absent when it
+does not say); `detail` is the part of the sidecar's own `/readyz` JSON that a browser may see
+(its load phase and the model's name; not
 the reason text, which can name folders and library errors: that stays in the sidecar's log
 and its own /readyz). Always 200 while the app runs: the page polls it to show "model loading"
 before the first message and to name the model, and a liveness probe must not restart the app
@@ -41,8 +43,10 @@ def _model_name(sidecar: dict[str, Any]) -> str | None:
 
 
 # image_input: whether the model reads images (the sidecar's /readyz once ready; an OpenAI
-# server's model list when it says `input_modalities`); absent: unknown.
-PUBLIC_DETAIL = ("ready", "phase", "phase_seconds", "model", "image_input")
+# server's model list when it says `input_modalities`); absent: unknown. speech: whether the
+# page's microphone can be used (relay/upstream_speech.py), without the reason text.
+PUBLIC_DETAIL = ("ready", "phase", "phase_seconds", "model", "image_input", "speech")
+PUBLIC_SPEECH = ("served", "phase", "max_seconds")
 
 
 @bp.get("/healthz")
@@ -53,6 +57,9 @@ def healthz() -> Response:
         public = {key: detail[key] for key in PUBLIC_DETAIL if key in detail}
         if not isinstance(public.get("image_input", False), bool):
             del public["image_input"]  # only a yes or a no means anything to the page
+        speech = public.pop("speech", None)
+        if isinstance(speech, dict):
+            public["speech"] = {key: speech[key] for key in PUBLIC_SPEECH if key in speech}
         sidecar["detail"] = public
     response = jsonify({"status": "ok", "model": _model_name(sidecar), "sidecar": sidecar})
     response.headers["Cache-Control"] = "no-store"

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "LOG_LEVEL": "info",
     "UPSTREAM_API": "predict",
     "UPSTREAM_MODEL": None,
+    "UPSTREAM_SPEECH_MODEL": "whisper-1",
     "UPSTREAM_API_KEY": None,
     "ALLOWED_HOSTS": None,  # unset: the loopback names (chatapp/guards/host.py)
     "WEBSITE_HOSTNAME": None,
@@ -94,6 +95,10 @@ DESCRIPTIONS: dict[str, str] = {
     "'Other model servers').",
     "UPSTREAM_MODEL": "With `openai`, the model to ask for; unset, the first one the server lists "
     "at `GET /v1/models`.",
+    "UPSTREAM_SPEECH_MODEL": "With `openai`, the `model` sent to the server's `POST "
+    "/v1/audio/transcriptions` for the page's microphone (OpenAI's `whisper-1`; a local "
+    "server's speech model). Our sidecar answers with its own speech model whatever is sent "
+    "(docs/speech.md).",
     "SIDECAR_CONNECT_TIMEOUT": "Seconds to open a connection to the sidecar.",
     "SIDECAR_READ_TIMEOUT": "The longest silence, in seconds, tolerated from the sidecar, before "
     "its answer starts and between two pieces of a reply. The prefill of a long prompt on a slow "
@@ -462,6 +467,7 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "LOG_LEVEL": ("LOG_LEVEL", _log_level),
     "UPSTREAM_API": ("UPSTREAM_API", _upstream_api),
     "UPSTREAM_MODEL": ("UPSTREAM_MODEL", _model),
+    "UPSTREAM_SPEECH_MODEL": ("UPSTREAM_SPEECH_MODEL", _model),
     "UPSTREAM_API_KEY": ("UPSTREAM_API_KEY", _secret),
     "SIDECAR_API_KEY": ("UPSTREAM_API_KEY", _secret),  # the same setting by its #12 name
     "ALLOWED_HOSTS": ("ALLOWED_HOSTS", _hosts),

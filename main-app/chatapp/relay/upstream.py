@@ -102,6 +102,16 @@ class Broken:
 Event = Text | Progress | Done | Broken | Refused
 
 
+@dataclass(frozen=True)
+class Recording:
+    """Speech to transcribe, held in memory only (chatapp/speech/): the file's bytes, a name
+    and its media type as the browser gave them."""
+
+    data: bytes
+    filename: str
+    content_type: str
+
+
 class ReplyStream:
     """A reply being streamed; iterate with `next(timeout)`, always `close`."""
 
@@ -199,7 +209,12 @@ class Upstream(Protocol):
         ...
 
     def readiness(self) -> dict[str, Any]:
-        """`{"reachable", "ready", "detail"?: {"phase", "model", ...}}`; never raises."""
+        """`{"reachable", "ready", "detail"?: {"phase", "model", "speech"?, ...}}`; never
+        raises."""
+        ...
+
+    def transcribe(self, recording: Recording, request_id: str) -> str:
+        """The text spoken in a recording (upstream_speech.py); ApiError if none comes."""
         ...
 
 
@@ -224,14 +239,32 @@ class Connection:
     ) -> requests.Response:
         """POST a JSON body for a streamed answer; a failure to connect or answer is an
         ApiError with one sentence (503 not reachable, 504 too slow, 502 otherwise)."""
+        return self._post(
+            path,
+            {"Content-Type": "application/json", **headers},
+            # UTF-8 as is, not \\u escapes: servers limit the body size in bytes.
+            data=json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
+            stream=True,
+        )
+
+    def post_form(
+        self,
+        path: str,
+        fields: dict[str, str],
+        file: tuple[str, bytes, str],
+        headers: dict[str, str],
+    ) -> requests.Response:
+        """POST a multipart form (`fields` and one `file`: name, bytes, type) for a JSON
+        answer; failures as post_stream's."""
+        return self._post(path, headers, data=fields, files={"file": file})
+
+    def _post(self, path: str, headers: dict[str, str], **body: Any) -> requests.Response:
         try:
             return requests.post(
                 self.base_url + path,
-                # UTF-8 as is, not \\u escapes: servers limit the body size in bytes.
-                data=json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
-                stream=True,
                 timeout=(self.connect_timeout, self.read_timeout),
-                headers={"Content-Type": "application/json", **headers, **self.auth},
+                headers={**headers, **self.auth},
+                **body,
             )
         except requests.ConnectTimeout:
             raise ApiError("upstream_unavailable", NOT_REACHABLE, status=503) from None

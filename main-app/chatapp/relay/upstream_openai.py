@@ -37,6 +37,7 @@ from typing import Any
 import requests
 
 from chatapp.errors import ApiError
+from chatapp.relay import upstream_speech
 from chatapp.relay.upstream import (
     NOT_REACHABLE,
     Broken,
@@ -44,6 +45,7 @@ from chatapp.relay.upstream import (
     Done,
     Event,
     Progress,
+    Recording,
     Refused,
     ReplyStream,
     Text,
@@ -59,11 +61,13 @@ from chatapp.relay.upstream import (
     unauthorized,
     upstream_failed,
 )
+from chatapp.relay.upstream_speech import speech_of
 
 # The name its log lines have always carried, not the module's path.
 log = logging.getLogger("chatapp.upstream_openai")
 
 CHAT_PATH = "/chat/completions"
+TRANSCRIPTIONS_PATH = "/audio/transcriptions"
 MODELS_PATH = "/models"
 
 
@@ -73,10 +77,13 @@ BUSY_RETRY_AFTER = 2
 
 
 class OpenAIUpstream:
-    def __init__(self, connection: Connection, model: str | None) -> None:
+    def __init__(
+        self, connection: Connection, model: str | None, speech_model: str = "whisper-1"
+    ) -> None:
         self._connection = connection
         self.base_url = connection.base_url
         self._configured = model
+        self._speech_model = speech_model
         self._discovered: str | None = None
         self._models_status: int | None = None  # the model list's last answer (None: none)
         # The API's root: SIDECAR_URL may name the server (http://host:11434) or its /v1.
@@ -138,7 +145,16 @@ class OpenAIUpstream:
             image_input = _image_input(body, detail["model"])
             if image_input is not None:
                 detail["image_input"] = image_input
+            speech = speech_of(None, body)  # a model of type "transcription" (our sidecar's)
+            if speech is not None:
+                detail["speech"] = speech
         return {"reachable": True, "ready": ready, "detail": detail}
+
+    def transcribe(self, recording: Recording, request_id: str) -> str:
+        path = self._root + TRANSCRIPTIONS_PATH
+        return upstream_speech.transcribe(
+            self._connection, path, self._speech_model, recording, request_id
+        )
 
     def _first_model(self) -> str | None:
         answer = self._connection.get_json(self._root + MODELS_PATH)

@@ -25,12 +25,14 @@ from typing import Any
 import requests
 
 from chatapp.errors import ApiError
+from chatapp.relay import upstream_speech
 from chatapp.relay.upstream import (
     Broken,
     Connection,
     Done,
     Event,
     Progress,
+    Recording,
     ReplyStream,
     Text,
     busy,
@@ -44,9 +46,13 @@ from chatapp.relay.upstream import (
     unauthorized,
     upstream_failed,
 )
+from chatapp.relay.upstream_speech import speech_of
 
 # The name its log lines have always carried, not the module's path.
 log = logging.getLogger("chatapp.upstream_predict")
+
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+SPEECH_MODEL = "whisper-1"  # any name: the sidecar answers with its own speech model
 
 
 class PredictUpstream:
@@ -70,21 +76,25 @@ class PredictUpstream:
             return {"reachable": False, "ready": False}
         status, body = answer
         result: dict[str, Any] = {"reachable": True, "ready": status == 200}
+        # /v1/models takes the key whenever the sidecar has API_KEY, and costs it nothing:
+        # whether the key is refused, and the speech model's limits.
+        models = self._connection.get_json("/v1/models") if status == 200 else None
         if isinstance(body, dict):
-            result["detail"] = body
-        if status == 200 and self._key_refused():
+            listed = models[1] if models is not None and models[0] == 200 else None
+            speech = speech_of(body.get("speech"), listed)
+            result["detail"] = {**body, "speech": speech} if speech else body
+        if models is not None and models[0] == 401:
             # /readyz is open to probes, so it said ready while every chat was refused 401.
             result["ready"] = False
             result["error"] = "upstream_unauthorized"
             if isinstance(body, dict):
-                result["detail"] = {**body, "ready": False, "phase": "failed"}
+                result["detail"] = {**result["detail"], "ready": False, "phase": "failed"}
         return result
 
-    def _key_refused(self) -> bool:
-        """Whether the sidecar refuses this app's key (or its lack of one): /v1/models takes
-        the key whenever the sidecar has API_KEY, and costs it nothing."""
-        answer = self._connection.get_json("/v1/models")
-        return answer is not None and answer[0] == 401
+    def transcribe(self, recording: Recording, request_id: str) -> str:
+        return upstream_speech.transcribe(
+            self._connection, TRANSCRIPTIONS_PATH, SPEECH_MODEL, recording, request_id
+        )
 
 
 def events(response: requests.Response) -> Iterator[Event]:
