@@ -11,7 +11,8 @@
 // exchange.js (POST /chat and its stream), chats.js and open-chat.js (saved chats), edit.js,
 // chat-menu.js, settings-dialog.js, dialogs.js, drawer.js, status.js, attachments.js and
 // images.js (images to send), image-store.js (their files, in IndexedDB), image-viewer.js,
-// library.js (the documents panel) and citations.js (a grounded reply's sources);
+// library.js (the documents panel), citations.js (a grounded reply's sources) and
+// microphone.js (a spoken message, transcribed into the box; loaded by status.js);
 // page.js and state.js hold what they share. The browser loads them as ES modules, with no build step.
 import { attachedImages, preparingImages, showAttachNote } from "./attachments.js";
 import { deleteChat, exportJson, exportMarkdown, renameChat } from "./chat-menu.js";

@@ -1,5 +1,7 @@
-// The model's status beside the title, from the app's GET /healthz, and whether it reads images.
+// The model's status beside the title, from the app's GET /healthz, whether it reads images and
+// whether it transcribes speech.
 import { setImageInput } from "./attachments.js";
+import { setSpeech } from "./microphone.js";
 import { log, modelNameLabel, modelStatus } from "./page.js";
 import { assistantName, state } from "./state.js";
 
@@ -32,6 +34,8 @@ export async function pollModelStatus() {
       // Whether it reads images: true, false, or not said (unknown: images are offered).
       const imageInput = sidecar.detail?.image_input;
       setImageInput(typeof imageInput === "boolean" ? imageInput : undefined);
+      // Whether it transcribes speech (the microphone): said, or not (offered).
+      setSpeech(sidecar.detail?.speech);
       next = 30000;
     } else if (sidecar.reachable) {
       const phase = sidecar.detail && typeof sidecar.detail.phase === "string" ? sidecar.detail.phase : "";
