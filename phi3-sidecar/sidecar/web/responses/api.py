@@ -71,11 +71,20 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from sidecar import ipc
+from sidecar.web.audio.parts import audio_allowance, transcribe_parts
 from sidecar.web.chat_completions.api import _calls, _Checked, _json
 from sidecar.web.chat_completions.schemas import ChatCompletionRequest, scope_of
 from sidecar.web.chat_completions.tool_protocol import Call
-from sidecar.web.deps import ImagesDep, PipelineDep, RecordDep, ResponseStoreDep, SettingsDep
+from sidecar.web.deps import (
+    ImagesDep,
+    PipelineDep,
+    RecordDep,
+    ResponseStoreDep,
+    SettingsDep,
+    SpeechDep,
+)
 from sidecar.web.errors import ApiError
+from sidecar.web.generation.messages import AudioPart
 from sidecar.web.generation.pipeline import read_body
 from sidecar.web.images.decoding import body_allowance
 from sidecar.web.responses.schemas import ResponsesRequest, refusal_of, untagged
@@ -94,8 +103,10 @@ async def create_response(
     record: RecordDep,
     store: ResponseStoreDep,
     images: ImagesDep,
+    speech: SpeechDep,
 ) -> Response:
-    allowance = body_allowance(settings)  # images' data URLs, beyond MAX_BODY_BYTES
+    # images' data URLs and audio's base64, beyond MAX_BODY_BYTES
+    allowance = body_allowance(settings) + audio_allowance(settings)
     try:
         body = await read_body(request, settings.max_body_bytes, ResponsesRequest, allowance)
     except ApiError as error:
@@ -116,13 +127,16 @@ async def create_response(
         earlier = previous.conversation
     chat, conversation = body.as_chat(earlier)
     try:
+        # input_audio parts read as the user's text, as in chat (web/audio/parts.py)
+        audio_seconds = await transcribe_parts(request, speech, settings, list(chat.messages))
         checked = await images.prepare(chat.image_refs(), record)  # 400s naming the input
         check = await structured.settle(chat, record)  # 400 invalid_schema
     except ApiError as error:
         raise refusal_of(error) from None
     generate = chat.generate(record.request_id, settings.max_new_tokens, checked)
     model = body.model if body.model is not None else settings.served_model_name
-    draft = Draft(body, chat, model, conversation, owner, store)
+    kept = heard(conversation, chat) if audio_seconds is not None else conversation
+    draft = Draft(body, chat, model, kept, owner, store, audio_seconds)
     reply_format = (ResponseEvents if body.stream else ResponseObject)(draft, check)
     try:
         return await pipeline.run(request, record, generate, reply_format)
@@ -186,8 +200,10 @@ class Draft:
         conversation: list[dict[str, Any]],
         owner: str,
         store: ResponseStore,
+        audio_seconds: float | None = None,
     ) -> None:
         self.id = new_id()
+        self.audio_seconds = audio_seconds  # the input_audio parts' (web/audio/parts.py)
         self.body = body
         self.tools = chat.calls_tools
         self.keep_logprobs = chat.logprobs_count is not None
@@ -245,22 +261,24 @@ class Draft:
         """The finished response object; kept in the store when asked to (with the
         conversation it ends, `reply` the Chat Completions message of its output)."""
         incomplete = end.finish in ("length", "time_limit")
+        details: dict[str, Any] = {
+            "cached_tokens": started.cached_tokens,
+            "image_tokens": started.image_tokens,  # of input_tokens
+        }
+        if self.audio_seconds is not None:  # read as their transcripts' tokens
+            details["audio_seconds"] = self.audio_seconds
         usage = {
             "input_tokens": started.prompt_tokens,
-            "input_tokens_details": {
-                "cached_tokens": started.cached_tokens,
-                "image_tokens": started.image_tokens,  # of input_tokens
-            },
+            "input_tokens_details": details,
             "output_tokens": end.generated_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": started.prompt_tokens + end.generated_tokens,
         }
-        details = {"reason": "max_output_tokens"} if incomplete else None
         response = self.object(
             "incomplete" if incomplete else "completed",
             output,
             usage=usage,
-            incomplete_details=details,
+            incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
         )
         if self._stored:
             conversation = [*self._conversation, *([reply] if reply is not None else [])]
@@ -275,6 +293,34 @@ class Draft:
     @property
     def body_scope(self) -> str | None:
         return scope_of(self.body.prompt_cache_key, self.body.user)
+
+
+def heard(conversation: list[dict[str, Any]], chat: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The conversation as a stored response keeps it: each input_audio part replaced by a
+    text part holding its transcript, so the store never holds the audio's base64. The
+    transcripts come in the conversation's order (`as_chat` keeps it; only user messages hold
+    audio, and a stored conversation holds none)."""
+    transcripts = iter(
+        [
+            part.text
+            for message in chat.messages
+            for part in getattr(message, "content", None) or ()
+            if isinstance(part, AudioPart)
+        ]
+    )
+    kept = []
+    for message in conversation:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [
+                {"type": "text", "text": next(transcripts)}
+                if part.get("type") == "input_audio"
+                else part
+                for part in content
+            ]
+            message = {**message, "content": content}
+        kept.append(message)
+    return kept
 
 
 def _message(item_id: str, text: str, status: str, logprobs: list[Any]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from sidecar.web.errors import ApiError
 from sidecar.web.generation.messages import (
     MAX_MESSAGES,
     MAX_TEXT_CHARS,
+    AudioPart,
     CacheScope,
     NewTokens,
     Seed,
@@ -113,17 +114,23 @@ class InputImage(_Strict):
 
 
 def _part_kind(value: object) -> object:
-    """Text and image parts (file parts need files, which are not stored here)."""
+    """Text, image and audio parts (file parts need files, which are not stored here)."""
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind not in ("input_text", "output_text", "refusal", "input_image"):
+    if kind not in ("input_text", "output_text", "refusal", "input_image", "input_audio"):
         raise ValueError(
-            "only text and image parts (input_text, output_text, input_image) are supported"
+            "only text, image and audio parts (input_text, output_text, input_image, "
+            "input_audio) are supported"
         )
     return value
 
 
+# input_audio is Chat Completions' part, spelled the same ({"type": "input_audio",
+# "input_audio": {"data", "format"}}): one home for it (messages.AudioPart), transcribed as
+# chat's are (web/audio/parts.py) once the request is said as Chat Completions'.
 Part = Annotated[
-    Annotated[InputText | OutputText | Refusal | InputImage, Field(discriminator="type")],
+    Annotated[
+        InputText | OutputText | Refusal | InputImage | AudioPart, Field(discriminator="type")
+    ],
     BeforeValidator(_part_kind),
 ]
 
@@ -158,18 +165,25 @@ class Message(_Strict):
     phase: Literal["commentary", "final_answer"] | None = None
 
     def text(self) -> str:
-        return "\n".join(_text(p) for p in self.content if not isinstance(p, InputImage))
+        return "\n".join(_text(p) for p in self.content if not isinstance(p, _NOT_TEXT))
 
     def chat_content(self) -> str | list[dict[str, Any]]:
-        """The content as Chat Completions takes it: the text, or with images its parts."""
-        if not any(isinstance(p, InputImage) for p in self.content):
+        """The content as Chat Completions takes it: the text, or with images or audio its
+        parts."""
+        if not any(isinstance(p, _NOT_TEXT) for p in self.content):
             return self.text()
-        return [
-            {"type": "image_url", "image_url": _image_url(p)}
-            if isinstance(p, InputImage)
-            else {"type": "text", "text": _text(p)}
-            for p in self.content
-        ]
+        return [_chat_part(p) for p in self.content]
+
+
+_NOT_TEXT = (InputImage, AudioPart)
+
+
+def _chat_part(part: InputText | OutputText | Refusal | InputImage | AudioPart) -> dict[str, Any]:
+    if isinstance(part, InputImage):
+        return {"type": "image_url", "image_url": _image_url(part)}
+    if isinstance(part, AudioPart):
+        return part.model_dump()
+    return {"type": "text", "text": _text(part)}
 
 
 def _text(part: InputText | OutputText | Refusal) -> str:
@@ -332,6 +346,16 @@ class ResponsesRequest(_Strict):
             if isinstance(part, InputImage) and part.image_url is not None
         ]
 
+    def audio_chars(self) -> int:
+        """The characters of the input_audio parts' base64 (read_body's allowance for them)."""
+        return sum(
+            len(part.input_audio.data)
+            for item in self.input
+            if isinstance(item, Message)
+            for part in item.content
+            if isinstance(part, AudioPart)
+        )
+
     @property
     def logprobs_count(self) -> int | None:
         """ipc.Generate.logprobs: asked for by `include` (or a `top_logprobs` above 0)."""
@@ -458,7 +482,7 @@ def refusal_of(error: ApiError) -> ApiError:
 # part or format failed): not a field a client can find in its request.
 _TAGS = frozenset(
     {"message", "function_call", "function_call_output", "input_text", "output_text"}
-    | {"refusal", "input_image", "text", "json_object", "json_schema"}
+    | {"refusal", "input_image", "input_audio", "text", "json_object", "json_schema"}
 )
 
 

@@ -86,3 +86,36 @@ def test_without_a_speech_model(sidecar_service: Service, wav: str) -> None:
         "served": False,
         "phase": "off",
     }
+
+
+def test_responses_read_audio_and_store_its_transcript_only(service: Service, wav: str) -> None:
+    """/v1/responses takes the same input_audio parts; the stored response and the
+    conversation a later turn continues hold the transcript, never the audio's base64."""
+    body = {
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi:"}, audio(wav)]}],
+        "max_output_tokens": 2,
+    }
+    first = httpx.post(service.url + "/v1/responses", json=body, timeout=120)
+    assert first.status_code == 200, first.text
+    response = first.json()
+    assert 3 < response["usage"]["input_tokens_details"]["audio_seconds"] < 4
+    # What the store holds (/metrics): the transcript's bytes, not the audio's 200 KB of base64.
+    assert 0 < store_bytes(service) < len(wav) // 20
+    # A later turn continues from the transcript; GET returns the response.
+    again = {"input": "And then?", "previous_response_id": response["id"], "max_output_tokens": 2}
+    second = httpx.post(service.url + "/v1/responses", json=again, timeout=120)
+    assert second.status_code == 200, second.text
+    assert second.json()["usage"]["input_tokens"] > response["usage"]["input_tokens"]
+    got = httpx.get(f"{service.url}/v1/responses/{response['id']}", timeout=10).json()
+    assert got["id"] == response["id"] and wav[:64] not in str(got)
+    assert store_bytes(service) < len(wav) // 10
+    # Audio in an assistant item is refused, naming the input.
+    bad = {"input": [{"role": "assistant", "content": [audio(wav)]}]}
+    reply = httpx.post(service.url + "/v1/responses", json=bad, timeout=120)
+    assert reply.status_code == 400 and reply.json()["error"]["param"].startswith("input")
+
+
+def store_bytes(service: Service) -> float:
+    metrics = httpx.get(service.url + "/metrics", timeout=10).text
+    line = next(x for x in metrics.splitlines() if x.startswith("sidecar_response_store_bytes"))
+    return float(line.split()[-1])
