@@ -111,6 +111,21 @@ def sidecar_service(
 
 
 @pytest.fixture(scope="session")
+def speech_sidecar_service(
+    tiny_model_dir: Path, whisper_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[services.Service]:
+    """One sidecar with the tiny chat model and the real Whisper tiny.en, for the app's
+    transcription relay and the page's microphone (SPEECH_MAX_SECONDS 10: a longer clip is
+    refused)."""
+    log = tmp_path_factory.mktemp("logs") / "sidecar-speech.log"
+    with services.sidecar(
+        tiny_model_dir, log, SPEECH_MODEL_PATH=str(whisper_dir), SPEECH_MAX_SECONDS="10"
+    ) as running:
+        services.wait_for_speech(running)
+        yield running
+
+
+@pytest.fixture(scope="session")
 def vision_sidecar_service(
     tiny_vision_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[services.Service]:
@@ -142,6 +157,7 @@ SLOW_TESTS = (
     "tests/e2e/",
     # Speech (issue 57): the real Whisper tiny.en from its wheel, a sidecar each
     "tests/sidecar/web/audio/test_sidecar_audio_",
+    "tests/chatapp/speech/test_speech_relay.py",  # the app and a speech sidecar
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
     "tests/sidecar/web/embeddings/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
     # The benchmarks' own tests (shape, not speed), each a sidecar or several for seconds;
