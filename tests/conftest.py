@@ -169,6 +169,9 @@ SLOW_TESTS = (
     "tests/scripts/test_bench_users.py",
     "tests/scripts/test_bench_users_turns.py",
     "tests/scripts/test_bench_variants.py",
+    "tests/scripts/test_bench_prompt_lookup.py",
+    # a sidecar drafting on the batched path: its log line, /metrics and usage
+    "tests/sidecar/model/batch/test_sidecar_batch_drafts.py::test_the_log_line_",
     "tests/models/test_models_variants.py",  # a sidecar per exported variant
     "tests/sidecar/model/batch/test_sidecar_row_isolation.py",  # faults in rows, 15 s each
     "tests/sidecar/web/images/test_sidecar_images_vision.py",  # the vision model's sidecars

@@ -102,7 +102,7 @@ class Settings(BaseSettings):
         le=64,
         description="Replies decoded together in one model call per step. 1: each reply has its "
         "own onnxruntime-genai Generator and they take turns (N replies each get 1/N of the "
-        "speed); also what PROMPT_LOOKUP_TOKENS > 0 and MODEL_DEVICE=cuda run with, whatever "
+        "speed); also what MODEL_DEVICE=cuda runs with, whatever "
         "this says. More than 1 (CPU only): the decoder runs in onnxruntime directly over KV "
         "buffers the worker owns, every active reply advances one token per call, and a "
         "joining prompt is read in PREFILL_CHUNK chunks between the others' steps. Decode "
@@ -207,12 +207,14 @@ class Settings(BaseSettings):
         le=16,
         description="Prompt-lookup drafts: the most tokens one decode step proposes, copied "
         "from where the reply's last tokens occurred before (the prompt or the reply); one "
-        "model call checks them all, so replies that repeat their prompt (edits, summaries, "
-        "code) decode several tokens a call. 0 turns it off. Greedy requests without "
-        "response_format or tools only, on the Generator path (not DECODE_BATCH_ROWS' batched "
-        "one); the draft length adapts down and drafting pauses after misses. Ignored "
-        "(logged) on a vision model: onnxruntime-genai drafts for decoder-only text models "
-        "only. docs/benchmarks/variants.md, 'Prompt-lookup drafts'.",
+        "model call checks them all, so replies that repeat their prompt (quoted passages, "
+        "edits, summaries, code) decode several tokens a call. 0 turns it off. On the batched "
+        "path (the default) a reply drafts while it decodes alone, whatever its sampling, "
+        "grammar or log probabilities (a draft token is taken only where the reply's own "
+        "choice is that token); on the Generator path (DECODE_BATCH_ROWS=1, a GPU) greedy "
+        "requests without response_format or tools only. The draft length adapts down and "
+        "drafting pauses after misses. Ignored (logged) on a vision model. "
+        "docs/benchmarks/prompt-lookup.md.",
     )
     prompt_cache_unscoped: bool = Field(
         default=True,

@@ -106,8 +106,7 @@ class Engine:
         config.overlay(json.dumps(overlay))
         use_device(config, device, provider_options or {})
         self._path = path
-        prompt_lookup_tokens = drafts_allowed(genai_config, prompt_lookup_tokens)
-        unbatched = generator_only(decode_batch_rows, device, prompt_lookup_tokens)
+        unbatched = generator_only(decode_batch_rows, device)
         if unbatched is not None and decode_batch_rows > 1:
             log.warning(
                 "batched decode is off: every reply gets a Generator",
@@ -127,7 +126,7 @@ class Engine:
         self.image_input = self.image_tags is not None
         options = GeneratorOptions(
             vocab_size=self.vocab_size,
-            prompt_lookup_tokens=prompt_lookup_tokens,
+            prompt_lookup_tokens=drafts_allowed(genai_config, prompt_lookup_tokens),
             grammar_eos=grammar_eos(genai_config, self.eos_ids),
             num_layers=self.num_layers,
         )
@@ -159,6 +158,7 @@ class Engine:
                 eos_ids=self.eos_ids,
                 new_stream=self.tokenizer.create_stream,
                 vocab_size=self.vocab_size,
+                draft_tokens=options.prompt_lookup_tokens,  # 0 on a vision model
             )
             self.batch = batch_path(path, genai_config, batch_options)
         if self.batch is not None:

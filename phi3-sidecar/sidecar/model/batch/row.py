@@ -15,6 +15,7 @@ import numpy as np
 
 from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
 from sidecar.model.batch.decoder import BatchDecoder
+from sidecar.model.batch.drafts import RowDrafts
 from sidecar.model.batch.guidance import RowGuide
 from sidecar.model.batch.sampling import Sampler, penalize_repeats
 from sidecar.model.kv.bound import Memory
@@ -66,6 +67,7 @@ class Batch(Protocol):
     eos_ids: frozenset[int]
     vocab_size: int
     new_stream: Any  # () -> TokenStream
+    draft_tokens: int  # PROMPT_LOOKUP_TOKENS (batch/drafts.py); 0: no drafts
 
     def chunk_for(self, generation: BatchGeneration) -> int: ...
 
@@ -126,6 +128,9 @@ class BatchGeneration:
         self.guide: RowGuide | None = None
         # Generate.logprobs (logprobs.py), set by the engine before the first step
         self.logprobs: ReplyLogprobs | None = None
+        # Prompt-lookup drafts (batch/drafts.py): the one the next call reads, set by the step
+        self.lookup = RowDrafts(scheduler.draft_tokens) if scheduler.draft_tokens else None
+        self.draft: list[int] = []
 
     @property
     def prefilling(self) -> bool:
@@ -212,6 +217,32 @@ class BatchGeneration:
             text += self._forced(guide) or ""
         return self._ended(text)
 
+    def take_run(self, logits: np.ndarray) -> str:
+        """The tokens of a call that read the last token and `draft` (`logits`: each
+        position's, batch/drafts.py): each chosen from its position as take() chooses, while the
+        choice is the draft's next token (a sampled reply: where its sampler picks it), then the
+        model's own; the draft's K/V past them is left behind kv_len, for the next call to
+        overwrite."""
+        draft, self.draft = self.draft, []
+        holder, start, accepted = self.holder, self.holder.kv_len, 0
+        text = ""
+        try:
+            for position, row in enumerate(logits):
+                before = len(holder.tokens)
+                text += self.take(row)
+                # The draft's token alone (a grammar's forced tokens after it end the run too)
+                if position == len(draft) or holder.tokens[before:] != [draft[position]]:
+                    break
+                accepted += 1
+                if self.finish is not None:
+                    break
+        finally:  # positions read: the last token and the agreeing run
+            self.wrote(1 + accepted)
+            holder.touched = max(holder.touched, start + 1 + len(draft))  # its pages
+            if self.lookup is not None:
+                self.lookup.settle(len(draft), accepted)
+        return text
+
     def _forced(self, guide: RowGuide) -> str | None:
         """Take the tokens the grammar forces now (none with forced tokens off), as many as
         the reply's max_new_tokens leaves (as the Generator path shows them): their text, None
@@ -274,6 +305,5 @@ class BatchGeneration:
         return (self.generated - 1) / elapsed if elapsed > 0 else None
 
     def drafts(self) -> Drafts | None:
-        """Batched decode takes no prompt-lookup drafts (PROMPT_LOOKUP_TOKENS,
-        generator/drafts.py)."""
-        return None
+        """Its prompt-lookup drafts (PROMPT_LOOKUP_TOKENS, batch/drafts.py); None when off."""
+        return None if self.lookup is None else self.lookup.counts()

@@ -68,6 +68,7 @@ class BatchOptions:
     eos_ids: frozenset[int]
     new_stream: Callable[[], Any]  # a tokenizer stream per reply
     vocab_size: int
+    draft_tokens: int = 0  # PROMPT_LOOKUP_TOKENS (batch/drafts.py)
 
 
 def batch_path(
@@ -99,6 +100,7 @@ def batch_path(
         vocab_size=options.vocab_size,
     )
     attach_tiers(scheduler, path, spec, options.kv, threads=options.threads, cached=options.cached)
+    scheduler.draft_tokens = options.draft_tokens
     return scheduler
 
 

@@ -1,9 +1,10 @@
 """One step of the batched path (BatchScheduler is a BatchStep): one decode call per
 DECODE_BATCH_ROWS replies past their prompt, each over a run of adjacent slots (a reply whose KV
 reservation cannot grow waits, a guided reply decoding alone reads its forced run in a call of
-its own); the first token of each reply whose prompt the previous step finished; and one chunk
-of the prompt next_prompt picks. Each row is isolated: whatever fails for one reply ends that
-reply alone.
+its own, and so does a reply decoding alone that reads a prompt-lookup draft, batch/drafts.py);
+the first token of each reply whose prompt the previous step finished; and one chunk of the
+prompt next_prompt picks. Each row is isolated: whatever fails for one reply ends that reply
+alone.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class BatchStep(SlotTable):
     chunk: int
     prefilling: deque[BatchGeneration]
     ready: list[BatchGeneration]  # prompt read; first token at the next step
+    draft_tokens = 0  # PROMPT_LOOKUP_TOKENS (batch/drafts.py), set by batch/setup.py
 
     def step(self) -> list[tuple[BatchGeneration, str | None]]:
         """One decode call per DECODE_BATCH_ROWS replies past their prompt, the first token
@@ -39,6 +41,7 @@ class BatchStep(SlotTable):
         finish "error" and the exception as its `fault` (the worker logs and counts it); the
         others go on."""
         results: list[tuple[BatchGeneration, str | None]] = []
+        self._propose()
         # A reply without KV reserved for the positions its call writes, and no room to grow,
         # waits: the calls bind the runs of slots around it (kv/bound.py)
         writing = [
@@ -66,6 +69,27 @@ class BatchStep(SlotTable):
             results.append((generation, None))
         return results
 
+    def _propose(self) -> None:
+        """A prompt-lookup draft for the reply that decodes alone (batch/drafts.py), as long
+        as its length, its slot and the KV already reserved for it leave room: a draft never
+        makes a reply wait for room to grow. Nobody else is in the batch: GroupQueryAttention
+        takes several tokens a row in a call of one row only, and a call of its own would cost
+        every other row a pass over the weights each step."""
+        for generation in self.decoding:
+            generation.draft = []
+        if len(self.decoding) != 1 or self.ready or self.prefilling:
+            return
+        generation = self.decoding[0]
+        if generation.lookup is None or generation.pending != 1:
+            return
+        holder = generation.holder
+        room = min(
+            generation.prompt.max_new_tokens - generation.generated,  # with its own token
+            self.pool.length - holder.kv_len,
+            generation.reserved // self.pool.bytes_per_token - holder.kv_len,
+        )
+        generation.draft = generation.lookup.propose(holder.tokens, room - 1)
+
     def _fed(self, generation: BatchGeneration) -> int:
         """The positions the reply's next decode call writes: one token, or as much of a run
         of forced tokens as one call reads (a call of its own, _calls). A reply that decodes
@@ -77,7 +101,7 @@ class BatchStep(SlotTable):
         a step costs them nothing and the guided reply no more than an unguided one."""
         if generation.pending > 1 and len(self.decoding) == 1:
             return min(generation.pending, max(self.chunk, FF_MARGIN))
-        return 1
+        return 1 + len(generation.draft)
 
     def _may_write(self, generation: BatchGeneration, positions: int) -> bool:
         """Whether the reply's next decode call has KV reserved for the `positions` it
@@ -156,6 +180,7 @@ class BatchStep(SlotTable):
             return None
         if generation in self.ready:
             return self._first_token(generation)
+        generation.draft = []  # drafts are step()'s (_propose)
         if not self._may_write(generation, self._fed(generation)):
             return None  # it waits for room to grow (kv/bound.py)
         index = self.decoding.index(generation)
@@ -181,11 +206,7 @@ class BatchStep(SlotTable):
         """One decode call for the generations in slots first..first+len(group)-1; raises
         what the model or a row raises (step_one)."""
         fed, logits = self._run(first, group)
-        texts: list[str | None] = []
-        for generation, row in zip(group, logits, strict=True):
-            generation.wrote(fed)
-            texts.append(generation.take(row) if not generation.pending else None)
-        return texts
+        return [self._settle(g, fed, row) for g, row in zip(group, logits, strict=True)]
 
     def _decode_isolated(self, first: int, group: list[BatchGeneration]) -> list[str | None]:
         """_decode, where a failure ends only the reply it belongs to. A failed model call is
@@ -204,27 +225,37 @@ class BatchStep(SlotTable):
             ]
         texts: list[str | None] = []
         for generation, row in zip(group, logits, strict=True):
-            generation.wrote(fed)
-            if generation.pending:  # more of a forced run to read: no token this step
-                texts.append(None)
-                continue
             try:
-                texts.append(generation.take(row))
+                texts.append(self._settle(generation, fed, row))
             except Exception as exc:
                 self._failed(generation, exc)
                 texts.append(None)
         return texts
 
+    @staticmethod
+    def _settle(generation: BatchGeneration, fed: int, logits: np.ndarray) -> str | None:
+        """A row's tokens from its call: a draft's agreeing run and the model's own token
+        (`logits`: each position's), else the token after what it fed (None while a forced
+        run is still being read)."""
+        if generation.draft:
+            return generation.take_run(logits)
+        generation.wrote(fed)
+        if generation.lookup is not None:
+            generation.lookup.settle(0, 0)  # a call without a draft
+        return None if generation.pending else generation.take(logits)
+
     def _run(self, first: int, group: list[BatchGeneration]) -> tuple[int, np.ndarray]:
         """The model call: the tokens each generation holds past its KV (its last token; a
-        row alone: its forced run too), at its own length; how many each fed, and the logits
-        of each row's last one."""
+        row alone: its forced run too, or its draft after it), at its own length; how many
+        each fed, and the logits of each row's last one (a draft's row: of each position)."""
         fed = self._fed(group[0]) if len(group) == 1 else 1
         ids = np.array(
-            [g.holder.tokens[g.holder.kv_len : g.holder.kv_len + fed] for g in group],
+            [g.holder.tokens[g.holder.kv_len : g.holder.kv_len + fed] + g.draft for g in group],
             dtype=np.int64,
         )
-        return fed, self.decoder.run(first, ids, [g.holder.kv_len for g in group])
+        drafted = any(g.draft for g in group)  # one row: _propose
+        logits = self.decoder.run(first, ids, [g.holder.kv_len for g in group], every=drafted)
+        return fed, logits
 
     @staticmethod
     def _failed(generation: BatchGeneration, exc: Exception) -> None:

@@ -1,5 +1,5 @@
 """The Generator path: onnxruntime-genai's own Model and a Generator per reply (generation.py
-steps it). Every reply takes it when batched decode is off (DECODE_BATCH_ROWS=1, a device, drafts);
+steps it). Every reply takes it when batched decode is off (DECODE_BATCH_ROWS=1, a device);
 with batched decode only what that path cannot serve does, and the Model (the decoder's weights
 a second time) is loaded on first use. A vision model (vision.py) takes it for every reply: its
 decoder reads embeddings, which the batched path does not make; its image processor is here.
@@ -282,16 +282,13 @@ def drafts_allowed(genai_config: dict[str, Any], prompt_lookup_tokens: int) -> i
     return prompt_lookup_tokens
 
 
-def generator_only(rows: int, device: str, prompt_lookup_tokens: int) -> str | None:
+def generator_only(rows: int, device: str) -> str | None:
     """Why every reply gets a Generator whatever the decoder (None: the batched path, where
-    the engine can drive the decoder)."""
+    the engine can drive the decoder; it drafts too, batch/drafts.py)."""
     if rows <= 1:
         return "DECODE_BATCH_ROWS=1"
     if device != "cpu":
         return f"MODEL_DEVICE={device}: the batched path is CPU only"
-    if prompt_lookup_tokens:
-        # Drafts are onnxruntime-genai's (a Generator's speculative options)
-        return "PROMPT_LOOKUP_TOKENS > 0: drafts are a Generator's"
     return None
 
 

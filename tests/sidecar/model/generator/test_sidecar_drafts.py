@@ -1,7 +1,8 @@
-"""Prompt-lookup drafts (PROMPT_LOOKUP_TOKENS) through the real sidecar on `tiny`: greedy replies
-are the same with drafts on and off, over both APIs and across the turns of a cached
-conversation; the drafts are really checked and accepted, and say so in the log line, /metrics
-and the OpenAI usage; a sampled request is decoded without them."""
+"""Prompt-lookup drafts (PROMPT_LOOKUP_TOKENS) on the Generator path (DECODE_BATCH_ROWS=1: the
+batched path's drafts are tests/sidecar/model/batch/test_sidecar_batch_drafts.py's) through the
+real sidecar on `tiny`: greedy replies are the same with drafts on and off, over both APIs and
+across the turns of a cached conversation; the drafts are really checked and accepted, and say
+so in the log line, /metrics and the OpenAI usage; a sampled request is decoded without them."""
 
 from __future__ import annotations
 
@@ -34,9 +35,14 @@ def pair(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Service, Service]]:
     logs = tmp_path_factory.mktemp("logs")
+    generator = {"DECODE_BATCH_ROWS": "1", "MAX_CONCURRENCY": "1"}
     with (
-        services.sidecar(tiny_model_dir, logs / "on.log", PROMPT_LOOKUP_TOKENS="4") as on,
-        services.sidecar(tiny_model_dir, logs / "off.log", PROMPT_LOOKUP_TOKENS="0") as off,
+        services.sidecar(
+            tiny_model_dir, logs / "on.log", PROMPT_LOOKUP_TOKENS="4", **generator
+        ) as on,
+        services.sidecar(
+            tiny_model_dir, logs / "off.log", PROMPT_LOOKUP_TOKENS="0", **generator
+        ) as off,
     ):
         yield on, off
 
