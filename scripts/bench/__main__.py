@@ -58,6 +58,9 @@ COMMANDS = (
             "time, page faults)"),
     Command("variants", "variants", "model variants (int4 block size, int4 embedding, pruned "
             "LM head, int8 KV, prompt-lookup drafts): speed, memory, quality"),
+    Command("prompt-lookup", "prompt_lookup", "prompt-lookup drafts on the batched path "
+            "(PROMPT_LOOKUP_TOKENS): a grounded answer, a reply copying its passage, plain "
+            "chat, two users one drafting, drafts on against off"),
     Command("quality", "quality", "how close a model folder stays to a reference (agreement, "
             "perplexity); with --kv-restore, a chat restored from compact KV"),
     Command("guidance", "guidance", "what structured output costs and saves: forced tokens, "
