@@ -25,7 +25,13 @@ from sidecar.model.batch import setup as batch_setup
 from sidecar.model.batch.guidance import Grammars, RowGuide
 from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.batch.scheduler import BatchScheduler, serves
-from sidecar.model.batch.setup import BatchOptions, KvOptions, batch_path, size_kv_memory
+from sidecar.model.batch.setup import (
+    BatchOptions,
+    KvOptions,
+    PassageOptions,
+    batch_path,
+    size_kv_memory,
+)
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.model.device import use_device
 from sidecar.model.family import read_facts
@@ -42,6 +48,7 @@ from sidecar.model.generator.path import (
 )
 from sidecar.model.kv.prompt_cache import ROUND_TOKENS, PromptCache
 from sidecar.model.logprobs import ReplyLogprobs, TokenTexts
+from sidecar.model.prompt import passages as prompt_passages
 from sidecar.model.prompt.builder import Prompt, PromptBuilder
 from sidecar.model.prompt.process import PromptSpec
 from sidecar.model.prompt.token_bound import max_token_bytes
@@ -76,6 +83,7 @@ class Engine:
         prompt_cache_dir: Path | None = None,
         prompt_cache_disk_mb: int = 4096,
         shared_prefixes: Sequence[str] = (),
+        passages: PassageOptions | None = None,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -158,6 +166,7 @@ class Engine:
                 eos_ids=self.eos_ids,
                 new_stream=self.tokenizer.create_stream,
                 vocab_size=self.vocab_size,
+                passages=passages or PassageOptions(),
                 draft_tokens=options.prompt_lookup_tokens,  # 0 on a vision model
             )
             self.batch = batch_path(path, genai_config, batch_options)
@@ -185,7 +194,9 @@ class Engine:
         make a new one. `prompt`: built by the prompt process (prompt/process.py)."""
         if request.images:
             return self._start_with_images(request, cached=cached)
-        prompt = prompt or self.prompts.build(request, self.max_length)
+        if prompt is None:
+            prompt = self.prompts.build(request, self.max_length)
+            prompt = prompt_passages.mark(self.prompts, request, prompt, self.max_length)
         # The cache decides the rest (PromptCache.lease). With batched decode the Generator
         # path's cache stays off (its budget is never set): the batched path owns the budget.
         if self.batch is not None and serves(request) and self._batch_guides(request):
@@ -268,6 +279,13 @@ class Engine:
             self.batch, self._shared_prefixes, self.prompts.fit, self._spare_needed
         )
 
+    def passage_reuse(self) -> str:
+        """What /readyz says of the passage store (ipc.Phase.passage_reuse)."""
+        store = self.batch.passages if self.batch is not None else None
+        if store is None or self.batch is None or self.batch.cache.exact:
+            return "off"
+        return store.mode if store.reason is None else f"{store.mode}: {store.reason}"
+
     def cache_stats(self) -> CacheStats:
         return batch_setup.cache_stats(self.batch, self.cache, self.generators.memory.memory)
 
@@ -296,4 +314,9 @@ def load_engine(settings: Settings) -> Engine:
         prompt_cache_dir=settings.prompt_cache_dir,
         prompt_cache_disk_mb=settings.prompt_cache_disk_mb,
         shared_prefixes=settings.shared_prefixes,
+        passages=PassageOptions(
+            settings.passage_kv_mb * 2**20,
+            settings.passage_disk_mb * 2**20,
+            settings.passage_recompute_tokens,
+        ),
     )

@@ -17,6 +17,7 @@ from sidecar.ipc import Drafts, Finish, Generate, TokenLogprob
 from sidecar.model.batch.decoder import BatchDecoder
 from sidecar.model.batch.drafts import RowDrafts
 from sidecar.model.batch.guidance import RowGuide
+from sidecar.model.batch.passages import Placement
 from sidecar.model.batch.sampling import Sampler, penalize_repeats
 from sidecar.model.kv.bound import Memory
 from sidecar.model.kv.prompt_cache import Entry, Lease
@@ -70,6 +71,8 @@ class Batch(Protocol):
     draft_tokens: int  # PROMPT_LOOKUP_TOKENS (batch/drafts.py); 0: no drafts
 
     def chunk_for(self, generation: BatchGeneration) -> int: ...
+
+    def place(self, generation: BatchGeneration, placement: Placement) -> None: ...
 
     def step_one(self, generation: BatchGeneration) -> str | None: ...
 
@@ -131,6 +134,14 @@ class BatchGeneration:
         # Prompt-lookup drafts (batch/drafts.py): the one the next call reads, set by the step
         self.lookup = RowDrafts(scheduler.draft_tokens) if scheduler.draft_tokens else None
         self.draft: list[int] = []
+        # Its prompt's positions filled from the passage store (batch/passages.py), in order;
+        # set by the scheduler's start
+        self.placements: list[Placement] = []
+
+    @property
+    def passage_cached_tokens(self) -> int:
+        """Prompt tokens whose K/V come from the passage store, not from reading them."""
+        return sum(placement.tokens for placement in self.placements)
 
     @property
     def prefilling(self) -> bool:
@@ -152,15 +163,25 @@ class BatchGeneration:
         return self._scheduler.step_one(self)
 
     def prefill_chunk(self) -> None:
-        """Read the next chunk of the prompt; the last one's logits give the first token."""
+        """Read the next chunk of the prompt (up to the next passage from the store, whose
+        positions are then written first); the last one's logits give the first token."""
         start, ids = self._appended, self.prompt.ids
+        while placement := next((p for p in self.placements if p.at == start), None):
+            self._scheduler.place(self, placement)
+            self.holder.tokens[start:] = ids[start : placement.end]
+            self.wrote(placement.end - start)
+            start = self._appended = placement.end
         end = min(start + self._scheduler.chunk_for(self), len(ids))
+        end = min([end, *(p.at for p in self.placements if p.at > start)])
         chunk = np.array([ids[start:end]], dtype=np.int64)
         logits = self._scheduler.decoder.run(self.holder.index, chunk, [start])
         self.holder.tokens[start:] = ids[start:end]
         self.wrote(end - start)
         self._appended = end
         self.lease.prefilled(end)
+        if self.placements and self.lease.entry is not None:  # not a fresh read's K/V from there
+            entry = self.lease.entry
+            entry.exact_end = min(entry.exact_end, self.placements[0].at)
         if not self.prefilling:
             self._first_logits = logits[0]
 

@@ -6,6 +6,7 @@ do)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -17,8 +18,10 @@ from sidecar.model.batch.decoder import BatchDecoder, DecoderSpec, Unsupported, 
 from sidecar.model.batch.scheduler import CACHE_SLOTS, BatchScheduler
 from sidecar.model.generator.path import folder_error
 from sidecar.model.kv import compact as kv_compact
+from sidecar.model.kv import rotary
 from sidecar.model.kv.compact import Encoding
 from sidecar.model.kv.disk import DiskTier, Shape, model_fingerprint
+from sidecar.model.kv.passages import PassageStore
 from sidecar.model.kv.prompt_cache import PromptCache
 from sidecar.model.kv.shared_prefix import read_declared
 from sidecar.model.memory import chosen_kv_bound
@@ -54,6 +57,16 @@ class KvOptions:
 
 
 @dataclass(frozen=True)
+class PassageOptions:
+    """The passage store (kv/passages.py): PASSAGE_KV_MB, PASSAGE_DISK_MB,
+    PASSAGE_RECOMPUTE_TOKENS."""
+
+    ram_bytes: int = 0  # 0: off
+    disk_bytes: int = 0
+    recompute: int = 0
+
+
+@dataclass(frozen=True)
 class BatchOptions:
     rows: int  # DECODE_BATCH_ROWS
     concurrency: int  # MAX_CONCURRENCY: a KV slot each, and CACHE_SLOTS more when cached
@@ -68,6 +81,7 @@ class BatchOptions:
     eos_ids: frozenset[int]
     new_stream: Callable[[], Any]  # a tokenizer stream per reply
     vocab_size: int
+    passages: PassageOptions = PassageOptions()
     draft_tokens: int = 0  # PROMPT_LOOKUP_TOKENS (batch/drafts.py)
 
 
@@ -101,7 +115,38 @@ def batch_path(
     )
     attach_tiers(scheduler, path, spec, options.kv, threads=options.threads, cached=options.cached)
     scheduler.draft_tokens = options.draft_tokens
+    scheduler.passages = passage_store(path, spec, options)
     return scheduler
+
+
+def passage_store(path: Path, spec: DecoderSpec, options: BatchOptions) -> PassageStore | None:
+    """The passage store (None: PASSAGE_KV_MB=0), its disk part in PROMPT_CACHE_DIR's
+    `passages/` folder with what an earlier worker left there; off, with the reason logged and
+    on /readyz, where the model's attention cannot take moved keys (kv/rotary.py)."""
+    wanted = options.passages
+    if not wanted.ram_bytes:
+        return None
+    try:
+        moves: rotary.Rotary | None = rotary.read(path, spec.filename, spec.head_size)
+        reason = None
+    except rotary.NotRotatable as exc:
+        moves, reason = None, str(exc)
+    encoding = options.kv.encoding or "fp16"
+    store = PassageStore(moves, wanted.ram_bytes, encoding, wanted.recompute, reason=reason)
+    cache_dir = options.kv.cache_dir
+    if moves is not None and cache_dir is not None and wanted.disk_bytes:
+        shape = Shape(spec.layers, spec.kv_heads, spec.head_size, encoding)
+        fingerprint = model_fingerprint(path, spec.filename, f"passages {shape}")
+        name = "passage store disk tier"
+        disk = DiskTier(cache_dir / "passages", wanted.disk_bytes, fingerprint, shape, name)
+        store.disk = disk if disk.enabled else None
+        if store.disk is not None:
+            store.adopt(disk.scan())
+    fields = {"mode": store.mode, "reason": reason, "ram_bytes": wanted.ram_bytes}
+    fields |= {"encoding": encoding, "recompute_tokens": wanted.recompute}
+    fields["disk"] = str(store.disk.directory) if store.disk is not None else None
+    log.info("passage store", extra={"fields": fields})
+    return store
 
 
 def attach_tiers(
@@ -130,6 +175,13 @@ def size_kv_memory(batch: BatchScheduler, options: KvOptions, max_length: int) -
     """Set the one KV bound (KV_MEMORY_MB, or from the container's memory: memory.py) once the
     model is loaded; the context capped to what it holds (a reply alone always fits)."""
     bound, fields = chosen_kv_bound(options.memory_bytes)
+    store = batch.passages
+    if not options.memory_bytes and store is not None and store.enabled:
+        # The passage store's RAM beside the bound: a bound chosen from the memory limit is
+        # chosen that much smaller, and the store takes at most half of what it would have been
+        store.bound_bytes = min(store.bound_bytes, bound // 2)
+        bound -= store.bound_bytes
+        fields["passage_kv_bytes"] = store.bound_bytes
     batch.memory.bound_bytes = bound
     capped = max(1, min(max_length, bound // batch.pool.bytes_per_token))
     fields |= {
@@ -150,7 +202,13 @@ def cache_stats(batch: BatchScheduler | None, cache: PromptCache, memory: Any) -
     cache, tiers and bound, else the Generator path's cache and `memory` (its bound)."""
     if batch is None:
         return CacheStats(**asdict(cache.stats()), **memory.stats())
-    return CacheStats(**asdict(batch.cache.stats()), **batch.tiers.stats(), **batch.memory.stats())
+    stats = CacheStats(**asdict(batch.cache.stats()), **batch.tiers.stats(), **batch.memory.stats())
+    if batch.passages is None:
+        return stats
+    store = batch.passages.stats()
+    return dataclasses.replace(
+        stats, **{f"passage_{name}": value for name, value in asdict(store).items()}
+    )
 
 
 def prepare_idle(
