@@ -158,6 +158,7 @@ SLOW_TESTS = (
     # Speech (issue 57): the real Whisper tiny.en from its wheel, a sidecar each
     "tests/sidecar/web/audio/test_sidecar_audio_",
     "tests/chatapp/speech/test_speech_relay.py",  # the app and a speech sidecar
+    "tests/scripts/test_bench_speech.py::test_the_question_",  # a speech sidecar, bare Whisper
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
     "tests/sidecar/web/embeddings/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
     # The benchmarks' own tests (shape, not speed), each a sidecar or several for seconds;

@@ -69,6 +69,9 @@ COMMANDS = (
             "time to first word against text of as many tokens; CLIP's encoder estimated"),
     Command("embeddings", "embeddings", "/v1/embeddings: agreement and throughput against "
             "PyTorch, a query's latency, a chat beside an index run"),
+    Command("speech", "speech", "speech to text (issue 57): Whisper tiny.en's real-time "
+            "factor and word error rate on spoken FAQ sentences, beside faster-whisper run "
+            "bare, and a chat's decode while a 60 s clip is transcribed"),
     Command("slow-clients", "slow_clients", "/healthz and a chat while hundreds of idle and "
             "slow connections are held open"),
     Command("health-latency", "health_latency", "/healthz latency while the sidecar reads a "
