@@ -72,7 +72,12 @@ def largest_body(config: Mapping[str, Any]) -> int:
     return body_limit(config, max(config["MAX_CONTENT_LENGTH"], config["MAX_IMPORT_BYTES"]))
 
 
-def _in_memory(**_: Any) -> IO[bytes]:
+def _in_memory(
+    total_content_length: int | None,
+    content_type: str | None,
+    filename: str | None,
+    content_length: int | None = None,
+) -> IO[bytes]:
     return io.BytesIO()
 
 

@@ -36,7 +36,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start_app(sidecar: Service, logs: Path, **settings: str) -> AbstractContextManager[Service]:
     """The app under gunicorn, as deployed, in front of `sidecar`."""
     log = logs / f"chatapp-{len(list(logs.iterdir()))}.log"
-    return services.chatapp(sidecar.url, log, **settings)
+    return services.chatapp(sidecar.url, log, env=settings)
 
 
 @pytest.fixture(scope="module")

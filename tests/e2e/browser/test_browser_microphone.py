@@ -156,7 +156,8 @@ def test_without_a_speech_model_the_button_is_off(
     browser: Browser, live_app: services.Service
 ) -> None:
     sentence = "The model service has no speech model: voice input is off."
-    for options in ({}, {"viewport": PHONE, "color_scheme": "dark"}):
+    phone: dict[str, Any] = {"viewport": PHONE, "color_scheme": "dark"}
+    for options in ({}, phone):
         page = open_page(browser, live_app.url, **options)
         mic = page.locator("#mic")
         expect(mic).to_have_attribute("aria-disabled", "true")
