@@ -241,13 +241,12 @@ class Settings(BaseSettings):
         ge=0,
         le=1024 * 1024,
         description="The passage store (batched path; docs/documents.md, 'Passages read "
-        "once'): RAM, in MiB, for the K/V of grounded requests' passages (their `passages`), "
-        "each read once on its own while the worker is idle and then placed wherever a later "
-        "prompt holds it, its keys rotated to their new positions; least recently used out "
-        "first. Counted beside the KV bound: a bound chosen from the memory limit is chosen "
-        "this much smaller. 0: off (every passage read in its prompt). Kept in KV_COMPACT's "
-        "encoding (fp16 where that is off). A model whose attention cannot take moved keys "
-        "reads every passage (/readyz: passage_reuse).",
+        "once'): RAM, in MiB, for the K/V of grounded requests' passages (their `passages`): "
+        "a grounded prompt not found whole is read, up to its last passage, while the worker "
+        "is idle, and later prompts that hold those tokens take them from here "
+        "(PASSAGE_REUSE); least recently used out first. Counted beside the KV bound: a bound "
+        "chosen from the memory limit is chosen this much smaller. 0: off. Kept in "
+        "KV_COMPACT's encoding (fp16 where that is off).",
     )
     passage_disk_mb: int = Field(
         default=4096,
@@ -256,6 +255,16 @@ class Settings(BaseSettings):
         description="The most the passage store keeps on disk, in MiB, in PROMPT_CACHE_DIR's "
         "`passages/` folder (the conversation tier's rules: private, only its own files, "
         "every read checked), so it survives a restart. 0 or no PROMPT_CACHE_DIR: RAM only.",
+    )
+    passage_reuse: Literal["exact", "moved"] = Field(
+        default="exact",
+        description="How the passage store serves a later prompt: exact (a prompt that holds "
+        "the same tokens from its first up to one of a stored run's passages, e.g. the same "
+        "question again, or one whose best passages are the same: copied as they are); moved "
+        "(also each passage that stands elsewhere, after the same system message: its keys "
+        "rotated to where it now stands and its first PASSAGE_RECOMPUTE_TOKENS read again; an "
+        "approximation whose quality gate is in docs/benchmarks/passages.md). A model whose "
+        "attention cannot take moved keys keeps to exact (/readyz: passage_reuse says why).",
     )
     passage_recompute_tokens: int = Field(
         default=16,

@@ -61,6 +61,9 @@ COMMANDS = (
     Command("prompt-lookup", "prompt_lookup", "prompt-lookup drafts on the batched path "
             "(PROMPT_LOOKUP_TOKENS): a grounded answer, a reply copying its passage, plain "
             "chat, two users one drafting, drafts on against off"),
+    Command("passages", "passages", "the passage store (issue 54): how close a grounded answer "
+            "stays with its passages from the store (the quality gate, by recomputed tokens), "
+            "and a grounded question's first token with them stored, missed and off"),
     Command("quality", "quality", "how close a model folder stays to a reference (agreement, "
             "perplexity); with --kv-restore, a chat restored from compact KV"),
     Command("guidance", "guidance", "what structured output costs and saves: forced tokens, "

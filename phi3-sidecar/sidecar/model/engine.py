@@ -22,16 +22,9 @@ import onnxruntime_genai as og
 
 from sidecar.ipc import CacheStats, Generate, Guidance
 from sidecar.model.batch import setup as batch_setup
-from sidecar.model.batch.guidance import Grammars, RowGuide
+from sidecar.model.batch.guidance import Grammars, RowGuide, follows
 from sidecar.model.batch.row import BatchGeneration
 from sidecar.model.batch.scheduler import BatchScheduler, serves
-from sidecar.model.batch.setup import (
-    BatchOptions,
-    KvOptions,
-    PassageOptions,
-    batch_path,
-    size_kv_memory,
-)
 from sidecar.model.cpus import cpu_budget, session_options, thread_count
 from sidecar.model.device import use_device
 from sidecar.model.family import read_facts
@@ -83,7 +76,7 @@ class Engine:
         prompt_cache_dir: Path | None = None,
         prompt_cache_disk_mb: int = 4096,
         shared_prefixes: Sequence[str] = (),
-        passages: PassageOptions | None = None,
+        passages: batch_setup.PassageOptions | None = None,
     ):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, not {prefill_chunk}")
@@ -99,7 +92,7 @@ class Engine:
         self.cache.unscoped = prompt_cache_unscoped
         self._cache_budget = prompt_cache_mb * 2**20
         self._shared_prefixes = tuple(shared_prefixes)  # batch.setup.prepare_idle
-        self._kv = KvOptions.chosen(
+        self._kv = batch_setup.KvOptions.chosen(
             kv_memory_mb=kv_memory_mb,
             kv_compact=kv_compact,
             exact=prompt_cache_exact,
@@ -152,7 +145,7 @@ class Engine:
         self.batch: BatchScheduler | None = None
         self.grammars: Grammars | None = None  # guided replies on the batched path
         if unbatched is None:
-            batch_options = BatchOptions(
+            batch_options = batch_setup.BatchOptions(
                 rows=decode_batch_rows,
                 concurrency=max_concurrency,
                 threads=num_threads or cpu_budget().count,
@@ -166,10 +159,10 @@ class Engine:
                 eos_ids=self.eos_ids,
                 new_stream=self.tokenizer.create_stream,
                 vocab_size=self.vocab_size,
-                passages=passages or PassageOptions(),
+                passages=passages or batch_setup.PassageOptions(),
                 draft_tokens=options.prompt_lookup_tokens,  # 0 on a vision model
             )
-            self.batch = batch_path(path, genai_config, batch_options)
+            self.batch = batch_setup.batch_path(path, genai_config, batch_options)
         if self.batch is not None:
             self.grammars = Grammars(path / "tokenizer.json", self.vocab_size, options.grammar_eos)
         elif not self.generators.loaded:
@@ -194,12 +187,10 @@ class Engine:
         make a new one. `prompt`: built by the prompt process (prompt/process.py)."""
         if request.images:
             return self._start_with_images(request, cached=cached)
-        if prompt is None:
-            prompt = self.prompts.build(request, self.max_length)
-            prompt = prompt_passages.mark(self.prompts, request, prompt, self.max_length)
+        prompt = prompt or prompt_passages.built(self.prompts, request, self.max_length)
         # The cache decides the rest (PromptCache.lease). With batched decode the Generator
         # path's cache stays off (its budget is never set): the batched path owns the budget.
-        if self.batch is not None and serves(request) and self._batch_guides(request):
+        if self.batch is not None and serves(request) and follows(self.grammars, request):
             # The grammar first: a refused one (GuidanceRefused) takes no slot
             guidance, grammars = request.guidance, self.grammars
             guide = grammars.matcher(guidance) if grammars and guidance else None
@@ -241,14 +232,6 @@ class Engine:
         """On the Generator path, a matcher for a guided reply's log probabilities' mask."""
         return self.generators.shadow_guide(guidance, self.grammars)
 
-    def _batch_guides(self, request: Generate) -> bool:
-        """Whether the batched path can follow this request's grammar: a model whose tokenizer
-        llguidance cannot read has its guided requests served by a Generator (logged once, at
-        load), whose own llguidance then builds the grammar or refuses it."""
-        return request.guidance is None or (
-            self.grammars is not None and self.grammars.unavailable is None
-        )
-
     def warm_up(self) -> None:
         """Read a short prompt and generate one token (not cached); size the KV cache's
         tokens from what the model really allocated."""
@@ -274,17 +257,10 @@ class Engine:
             self.batch.step()
         batched.release(reusable=False)
         self.batch.cache.budget_bytes = self._cache_budget
-        self.max_length = size_kv_memory(self.batch, self._kv, self.max_length)
+        self.max_length = batch_setup.size_kv_memory(self.batch, self._kv, self.max_length)
         batch_setup.prepare_idle(
             self.batch, self._shared_prefixes, self.prompts.fit, self._spare_needed
         )
-
-    def passage_reuse(self) -> str:
-        """What /readyz says of the passage store (ipc.Phase.passage_reuse)."""
-        store = self.batch.passages if self.batch is not None else None
-        if store is None or self.batch is None or self.batch.cache.exact:
-            return "off"
-        return store.mode if store.reason is None else f"{store.mode}: {store.reason}"
 
     def cache_stats(self) -> CacheStats:
         return batch_setup.cache_stats(self.batch, self.cache, self.generators.memory.memory)
@@ -314,9 +290,5 @@ def load_engine(settings: Settings) -> Engine:
         prompt_cache_dir=settings.prompt_cache_dir,
         prompt_cache_disk_mb=settings.prompt_cache_disk_mb,
         shared_prefixes=settings.shared_prefixes,
-        passages=PassageOptions(
-            settings.passage_kv_mb * 2**20,
-            settings.passage_disk_mb * 2**20,
-            settings.passage_recompute_tokens,
-        ),
+        passages=batch_setup.PassageOptions.of(settings),
     )

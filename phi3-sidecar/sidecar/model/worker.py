@@ -33,6 +33,7 @@ from typing import Protocol
 
 from sidecar import ipc
 from sidecar.jsonlog import configure_logging
+from sidecar.model.batch.setup import passage_reuse
 from sidecar.model.download import download_if_needed
 from sidecar.model.folder import ModelFolderError, first_line
 from sidecar.model.kv.tiers import NoRoom, Restored
@@ -186,12 +187,11 @@ def _load(settings: Settings, outbox: Connection) -> Backend | None:
         reason = f"loading the model failed: {type(exc).__name__}: {first_line(exc)}"
         outbox.send(ipc.Phase("failed", reason))
         return None
-    reuse = getattr(engine, "passage_reuse", None)  # an engine wrapper may not say
     ready = ipc.Phase(
         "ready",
         context_length=engine.max_length,
         image_input=engine.image_input,
-        passage_reuse=reuse() if callable(reuse) else "off",
+        passage_reuse=passage_reuse(getattr(engine, "batch", None)),  # a wrapper may hide it
     )
     outbox.send(ready)
     outbox.send(engine.cache_stats())  # the KV bound chosen, before any request

@@ -44,7 +44,7 @@ from llguidance.numpy import (
     fill_next_token_bitmask,
 )
 
-from sidecar.ipc import Guidance
+from sidecar.ipc import Generate, Guidance
 from sidecar.model.guidance import refusal
 
 log = logging.getLogger("sidecar.model.batch")
@@ -133,6 +133,13 @@ class RowGuide:
     @property
     def error(self) -> str:
         return str(self._matcher.get_error()) or "the grammar allows no token here"
+
+
+def follows(grammars: Grammars | None, request: Generate) -> bool:
+    """Whether the batched path can follow this request's grammar: a model whose tokenizer
+    llguidance cannot read has its guided requests served by a Generator (logged once, at
+    load), whose own llguidance then builds the grammar or refuses it."""
+    return request.guidance is None or (grammars is not None and grammars.unavailable is None)
 
 
 def _tokenizer(path: Path, vocab_size: int, eos_token: int) -> llguidance.LLTokenizer:

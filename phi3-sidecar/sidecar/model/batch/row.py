@@ -155,8 +155,9 @@ class BatchGeneration:
 
     @property
     def prompt_left(self) -> int:
-        """Prompt tokens still to read."""
-        return len(self.prompt.ids) - self._appended
+        """Prompt tokens still to read (those the passage store fills are not read)."""
+        placed = sum(p.tokens for p in self.placements if p.at >= self._appended)
+        return len(self.prompt.ids) - self._appended - placed
 
     def step(self) -> str | None:
         """This generation alone (the worker steps batched ones through the scheduler)."""

@@ -302,12 +302,15 @@ class BatchScheduler(BatchStep):
         return generation
 
     def place(self, generation: BatchGeneration, placement: batch_passages.Placement) -> None:
-        """Write a stored passage's positions into the reply's slot (its prompt reaches them)."""
+        """Write a run's positions into the reply's slot (its prompt reaches them)."""
         assert self.passages is not None
-        start = placement.start
-        span = (placement.at - start, placement.end - start)
         self.passages.place(
-            placement.entry, placement.kv, self.pool, generation.holder.index, start, span
+            placement.kv,
+            self.pool,
+            generation.holder.index,
+            placement.source,
+            placement.at,
+            placement.tokens,
         )
 
     def _unlease(self, lease: Lease) -> None:

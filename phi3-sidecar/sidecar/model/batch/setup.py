@@ -21,7 +21,7 @@ from sidecar.model.kv import compact as kv_compact
 from sidecar.model.kv import rotary
 from sidecar.model.kv.compact import Encoding
 from sidecar.model.kv.disk import DiskTier, Shape, model_fingerprint
-from sidecar.model.kv.passages import PassageStore
+from sidecar.model.kv.passages import PassageStore, Reuse
 from sidecar.model.kv.prompt_cache import PromptCache
 from sidecar.model.kv.shared_prefix import read_declared
 from sidecar.model.memory import chosen_kv_bound
@@ -59,11 +59,21 @@ class KvOptions:
 @dataclass(frozen=True)
 class PassageOptions:
     """The passage store (kv/passages.py): PASSAGE_KV_MB, PASSAGE_DISK_MB,
-    PASSAGE_RECOMPUTE_TOKENS."""
+    PASSAGE_RECOMPUTE_TOKENS, PASSAGE_REUSE."""
 
     ram_bytes: int = 0  # 0: off
     disk_bytes: int = 0
     recompute: int = 0
+    reuse: Reuse = "exact"
+
+    @classmethod
+    def of(cls, settings: Any) -> PassageOptions:  # settings.Settings
+        return cls(
+            settings.passage_kv_mb * 2**20,
+            settings.passage_disk_mb * 2**20,
+            settings.passage_recompute_tokens,
+            settings.passage_reuse,
+        )
 
 
 @dataclass(frozen=True)
@@ -121,8 +131,9 @@ def batch_path(
 
 def passage_store(path: Path, spec: DecoderSpec, options: BatchOptions) -> PassageStore | None:
     """The passage store (None: PASSAGE_KV_MB=0), its disk part in PROMPT_CACHE_DIR's
-    `passages/` folder with what an earlier worker left there; off, with the reason logged and
-    on /readyz, where the model's attention cannot take moved keys (kv/rotary.py)."""
+    `passages/` folder with what an earlier worker left there; exact reuse only, with the
+    reason logged and on /readyz, where the model's attention cannot take moved keys
+    (kv/rotary.py)."""
     wanted = options.passages
     if not wanted.ram_bytes:
         return None
@@ -132,9 +143,11 @@ def passage_store(path: Path, spec: DecoderSpec, options: BatchOptions) -> Passa
     except rotary.NotRotatable as exc:
         moves, reason = None, str(exc)
     encoding = options.kv.encoding or "fp16"
-    store = PassageStore(moves, wanted.ram_bytes, encoding, wanted.recompute, reason=reason)
+    store = PassageStore(
+        moves, wanted.ram_bytes, encoding, wanted.recompute, wanted.reuse, reason=reason
+    )
     cache_dir = options.kv.cache_dir
-    if moves is not None and cache_dir is not None and wanted.disk_bytes:
+    if cache_dir is not None and wanted.disk_bytes:
         shape = Shape(spec.layers, spec.kv_heads, spec.head_size, encoding)
         fingerprint = model_fingerprint(path, spec.filename, f"passages {shape}")
         name = "passage store disk tier"
@@ -147,6 +160,16 @@ def passage_store(path: Path, spec: DecoderSpec, options: BatchOptions) -> Passa
     fields["disk"] = str(store.disk.directory) if store.disk is not None else None
     log.info("passage store", extra={"fields": fields})
     return store
+
+
+def passage_reuse(batch: BatchScheduler | None) -> str:
+    """What /readyz says of the passage store (ipc.Phase.passage_reuse)."""
+    store = batch.passages if batch is not None else None
+    if store is None or batch is None or batch.cache.exact:
+        return "off"
+    if store.reuse == "moved" and store.reason is not None:  # asked for, not possible
+        return f"{store.mode} (keys cannot move: {store.reason})"
+    return store.mode
 
 
 def attach_tiers(

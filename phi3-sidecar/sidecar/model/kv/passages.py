@@ -1,32 +1,40 @@
-"""The passage store (PASSAGE_KV_MB, batched path): a grounded prompt's passages read once and
-their K/V reused wherever a later prompt puts them.
+"""The passage store (PASSAGE_KV_MB, batched path): a grounded prompt's passages read once, and
+their K/V reused by later prompts that hold them.
 
-A team asks about the same handbook again and again, and the same passages come back at
-whatever positions the ranking gives them. Each passage is read once, on its own, right after
-its request's reading prefix (the tokens every prompt with that system message starts with:
-kv.shared_prefix.prefix_tokens), and its K/V kept in the compact encoding (KV_COMPACT). When a
-later prompt holds the same tokens after the same reading prefix, its positions are filled from
-here: values as they are, keys rotated from the position they were read at to their new one
-(kv/rotary.py), and the first PASSAGE_RECOMPUTE_TOKENS of each passage are read again with the
-prompt's real context. What is lost is only the attention of the passage's other tokens to what
-comes before them in this prompt (EPIC, 2024); the question and the reply are read as before,
-attending to everything. How close that stays to the exact read: docs/benchmarks/passages.md.
+A team asks about the same handbook again and again: the same passages come back, question
+after question, and each was read from scratch. Here, a grounded prompt whose passages were not
+all found is noted as wanted, and the idle worker reads it (its tokens from the first up to its
+last passage's end, a chunk a step, as it does its other idle work: kv/idle.py) and keeps that
+K/V, a *run*, in the compact encoding (KV_COMPACT). A request is never slowed by the store: what
+it does not find it reads as it would without it, and finds from its next question on.
 
-- **Read while idle, never on a request's path.** A passage not found is read as today, in its
-  prompt, and noted as wanted; the idle worker reads wanted passages alone (its reading prefix
-  first, kept here too), a chunk a step, as it does its other idle work (kv/idle.py). A
-  passage a request sends therefore costs it nothing more when missed, and is found from its
-  next question on. The app may also ask for a library's passages ahead (PASSAGE_WARM).
-- **Keyed by the model, the owner, the reading prefix and the tokens.** The model by the
-  process (RAM) and the disk tier's fingerprint (files); the owner is the request's
-  `passage_scope` within its API key's owner (ipc.owned_scope), so one owner's question never
-  finds another's passages: `passage_cached_tokens` and the first token's timing tell a
-  caller only of passages its own owner's requests sent.
-- **Bounded**: PASSAGE_KV_MB of RAM (entries and reading prefixes; counted beside the KV bound,
-  which is chosen that much smaller), least recently used out first; with PROMPT_CACHE_DIR, a
-  copy of each on disk (its `passages/` folder, PASSAGE_DISK_MB) under the conversation tier's
-  rules (kv/disk.py: private, only its own files, every read checked), so the store survives
-  a restart.
+Two ways a run serves a later prompt (ipc.Phase.passage_reuse says which are on):
+
+- **Exact**: the later prompt holds the same tokens from its first up to the end of one of the
+  run's passages (the same system message, the same passages in the same order: the question
+  asked again, or another whose best passages are the same, or its best one alone): those
+  positions are copied as they are, keys unmoved. They are what reading them gives, up to the
+  last bits a different split of the prompt into calls gives, and the compact encoding's
+  rounding (the conversation cache's trade: docs/conversation-cache.md).
+- **Moved** (PASSAGE_REUSE=moved): a passage that stands elsewhere in the later prompt (another
+  order, other passages before it) takes its K/V from a run where it stood after the same
+  reading prefix (the tokens every prompt with that system message starts with), keys rotated
+  from where they were read to where they now stand (kv/rotary.py), and its first
+  PASSAGE_RECOMPUTE_TOKENS read again with the prompt's real context (EPIC, 2024). What is
+  lost is the attention of its other tokens to what comes before them in this prompt. The
+  quality gate (docs/benchmarks/passages.md) decides whether this is on by default.
+
+Keyed by the owner, the model and the tokens: the owner is the request's `passage_scope`
+within its API key's owner (ipc.owned_scope), so one owner's question never finds another's
+runs, and `passage_cached_tokens` or the first token's timing tell a caller only of passages its
+own owner's requests sent; the model by the process (RAM) and the disk tier's fingerprint
+(files).
+
+Bounded: PASSAGE_KV_MB of RAM (runs and reading prefixes; beside the KV bound, which a memory
+limit then chooses that much smaller), least recently used out first; with PROMPT_CACHE_DIR a
+copy of each run on disk (its `passages/` folder, PASSAGE_DISK_MB) under the conversation
+tier's rules (kv/disk.py: private, only its own files, every read checked), so the store
+survives a restart.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -45,130 +54,183 @@ from sidecar.model.kv.compact import Block, CompactKv, Encoding
 from sidecar.model.kv.disk import DiskTier, Stored
 from sidecar.model.kv.rotary import Rotary
 
-WANTED = 512  # passages waiting to be read while idle; the oldest wish is dropped past it
+WANTED = 256  # runs waiting to be read while idle; the oldest wish is dropped past it
+MAX_RUN_PASSAGES = 64  # a run's passages (the APIs take 32 a request)
+
+Reuse = Literal["exact", "moved"]
 
 
 def digest(tokens: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype=np.int64).tobytes()).hexdigest()[:32]
 
 
-@dataclass(frozen=True)
-class PassageKey:
-    scope: str | None  # the owner's passage scope (ipc.Generate.passage_scope, owned)
-    prefix: str  # digest of the reading prefix's tokens
-    tokens: tuple[int, ...]
-
-
 @dataclass(eq=False)
-class StoredPassage:
-    key: PassageKey
-    at: int  # the position its first token was read at: the reading prefix's length
-    kv: CompactKv | None  # None: on disk only
+class Run:
+    """A grounded prompt's first positions, up to its last passage's end, read once."""
+
+    scope: str | None
+    tokens: tuple[int, ...]
+    prefix: int  # the reading prefix's length
+    passages: tuple[tuple[int, int], ...]  # each passage's start and length in `tokens`
+    kv: CompactKv | None  # positions 0..len(tokens)-1; None: on disk only
     file: Stored | None = None
-    last_used: int = 0
+
+    @property
+    def key(self) -> str:
+        return run_key(self.scope, self.tokens)
 
     @property
     def nbytes(self) -> int:
         return 0 if self.kv is None else self.kv.nbytes
 
 
+def run_key(scope: str | None, tokens: Sequence[int]) -> str:
+    return f"{scope}\x00{digest(tokens)}"
+
+
 @dataclass(frozen=True)
 class Wanted:
-    key: PassageKey
-    prefix: tuple[int, ...]  # the reading prefix's tokens, read first
+    """A run to read while idle."""
+
+    scope: str | None
+    tokens: tuple[int, ...]
+    prefix: int
+    passages: tuple[tuple[int, int], ...]
 
 
 @dataclass
 class StoreStats:
-    entries: int = 0
-    bytes: int = 0  # RAM: entries and reading prefixes
+    entries: int = 0  # runs in RAM
+    bytes: int = 0  # RAM: runs and reading prefixes
     disk_entries: int = 0
     disk_bytes: int = 0
     hits: int = 0  # passages found, per request
     misses: int = 0
-    wanted: int = 0  # passages waiting to be read
+    wanted: int = 0  # runs waiting to be read
 
 
 @dataclass
 class PassageStore:
-    """Stored passages, the reading prefixes they were read after, and the wanted ones."""
+    """The runs, their indexes, the reading prefixes they were read after, the wanted ones."""
 
-    rotary: Rotary | None
+    rotary: Rotary | None  # None: keys cannot move (reason), exact reuse only
     bound_bytes: int
     encoding: Encoding
     recompute: int  # PASSAGE_RECOMPUTE_TOKENS
+    reuse: Reuse = "exact"
     disk: DiskTier | None = None
-    entries: OrderedDict[PassageKey, StoredPassage] = field(default_factory=OrderedDict)
+    reason: str | None = None  # why keys cannot move (kv/rotary.py)
+    runs: OrderedDict[str, Run] = field(default_factory=OrderedDict)
     prefixes: OrderedDict[str, CompactKv] = field(default_factory=OrderedDict)
-    wanted: OrderedDict[PassageKey, Wanted] = field(default_factory=OrderedDict)
+    wanted: OrderedDict[str, Wanted] = field(default_factory=OrderedDict)
     hits: int = 0
     misses: int = 0
-    reason: str | None = None  # why keys cannot move (kv/rotary.py): the exact path only
+    # (scope, digest of a prompt's first tokens up to a passage's end) -> the run and that end
+    _ends: dict[tuple[str | None, str], tuple[Run, int]] = field(default_factory=dict)
+    # (scope, digest of the reading prefix and of a passage's tokens) -> the run and its start
+    _moved: dict[tuple[str | None, str, str], tuple[Run, int]] = field(default_factory=dict)
 
     @property
     def enabled(self) -> bool:
-        return self.rotary is not None and self.bound_bytes > 0
+        return self.bound_bytes > 0
+
+    @property
+    def moves(self) -> bool:
+        """Whether passages that stand elsewhere are placed (moved reuse)."""
+        return self.reuse == "moved" and self.rotary is not None
 
     @property
     def mode(self) -> str:
-        """What /readyz says: "rotated" (stored keys moved where they stand) or "exact"
-        (every prompt read as it is: the model's attention cannot take moved keys)."""
-        return "rotated" if self.enabled else "exact"
+        """What /readyz says: "exact" or "exact+moved"."""
+        return "exact+moved" if self.moves else "exact"
 
     # -- finding --------------------------------------------------------------------------
 
-    def find(self, key: PassageKey) -> tuple[StoredPassage, CompactKv] | None:
-        """The passage and its K/V, from RAM or read back from disk (kept in RAM again)."""
-        entry = self.entries.get(key)
-        if entry is None:
+    def exact(self, scope: str | None, prompt: Sequence[int], end: int) -> Run | None:
+        """The run that holds the prompt's first `end` tokens as they are."""
+        found = self._ends.get((scope, digest(prompt[:end])))
+        if found is None or tuple(prompt[:end]) != found[0].tokens[:end]:
             return None
-        kv = entry.kv
-        if kv is None and entry.file is not None and self.disk is not None:
-            kv = self.disk.read(entry.file)
-            if kv is None:  # the file is gone or bad (logged and deleted by the tier)
-                del self.entries[key]
-                return None
-            entry.kv = kv
-            self._fit()
-        if kv is None:
-            return None
-        self.entries.move_to_end(key)
-        return entry, kv
+        return found[0] if self._loaded(found[0]) else None
 
-    def want(self, key: PassageKey, prefix: Sequence[int]) -> None:
-        """Note a passage to read while idle (a request missed it, or the app warms it)."""
-        if key in self.entries or not self.enabled:
+    def moved(
+        self, scope: str | None, prefix: Sequence[int], tokens: Sequence[int]
+    ) -> tuple[Run, int] | None:
+        """A run where these passage tokens stood after this reading prefix, and where."""
+        found = self._moved.get((scope, digest(prefix), digest(tokens)))
+        if found is None:
+            return None
+        run, start = found
+        if run.tokens[start : start + len(tokens)] != tuple(tokens) or not self._loaded(run):
+            return None
+        return found
+
+    def _loaded(self, run: Run) -> bool:
+        """The run's K/V in RAM (read back from disk if it is only there); used now."""
+        if run.kv is None and run.file is not None and self.disk is not None:
+            run.kv = self.disk.read(run.file)
+            if run.kv is None:  # the file is gone or bad (logged and deleted by the tier)
+                self._forget(run)
+                return False
+            self._fit(keep=run)
+        if run.kv is None:
+            return False
+        self.runs.move_to_end(run.key)
+        return True
+
+    def want(self, wanted: Wanted) -> None:
+        """Note a run to read while idle (a request did not find all its passages)."""
+        key = run_key(wanted.scope, wanted.tokens)
+        if not self.enabled or key in self.runs:
             return
-        self.wanted[key] = Wanted(key, tuple(prefix))
+        self.wanted[key] = wanted
         self.wanted.move_to_end(key)
         while len(self.wanted) > WANTED:
             self.wanted.popitem(last=False)
 
     def next_wanted(self) -> Wanted | None:
-        """The latest wish first: the passages of the latest questions are the likeliest to
-        come back."""
+        """The latest wish first: the latest questions' passages are the likeliest to return."""
         return next(reversed(self.wanted.values()), None)
 
     # -- keeping --------------------------------------------------------------------------
 
-    def put(self, key: PassageKey, at: int, kv: CompactKv) -> None:
-        """Keep a passage read alone after its reading prefix (positions at..at+len-1), in RAM
-        and, with the disk tier, in a file."""
-        self.wanted.pop(key, None)
-        entry = StoredPassage(key, at, kv)
-        if self.disk is not None and self.disk.enabled:
-            scope = json.dumps([key.scope, key.prefix, at])
-            writing = self.disk.begin(kv, list(key.tokens), scope, False, 0)
-            entry.file = writing.finish() if writing is not None else None
+    def put(self, run: Run) -> None:
+        """Keep a run read in full, in RAM and, with the disk tier, in a file."""
+        self.wanted.pop(run.key, None)
+        if self.disk is not None and self.disk.enabled and run.kv is not None:
+            scope = json.dumps([run.scope, run.prefix, [list(p) for p in run.passages]])
+            writing = self.disk.begin(run.kv, list(run.tokens), scope, False, 0)
+            run.file = writing.finish() if writing is not None else None
             for stored in self.disk.evictions():
                 self._dropped_file(stored)
-        self.entries[key] = entry
-        self._fit()
+        self._index(run)
+        self._fit(keep=run)
+
+    def _index(self, run: Run) -> None:
+        old = self.runs.pop(run.key, None)
+        if old is not None:
+            self._forget(old)
+        self.runs[run.key] = run
+        prefix = digest(run.tokens[: run.prefix])
+        for start, length in run.passages:
+            self._ends[(run.scope, digest(run.tokens[: start + length]))] = (run, start + length)
+            tokens = digest(run.tokens[start : start + length])
+            # A passage read right after the reading prefix (or a later one) is kept as found
+            self._moved.setdefault((run.scope, prefix, tokens), (run, start))
+
+    def _forget(self, run: Run) -> None:
+        if self.runs.get(run.key) is run:
+            del self.runs[run.key]
+        self._ends = {k: v for k, v in self._ends.items() if v[0] is not run}
+        self._moved = {k: v for k, v in self._moved.items() if v[0] is not run}
+        if run.file is not None and self.disk is not None:
+            self.disk.forget(run.file)
 
     def prefix(self, tokens: Sequence[int]) -> CompactKv | None:
-        kv = self.prefixes.get(digest(tokens))
+        key = digest(tokens)
+        kv = self.prefixes.get(key)
         if kv is not None:
-            self.prefixes.move_to_end(digest(tokens))
+            self.prefixes.move_to_end(key)
         return kv
 
     def keep_prefix(self, tokens: Sequence[int], kv: CompactKv) -> None:
@@ -178,49 +240,56 @@ class PassageStore:
         self._fit()
 
     def adopt(self, files: Sequence[Stored]) -> None:
-        """The files an earlier worker left for this model (kv.disk.DiskTier.scan)."""
+        """The runs an earlier worker left for this model (kv.disk.DiskTier.scan)."""
         for stored in files:
             try:
-                scope, prefix, at = json.loads(stored.cache_scope or "")
-                if not (scope is None or isinstance(scope, str)) or not isinstance(prefix, str):
-                    raise ValueError("its key")
-                if not isinstance(at, int) or at < 0:
-                    raise ValueError("its position")
-            except ValueError:
+                scope, prefix, passages = json.loads(stored.cache_scope or "")
+                spans = tuple((int(s), int(n)) for s, n in passages)
+                tokens = tuple(stored.tokens)
+                if not (scope is None or isinstance(scope, str)):
+                    raise ValueError("its scope")
+                if not (isinstance(prefix, int) and 0 <= prefix <= len(tokens)):
+                    raise ValueError("its prefix")
+                if len(spans) > MAX_RUN_PASSAGES or any(
+                    s < prefix or n <= 0 or s + n > len(tokens) for s, n in spans
+                ):
+                    raise ValueError("its passages")
+            except (ValueError, TypeError):
                 assert self.disk is not None
                 self.disk.forget(stored)
                 continue
-            key = PassageKey(scope, prefix, tuple(stored.tokens))
-            self.entries[key] = StoredPassage(key, at, None, stored)
+            self._index(Run(scope, tokens, prefix, spans, None, stored))
 
     def ram_bytes(self) -> int:
-        entries = sum(entry.nbytes for entry in self.entries.values())
-        return entries + sum(kv.nbytes for kv in self.prefixes.values())
+        runs = sum(run.nbytes for run in self.runs.values())
+        return runs + sum(kv.nbytes for kv in self.prefixes.values())
 
-    def _fit(self) -> None:
+    def _fit(self, keep: Run | None = None) -> None:
         """Least recently used out of RAM until the bound holds (a copy on disk stays)."""
         held = self.ram_bytes()
-        for entry in list(self.entries.values()):
-            if held <= self.bound_bytes:
-                return
-            held -= entry.nbytes
-            if entry.file is None:
-                del self.entries[entry.key]
-            entry.kv = None
         while held > self.bound_bytes and self.prefixes:
             held -= self.prefixes.popitem(last=False)[1].nbytes
+        for run in list(self.runs.values()):
+            if held <= self.bound_bytes:
+                return
+            if run is keep or run.kv is None:
+                continue
+            held -= run.nbytes
+            run.kv = None
+            if run.file is None:
+                self._forget(run)
 
     def _dropped_file(self, stored: Stored) -> None:
-        for key, entry in list(self.entries.items()):
-            if entry.file is stored:
-                entry.file = None
-                if entry.kv is None:
-                    del self.entries[key]
+        for run in list(self.runs.values()):
+            if run.file is stored:
+                run.file = None
+                if run.kv is None:
+                    self._forget(run)
 
     def stats(self) -> StoreStats:
-        on_disk = [e.file for e in self.entries.values() if e.file is not None]
+        on_disk = [run.file for run in self.runs.values() if run.file is not None]
         return StoreStats(
-            entries=sum(1 for e in self.entries.values() if e.kv is not None),
+            entries=sum(1 for run in self.runs.values() if run.kv is not None),
             bytes=self.ram_bytes(),
             disk_entries=len(on_disk),
             disk_bytes=sum(stored.nbytes for stored in on_disk),
@@ -232,41 +301,36 @@ class PassageStore:
     # -- placing --------------------------------------------------------------------------
 
     def place(
-        self,
-        entry: StoredPassage,
-        kv: CompactKv,
-        pool: KvPool,
-        slot: int,
-        start: int,
-        span: tuple[int, int],
+        self, kv: CompactKv, pool: KvPool, slot: int, source: int, at: int, count: int
     ) -> None:
-        """Write the passage's positions span[0]..span[1]-1 into a slot, the passage's first
-        token at position `start`: values as stored, keys rotated from where they were read to
-        where they now stand."""
-        assert self.rotary is not None
-        rotary, delta = self.rotary, start - entry.at
-        skip, count = span
+        """Write the run's positions source..source+count-1 into a slot's at..at+count-1:
+        values as stored, keys rotated by at - source positions (none: copied as stored)."""
+        delta = at - source
+        rotary = self.rotary
+        if delta and rotary is None:
+            raise ValueError("keys cannot move on this model")
 
         def one(index: int) -> None:
             layer, is_value = divmod(index, 2)
             tensors = pool.values if is_value else pool.keys
-            target = tensors[layer][slot, :, start + skip : start + count]
-            data = _decoded(kv.blocks[index], skip, count)
-            if is_value:
+            target = tensors[layer][slot, :, at : at + count]
+            data = _decoded(kv.blocks[index], source, source + count)
+            if is_value or not delta:
                 target[...] = data
             else:
+                assert rotary is not None
                 rotary.move(data, delta, target)
 
         kv_compact._parallel(one, range(2 * len(pool.keys)))
 
 
-def _decoded(runs: list[Block], skip: int, count: int) -> np.ndarray:
-    """Positions skip..count-1 of one tensor's runs, as float32 [heads, tokens, head_size]."""
+def _decoded(runs: list[Block], start: int, end: int) -> np.ndarray:
+    """Positions start..end-1 of one tensor's runs, as float32 [heads, tokens, head_size]."""
     parts: list[np.ndarray] = []
     position = 0
     for block in runs:
         size = block.data.shape[1]
-        lo, hi = max(skip - position, 0), min(size, count - position)
+        lo, hi = max(start - position, 0), min(size, end - position)
         if lo < hi:
             data = block.data[:, lo:hi]
             if block.scale is not None:

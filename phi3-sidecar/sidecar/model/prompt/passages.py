@@ -38,6 +38,11 @@ def common_start(system: str | None, render: Render) -> list[int]:
     return prompts[0][:common]
 
 
+def built(builder: PromptBuilder, request: Generate, max_length: int) -> Prompt:
+    """The request's prompt (PromptBuilder.build) with its passages marked."""
+    return mark(builder, request, builder.build(request, max_length), max_length)
+
+
 def mark(builder: PromptBuilder, request: Generate, prompt: Prompt, max_length: int) -> Prompt:
     """The prompt with its passages' places and its reading prefix (unchanged without
     passages, for a plain prompt, or where the prompt does not start with the prefix)."""

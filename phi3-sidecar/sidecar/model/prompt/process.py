@@ -118,8 +118,7 @@ def serve(spec: PromptSpec, conn: Connection) -> None:
         prompt: Prompt | None = None
         refusal: Exception | None = None
         try:
-            prompt = builder.build(job.request, job.max_length)
-            prompt = passages.mark(builder, job.request, prompt, job.max_length)
+            prompt = passages.built(builder, job.request, job.max_length)
         except (PromptTooLong, UnsafePrompt, TemplateRefused) as exc:
             refusal = exc
         except Exception as exc:  # its message may quote the prompt: the type only

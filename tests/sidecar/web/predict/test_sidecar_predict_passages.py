@@ -34,6 +34,7 @@ def grounded(question: str, order: list[int], scope: str) -> dict[str, Any]:
         "max_new_tokens": 4,
         "passages": [PASSAGES[i] for i in order],
         "passage_scope": scope,
+        "cache_scope": secrets.token_hex(8),  # a chat of its own: no conversation cache
     }
 
 
@@ -47,13 +48,13 @@ def test_a_grounded_question_takes_its_passages_from_the_store_once_read(
     sidecar_service: Service,
 ) -> None:
     url, scope = sidecar_service.url, "library-" + secrets.token_hex(4)
-    assert httpx.get(url + "/readyz", timeout=10).json()["passage_reuse"] == "rotated"
+    assert httpx.get(url + "/readyz", timeout=10).json()["passage_reuse"] == "exact"
     _, first = done_line(url, grounded("What is a list?", [0, 1], scope))
     assert first["passage_cached_tokens"] == 0
     waited = time.monotonic() + 60  # the idle worker reads them (a wait, not a timing)
     while metrics(url)["sidecar_passage_store_wanted"] and time.monotonic() < waited:
         time.sleep(0.1)
-    response, second = done_line(url, grounded("And a tuple?", [1, 0], scope))
+    response, second = done_line(url, grounded("And a tuple?", [0, 1], scope))
     assert second["passage_cached_tokens"] > 50
     assert int(response.headers["x-passage-cached-tokens"]) == second["passage_cached_tokens"]
     line = request_line(sidecar_service, response.headers["x-request-id"])
@@ -62,7 +63,7 @@ def test_a_grounded_question_takes_its_passages_from_the_store_once_read(
     assert counts["sidecar_passage_store_hits_total"] >= 2
     assert counts["sidecar_passage_store_bytes"] > 0
     # Another owner's question with the same passages finds none of them
-    _, other = done_line(url, grounded("And a tuple?", [1, 0], scope + "-other"))
+    _, other = done_line(url, grounded("And a tuple?", [0, 1], scope + "-other"))
     assert other["passage_cached_tokens"] == 0
 
 
