@@ -164,6 +164,7 @@ SLOW_TESTS = (
     # The benchmarks' own tests (shape, not speed), each a sidecar or several for seconds;
     # test_bench_entry.py (the command's --help) stays quick.
     "tests/scripts/test_bench_guidance.py",
+    "tests/scripts/test_bench_passages.py",
     "tests/scripts/test_bench_hops.py",
     "tests/scripts/test_bench_quality.py",
     "tests/scripts/test_bench_questions.py",
