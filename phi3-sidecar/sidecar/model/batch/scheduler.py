@@ -124,6 +124,8 @@ class BatchScheduler(BatchStep):
                 return False
             prefix = self._last_shared or self.shared[0]
             free = self._lowest_free()
+            if self.reading is not None and free == self.reading.slot:
+                return False  # a passage is being read there: after it
             nbytes = len(prefix.ids) * self.pool.bytes_per_token
             headroom = self.idle.headroom * self.pool.bytes_per_token
             if free is None or self.cache.stats().bytes + headroom + nbytes > self.room():
@@ -140,6 +142,8 @@ class BatchScheduler(BatchStep):
         highest free slot (not the one the next new chat takes), where the bound leaves room
         for it beside the kept conversations and the room kept for a new chat."""
         reading, store = self.reading, self.passages
+        if store is not None and store.write_step():  # a run read earlier, to its file
+            return True
         if reading is None:
             if self.busy or store is None or not self.idle.headroom_tokens:
                 return False

@@ -51,11 +51,12 @@ import numpy as np
 from sidecar.model.batch.decoder import KvPool
 from sidecar.model.kv import compact as kv_compact
 from sidecar.model.kv.compact import Block, CompactKv, Encoding
-from sidecar.model.kv.disk import DiskTier, Stored
+from sidecar.model.kv.disk import DiskTier, Stored, Writing
 from sidecar.model.kv.rotary import Rotary
 
 WANTED = 256  # runs waiting to be read while idle; the oldest wish is dropped past it
 MAX_RUN_PASSAGES = 64  # a run's passages (the APIs take 32 a request)
+WRITE_PIECE_BYTES = 16 * 2**20  # of a run's file per idle step (kv/idle.py's PIECE_BYTES)
 
 Reuse = Literal["exact", "moved"]
 
@@ -125,6 +126,9 @@ class PassageStore:
     wanted: OrderedDict[str, Wanted] = field(default_factory=OrderedDict)
     hits: int = 0
     misses: int = 0
+    # Runs in RAM still to be written to disk, and the one being written (idle work)
+    _unwritten: list[Run] = field(default_factory=list)
+    _writing: tuple[Run, Writing] | None = None
     # (scope, digest of a prompt's first tokens up to a passage's end) -> the run and that end
     _ends: dict[tuple[str | None, str], tuple[Run, int]] = field(default_factory=dict)
     # (scope, digest of the reading prefix and of a passage's tokens) -> the run and its start
@@ -195,16 +199,39 @@ class PassageStore:
     # -- keeping --------------------------------------------------------------------------
 
     def put(self, run: Run) -> None:
-        """Keep a run read in full, in RAM and, with the disk tier, in a file."""
+        """Keep a run read in full, in RAM and, with the disk tier, to be written to a file
+        a piece at a time (write_step)."""
         self.wanted.pop(run.key, None)
-        if self.disk is not None and self.disk.enabled and run.kv is not None:
-            scope = json.dumps([run.scope, run.prefix, [list(p) for p in run.passages]])
-            writing = self.disk.begin(run.kv, list(run.tokens), scope, False, 0)
-            run.file = writing.finish() if writing is not None else None
-            for stored in self.disk.evictions():
-                self._dropped_file(stored)
         self._index(run)
+        if self.disk is not None and self.disk.enabled and run.kv is not None:
+            self._unwritten.append(run)
         self._fit(keep=run)
+
+    def write_step(self) -> bool:
+        """Write WRITE_PIECE_BYTES more of the oldest run kept in RAM but not yet on disk
+        (idle work: the worker reads its pipe between pieces); False when there is none."""
+        disk = self.disk
+        while self._writing is None and self._unwritten and disk is not None:
+            run = self._unwritten.pop(0)
+            if run.kv is None or run.file is not None or self.runs.get(run.key) is not run:
+                continue  # left RAM unwritten (dropped), or replaced
+            scope = json.dumps([run.scope, run.prefix, [list(p) for p in run.passages]])
+            writing = disk.begin(run.kv, list(run.tokens), scope, False, 0)
+            if writing is not None:
+                self._writing = (run, writing)
+        if self._writing is None or disk is None:
+            return False
+        run, writing = self._writing
+        if writing.step(WRITE_PIECE_BYTES) or not writing.open:
+            self._writing = None
+            stored = writing.finish() if writing.open else None
+            if stored is not None and self.runs.get(run.key) is run:
+                run.file = stored
+            elif stored is not None:
+                disk.forget(stored)
+            for evicted in disk.evictions():
+                self._dropped_file(evicted)
+        return True
 
     def _index(self, run: Run) -> None:
         old = self.runs.pop(run.key, None)

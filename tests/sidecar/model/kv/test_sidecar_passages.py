@@ -269,6 +269,9 @@ def test_the_store_survives_a_restart_through_its_files_and_only_for_its_model(
     item = a_run(7, "owner:x/s")
     first = disk_store(tmp_path / "passages", "model-a")
     first.put(item)
+    assert not kv_files(tmp_path / "passages")  # written while idle, a piece a step
+    while first.write_step():
+        pass
     assert (tmp_path / "passages").stat().st_mode & 0o777 == 0o700
     files = kv_files(tmp_path / "passages")
     assert len(files) == 1 and os.stat(tmp_path / "passages" / files[0]).st_mode & 0o777 == 0o600
@@ -284,7 +287,10 @@ def test_the_store_survives_a_restart_through_its_files_and_only_for_its_model(
 
 def test_a_damaged_file_is_a_miss_never_a_crash(tmp_path: Path) -> None:
     item = a_run(1, None)
-    disk_store(tmp_path, "m").put(item)
+    store = disk_store(tmp_path, "m")
+    store.put(item)
+    while store.write_step():
+        pass
     (name,) = kv_files(tmp_path)
     with open(tmp_path / name, "r+b") as file:
         file.seek(-40, os.SEEK_END)
