@@ -38,7 +38,8 @@ def test_the_kernel_probe_sees_an_avx2_only_cpu(avx2_env: dict[str, str]) -> Non
 def test_the_batch_and_cache_exactness_tests_pass_on_avx2(avx2_env: dict[str, str]) -> None:
     tests = [
         "tests/sidecar/model/batch/test_sidecar_batch.py",
-        "tests/sidecar/model/batch/test_sidecar_batch_drafts.py",  # a draft: several positions a call
+        # a draft: several positions a call
+        "tests/sidecar/model/batch/test_sidecar_batch_drafts.py",
         "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_a_continued_conversation_reads_only_what_is_new",
         "tests/sidecar/model/kv/test_sidecar_prompt_cache.py::test_two_interleaved_conversations_keep_their_own_caches",
     ]
