@@ -35,13 +35,13 @@ def pair(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Service, Service]]:
     logs = tmp_path_factory.mktemp("logs")
-    generator = {"DECODE_BATCH_ROWS": "1", "MAX_CONCURRENCY": "1"}
+    generator = {"DECODE_BATCH_ROWS": "1", "MAX_CONCURRENCY": "1"}  # the Generator path
     with (
         services.sidecar(
-            tiny_model_dir, logs / "on.log", PROMPT_LOOKUP_TOKENS="4", **generator
+            tiny_model_dir, logs / "on.log", env={**generator, "PROMPT_LOOKUP_TOKENS": "4"}
         ) as on,
         services.sidecar(
-            tiny_model_dir, logs / "off.log", PROMPT_LOOKUP_TOKENS="0", **generator
+            tiny_model_dir, logs / "off.log", env={**generator, "PROMPT_LOOKUP_TOKENS": "0"}
         ) as off,
     ):
         yield on, off
