@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from sidecar.embeddings.scheduler import EncoderPool
 
 log = logging.getLogger("sidecar.embeddings")
+TOKENIZER_PATH = "/v1/embeddings/tokenizer"  # web/embeddings/tokenizer.py
 
 
 class QueueFull(Exception):
@@ -60,6 +62,10 @@ class Embeddings:
         self.pool: EncoderPool | None = None
         self.threads = 0
         self.waiting = 0  # requests submitted and not finished
+        # The loaded encoder's tokenizer.json as read at load, for GET /v1/embeddings/tokenizer:
+        # what the app sizes passages with (the file on disk may change under a running encoder).
+        self.tokenizer_json: bytes | None = None
+        self.tokenizer_sha256: str | None = None
 
     @property
     def spec(self) -> EncoderSpec | None:
@@ -97,6 +103,12 @@ class Embeddings:
             "max_input_tokens": spec.max_tokens if spec else None,
             "pooling": spec.pooling if spec else None,
             "matryoshka": self.matryoshka,
+            # Where a client gets the tokenizer that counts max_input_tokens (None until ready)
+            "tokenizer": (
+                {"url": TOKENIZER_PATH, "sha256": self.tokenizer_sha256}
+                if self.tokenizer_sha256 is not None
+                else None
+            ),
         }
 
     def start(self) -> None:
@@ -161,6 +173,8 @@ class Embeddings:
             batch_tokens=self.settings.embed_batch_tokens,
         )
         self.threads = threads
+        self.tokenizer_json = encoder.spec.tokenizer.read_bytes()
+        self.tokenizer_sha256 = hashlib.sha256(self.tokenizer_json).hexdigest()
         self.encoder = encoder
 
     @contextlib.contextmanager

@@ -24,6 +24,7 @@ from sidecar.web.audio.api import router as audio_router
 from sidecar.web.chat_completions.api import router as openai_router
 from sidecar.web.completions.api import router as completions_router
 from sidecar.web.embeddings.api import router as embeddings_router
+from sidecar.web.embeddings.tokenizer import router as tokenizer_router
 from sidecar.web.generation.admission import Admission
 from sidecar.web.generation.model_client import ModelClient
 from sidecar.web.generation.pipeline import Pipeline
@@ -133,5 +134,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(completions_router)
     app.include_router(responses_router)
     app.include_router(embeddings_router)
+    app.include_router(tokenizer_router)
     app.include_router(audio_router)
     return app

@@ -92,7 +92,7 @@ async def create_embeddings(
     request: Request, settings: SettingsDep, embeddings: EmbeddingsDep, record: RecordDep
 ) -> Response:
     body = await read_body(request, settings.embed_max_body_bytes, EmbeddingRequest)
-    encoder = _ready_encoder(embeddings)
+    encoder = ready_encoder(embeddings)
     width = _width(body.dimensions, encoder.spec.dimensions, embeddings.matryoshka)
     limit = _cut_at(body.truncate_prompt_tokens, encoder.spec.max_tokens)
     may_cut = body.truncate_prompt_tokens is not None
@@ -199,7 +199,7 @@ def within_chars(texts: list[str], each: int, total: int, may_cut: bool) -> list
     return texts
 
 
-def _ready_encoder(embeddings: Embeddings) -> Encoder:
+def ready_encoder(embeddings: Embeddings) -> Encoder:
     phase = embeddings.phase
     if phase.name == "off":
         raise ApiError(

@@ -278,6 +278,30 @@ def test_models_list_the_encoder_and_readyz_says_embeddings_are_served(
     }
 
 
+def test_the_encoder_s_own_tokenizer_json_is_served_behind_the_key(
+    service: Service, tiny_encoder_dir: Path
+) -> None:
+    """What the app sizes passages with where it shares no folder with the sidecar
+    (chatapp/documents/sizing.py): the file the encoder loaded, named by /v1/models."""
+    import hashlib
+
+    own = (tiny_encoder_dir / "tokenizer.json").read_bytes()
+    digest = hashlib.sha256(own).hexdigest()
+    listed = httpx.get(service.url + "/v1/models", headers=HEADERS).json()["data"]
+    encoder = next(m for m in listed if m.get("type") == "embedding")
+    assert encoder["tokenizer"] == {"url": "/v1/embeddings/tokenizer", "sha256": digest}
+    assert encoder["max_input_tokens"] == 32
+    url = service.url + encoder["tokenizer"]["url"]
+    response = httpx.get(url, headers=HEADERS)
+    assert response.status_code == 200 and response.content == own
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["etag"] == f'"{digest}"'
+    assert response.headers["x-max-input-tokens"] == "32"
+    again = httpx.get(url, headers=HEADERS | {"If-None-Match": f'"{digest}"'})
+    assert again.status_code == 304 and again.content == b""
+    assert httpx.get(url).status_code == 401
+
+
 def test_the_log_line_and_metrics_count_inputs_and_tokens(service: Service) -> None:
     response = post(service, {"input": TEXTS}, **{"X-Request-Id": "embed-log-1"})
     line = services.request_line(service, "embed-log-1")
@@ -315,6 +339,9 @@ def test_without_an_encoder_the_route_says_so(sidecar_service: Service) -> None:
     assert response.status_code == 400
     assert error(response)["code"] == "embeddings_not_served"
     assert "EMBED_MODEL_PATH" in error(response)["message"]
+    tokenizer = httpx.get(sidecar_service.url + "/v1/embeddings/tokenizer")
+    assert tokenizer.status_code == 400
+    assert error(tokenizer)["code"] == "embeddings_not_served"
     assert httpx.get(sidecar_service.url + "/readyz").json()["embeddings"] == {
         "served": False,
         "phase": "off",
