@@ -11,9 +11,12 @@ anyway; `speech`: whether it transcribes speech, for the page's microphone, abse
 does not say); `detail` is the part of the sidecar's own `/readyz` JSON that a browser may see
 (its load phase and the model's name; not
 the reason text, which can name folders and library errors: that stays in the sidecar's log
-and its own /readyz). Always 200 while the app runs: the page polls it to show "model loading"
-before the first message and to name the model, and a liveness probe must not restart the app
-because the model is still loading.
+and its own /readyz). `documents.passages`: how the library's passages are measured,
+`{"counted_by": "setting" | "encoder" | "byte_bound", "max_tokens", "reason"?}`
+(documents/sizing.py): `byte_bound` with its reason when neither EMBED_TOKENIZER nor the model
+service gives the encoder's tokenizer. Always 200 while the app runs: the page polls it to
+show "model loading" before the first message and to name the model, and a liveness probe
+must not restart the app because the model is still loading.
 
 `/readyz` is for load balancers (App Service's health check path, a Kubernetes readiness
 probe): 200 `{"status": "ready", "model"}` only when the sidecar is reachable, ready and
@@ -61,7 +64,11 @@ def healthz() -> Response:
         if isinstance(speech, dict):
             public["speech"] = {key: speech[key] for key in PUBLIC_SPEECH if key in speech}
         sidecar["detail"] = public
-    response = jsonify({"status": "ok", "model": _model_name(sidecar), "sidecar": sidecar})
+    # How the library's passages are measured (documents/sizing.py): the byte bound, and why,
+    # is said here rather than found later in smaller passages and worse search.
+    passages = current_app.extensions["documents"].searcher.sizing.current().public()
+    body = {"status": "ok", "model": _model_name(sidecar), "sidecar": sidecar}
+    response = jsonify(body | {"documents": {"passages": passages}})
     response.headers["Cache-Control"] = "no-store"
     return response
 

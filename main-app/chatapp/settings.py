@@ -201,12 +201,15 @@ DESCRIPTIONS: dict[str, str] = {
     "EMBED_MODEL": "The `model` sent to the model service's `POST /v1/embeddings` (our sidecar "
     "takes any; Ollama and llama.cpp want their encoder's name).",
     "EMBED_TOKENIZER": "The encoder's folder (its `tokenizer.json`: the sidecar's "
-    "`EMBED_MODEL_PATH`) or the file itself: passages are measured with it, exactly. Unset: by "
-    "a bound that never undercounts (UTF-8 bytes), so passages come out about a quarter of "
-    "`EMBED_MAX_TOKENS` for English.",
+    "`EMBED_MODEL_PATH`) or the file itself: passages are measured with it, exactly. Unset: "
+    "with the tokenizer the model service gives (our sidecar's `GET /v1/embeddings/tokenizer`, "
+    "kept in `DATA_DIR`), else by a bound that never undercounts (UTF-8 bytes: passages about "
+    "a quarter of `EMBED_MAX_TOKENS` for English), which `/healthz` says "
+    "(`documents.passages`).",
     "EMBED_MAX_TOKENS": "The most tokens of a passage (its heading included, special tokens "
     "counted): the encoder's limit (256 for all-MiniLM-L6-v2, whose longer inputs the sidecar "
-    "refuses) or less. With `EMBED_TOKENIZER`, the encoder folder's own limit when lower.",
+    "refuses) or less. The encoder's own limit when lower (its folder's, with "
+    "`EMBED_TOKENIZER`; else the model service's `max_input_tokens` in `/v1/models`).",
     "OTEL_EXPORTER_OTLP_ENDPOINT": "OpenTelemetry's standard variable: send spans over OTLP/HTTP "
     "(protobuf) to this collector, at its `/v1/traces` (`http://localhost:4318`).",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "The full URL for spans, used as it is.",

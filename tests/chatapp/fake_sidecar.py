@@ -48,6 +48,13 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":  # an OpenAI-compatible server's model list
             status, body = fake.models
             refuse(self, status, body)
+        elif self.path in fake.files:  # e.g. an encoder's tokenizer.json (documents/sizing.py)
+            data = fake.files[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             refuse(self, 404, {"error": {"message": "not found", "type": "not_found"}})
 
@@ -78,6 +85,7 @@ class FakeSidecar:
         self.paths: list[str] = []
         self.models: tuple[int, Any] = (200, {"object": "list", "data": [{"id": "fake-model"}]})
         self.headers: list[Message] = []
+        self.files: dict[str, bytes] = {}  # GET path: the bytes answered
         self.client_gone = threading.Event()
         # The real sidecar's /readyz body (phi3-sidecar/sidecar/web/probes.py).
         self.readyz: tuple[int, dict[str, Any]] = (200, READY)

@@ -21,6 +21,14 @@ def test_ready_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
             "ready": True,
             "detail": {"ready": True, "phase": "ready", "phase_seconds": 1.0, "model": None},
         },
+        # the fake lists a chat model only: passages by the byte bound, said (sizing.py)
+        "documents": {
+            "passages": {
+                "counted_by": "byte_bound",
+                "max_tokens": 256,
+                "reason": "the model service lists no encoder",
+            }
+        },
     }
 
 
@@ -52,6 +60,13 @@ def test_sidecar_down(make_app: Callable[..., Flask], down_url: str) -> None:
         "status": "ok",
         "model": None,
         "sidecar": {"reachable": False, "ready": False},
+        "documents": {
+            "passages": {
+                "counted_by": "byte_bound",
+                "max_tokens": 256,
+                "reason": "the model service is not reachable",
+            }
+        },
     }
 
 

@@ -21,9 +21,9 @@ from chatapp.documents.index.search_index import index_for
 from chatapp.documents.indexer.worker import QUICK_S, Indexer
 from chatapp.documents.models import Document
 from chatapp.documents.reading.formats import Limits
-from chatapp.documents.reading.tokens import counter_for, passage_tokens
 from chatapp.documents.search.grounding import ChatTokenRatio
 from chatapp.documents.search.retrieval import Searcher
+from chatapp.documents.sizing import PassageSizing
 from chatapp.store import Store
 
 
@@ -45,9 +45,8 @@ def make_indexer(
         store=store,
         index=index_for(store),
         embedder=embedder_for(config),
-        tokenizer=config["EMBED_TOKENIZER"] or None,
+        sizing=PassageSizing.from_config(config),
         limits=Limits(config["DOCUMENT_MAX_BYTES"], config["DOCUMENT_MAX_PAGES"]),
-        chunk_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
         read_timeout_s=config["DOCUMENT_READ_TIMEOUT"],
         read_memory_mb=config["DOCUMENT_READ_MEMORY_MB"],
         quick_s=QUICK_S if quick else None,
@@ -72,8 +71,7 @@ class Documents:
             store=store,
             index=index_for(store),
             embedder=embedder_for(config),
-            counter=counter_for(config["EMBED_TOKENIZER"]),
-            max_tokens=passage_tokens(config["EMBED_TOKENIZER"], config["EMBED_MAX_TOKENS"]),
+            sizing=PassageSizing.from_config(config),
             method=config["DOCUMENT_SEARCH"],
         )
         # The chat model's tokens per encoder token, learned from grounded turns

@@ -206,7 +206,7 @@ def _learning(sent: list[dict[str, Any]]) -> Callable[[int | None, int | None], 
 
     def learn(prompt_tokens: int | None, dropped_messages: int | None) -> None:
         grounding.learn_from(
-            documents.chat_tokens, documents.searcher.counter, sent, prompt_tokens, dropped_messages
+            documents.chat_tokens, documents.searcher.sizing, sent, prompt_tokens, dropped_messages
         )
 
     return learn

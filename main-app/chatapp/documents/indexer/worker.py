@@ -52,6 +52,7 @@ from chatapp.documents.models import Chunk, Document, DocumentFile
 from chatapp.documents.reading.chunker import Chunk as Passage
 from chatapp.documents.reading.formats import Limits
 from chatapp.documents.reading.reader import Answer, Job, Reader
+from chatapp.documents.sizing import PassageSizing
 from chatapp.store import Store
 from chatapp.store.base import utcnow
 
@@ -66,9 +67,8 @@ class Indexer:
     store: Store
     index: SearchIndex
     embedder: Embedder
-    tokenizer: str | None  # EMBED_TOKENIZER, read by the reader process
+    sizing: PassageSizing  # how passages are counted and how long they may be
     limits: Limits
-    chunk_tokens: int
     read_timeout_s: float = 120.0  # DOCUMENT_READ_TIMEOUT
     read_memory_mb: int = 512  # DOCUMENT_READ_MEMORY_MB
     quick_s: float | None = None  # a quick lane's time per document; None: not a quick lane
@@ -114,7 +114,10 @@ class Indexer:
             def give_up() -> bool:  # the claim lost, or the quick lane's time up
                 return watch.lost.is_set() or time.monotonic() > until
 
-            job = Job(b"".join(parts), name, mime, self.limits, self.tokenizer, self.chunk_tokens)
+            measure = self.sizing.current()
+            job = Job(
+                b"".join(parts), name, mime, self.limits, measure.tokenizer, measure.max_tokens
+            )
             del parts
             answer = self.reader.read(job, give_up=give_up)
             self._log_read(claim, answer)

@@ -15,8 +15,9 @@ embedded, so it cannot be found), hence every passage is measured before it is k
   uses makes more than one token per byte (WordPiece makes at most one per character, a word
   of more than 100 characters counted by its pieces, `split_long_words`; byte-level BPE at
   most one per byte), plus two special tokens. It is safe and about four times too cautious
-  for English prose: passages come out a quarter of the size they could be. Set
-  `EMBED_TOKENIZER` to get full-size passages.
+  for English prose: passages come out a quarter of the size they could be. The app uses it
+  only when it has no tokenizer: not EMBED_TOKENIZER, nor the model service's own
+  (documents/sizing.py, which says so on /healthz).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from chatapp.documents.index.ranking import fuse
 from chatapp.documents.index.search_index import SearchIndex
 from chatapp.documents.models import Chunk, Document
 from chatapp.documents.reading.chunker import cut
-from chatapp.documents.reading.tokens import TokenCounter
+from chatapp.documents.sizing import PassageSizing
 from chatapp.store import Store
 
 Method = Literal["dense", "keyword", "fusion"]
@@ -44,8 +44,7 @@ class Searcher:
     store: Store
     index: SearchIndex
     embedder: Embedder | None  # None: no encoder configured, keyword search only
-    counter: TokenCounter
-    max_tokens: int  # the encoder's limit: a longer question is cut to it
+    sizing: PassageSizing  # the encoder's count and limit: a longer question is cut to it
     method: Method
 
     def search(self, owner_id: int, question: str, k: int) -> list[Passage]:
@@ -59,7 +58,8 @@ class Searcher:
                 ranked = self.index.keyword(session, owner_id, question, want)
             else:
                 assert self.embedder is not None
-                asked = cut(question, lambda text: self.counter.count(text) <= self.max_tokens)
+                limit = self.sizing.current().max_tokens
+                asked = cut(question, lambda text: self.sizing.count(text) <= limit)
                 vector = self.embedder.embed([asked])[0]
                 ranked = self.index.dense(session, owner_id, vector, want)
                 if method == "fusion":

@@ -22,8 +22,8 @@ from chatapp.documents.indexer.claims import Claim
 from chatapp.documents.indexer.worker import Indexer
 from chatapp.documents.models import Chunk, Document
 from chatapp.documents.reading.formats import Limits
-from chatapp.documents.reading.tokens import EncoderTokens
 from chatapp.documents.search.retrieval import Searcher
+from chatapp.documents.sizing import PassageSizing
 from chatapp.store import Store
 from scripts.run.services import Service
 from tests.chatapp.documents.reading.test_documents_reader import alive
@@ -38,9 +38,8 @@ def make_indexer(store: Store, url: str, encoder_dir: Path, batch: int = 32) -> 
         store=store,
         index=index_for(store),
         embedder=Embedder(url, model="tiny"),
-        tokenizer=str(encoder_dir),
+        sizing=PassageSizing(max_tokens=ENCODER_LIMIT, tokenizer=str(encoder_dir)),
         limits=LIMITS,
-        chunk_tokens=ENCODER_LIMIT,
         batch=batch,
     )
 
@@ -82,8 +81,7 @@ def test_every_format_is_indexed_and_found_by_its_owner_only(
         store,
         index_for(store),
         Embedder(encoder_sidecar.url, model="tiny"),
-        EncoderTokens(tiny_encoder_dir),
-        ENCODER_LIMIT,
+        PassageSizing(max_tokens=ENCODER_LIMIT, tokenizer=str(tiny_encoder_dir)),
         "fusion",
     )
     found = searcher.search(alice, "How long does the warranty last?", 5)
@@ -288,7 +286,7 @@ def add_bytes(store: Store, owner_id: int, name: str, data: bytes) -> int:
 def reading_indexer(store: Store, **fields: Any) -> Indexer:
     """An indexer whose documents never reach the model service (they end while read)."""
     indexer = make_indexer(store, "http://127.0.0.1:9", Path("unused"))
-    indexer.tokenizer = None
+    indexer.sizing = PassageSizing(max_tokens=ENCODER_LIMIT)  # the byte bound
     indexer.limits = Limits(max_bytes=30_000_000, max_pages=50)
     for name, value in fields.items():
         setattr(indexer, name, value)

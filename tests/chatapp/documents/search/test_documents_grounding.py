@@ -227,7 +227,7 @@ def test_the_passages_budget_learns_the_chat_models_tokens(client: FlaskClient) 
     first = chat(client, [{"role": "user", "content": question}])
     sent = with_block(question, first["grounding"])
     assert isinstance(sent, str)
-    units = documents.searcher.counter.count(sent)
+    units = documents.searcher.sizing.count(sent)
     assert documents.chat_tokens.readings == 1
     assert documents.chat_tokens.value == pytest.approx(first["prompt_tokens"] / units)
     second = chat(client, [{"role": "user", "content": "And the descaling?"}])
