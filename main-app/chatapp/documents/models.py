@@ -2,8 +2,9 @@
 
 Vectors and keyword search are not mapped here: they differ by engine and live behind
 `chatapp.documents.index.search_index` (SQLite: a sqlite-vec `vec0` table and an FTS5 table over
-`chunks`; PostgreSQL: a `vector(dim)` table with an HNSW index, and a generated `tsvector`
-column on `chunks` with a GIN index). Every query of these tables takes the owner's user id.
+`chunks`' stemmed `keywords`; PostgreSQL: a `vector(dim)` table with an HNSW index, and a
+generated `tsvector` column on `chunks`, stemmed in the passage's `language`, with a GIN
+index). Every query of these tables takes the owner's user id.
 
 A document's life: `queued` (its bytes stored, waiting for the indexer; `claim` is `storing`
 while they are being written) -> `reading` (parsed, cut, embedded; `progress` 0..1; `claim`
@@ -16,6 +17,7 @@ document.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import (
     Boolean,
@@ -29,12 +31,14 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
 )
+from sqlalchemy.dialects.postgresql import REGCONFIG
 from sqlalchemy.orm import Mapped, mapped_column
 
 # `users`, which these tables' owner_id refers to, must be on `Base` wherever these are used:
 # the indexer process (`python -m chatapp.documents`) imports nothing else of the store's
 # models when it finds the database already migrated (Alembic's env.py, which imports them
 # all, then never runs), and its first flush failed with NoReferencedTableError.
+from chatapp.documents.language import keywords
 from chatapp.store import models as _users_table  # noqa: F401
 from chatapp.store.base import Base, UtcDateTime, utcnow
 
@@ -42,6 +46,14 @@ NAME_CHARS = 255
 STATUSES = ("queued", "reading", "ready", "failed")
 STORING = "storing"  # Document.claim while the upload writes the bytes
 PART_BYTES = 1024 * 1024  # the most bytes of a file in one document_files row
+
+
+def _keywords(context: Any) -> str | None:
+    if context.dialect.name != "sqlite":
+        return None
+    row = context.get_current_parameters()
+    text = f"{row.get('heading') or ''}\n{row['text']}"
+    return keywords(text, row.get("language") or "english")
 
 
 class Document(Base):
@@ -74,6 +86,10 @@ class Document(Base):
     claim: Mapped[str | None] = mapped_column(String(64))
     # An indexer's quick lane gave it up after its time there: only the other lanes take it.
     long_read: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Its language, detected when read (language.detect; None until then): its passages are
+    # indexed for keyword search in it, and a question that does not say its own is searched
+    # in its library's languages.
+    language: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, default=utcnow)
 
@@ -109,3 +125,13 @@ class Chunk(Base):
     heading: Mapped[str] = mapped_column(Text, default="")
     page: Mapped[int | None] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(Integer)
+    # Its document's language (language.LANGUAGES). PostgreSQL's column is a `regconfig`,
+    # which its generated `search` column stems by.
+    language: Mapped[str] = mapped_column(
+        String(16).with_variant(REGCONFIG(), "postgresql"),
+        default="english",
+        server_default="english",
+    )
+    # SQLite only: the passage's heading and text stemmed in its language, what FTS5 indexes
+    # (made at insert from the other columns; PostgreSQL stems in SQL and leaves it empty).
+    keywords: Mapped[str | None] = mapped_column(Text, default=_keywords)

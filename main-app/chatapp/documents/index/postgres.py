@@ -1,5 +1,7 @@
 """PostgreSQL: vectors in a pgvector `vector(dim)` table with an HNSW index, keywords in the
-generated `tsvector` column `chunks.search` with its GIN index.
+generated `tsvector` column `chunks.search` (stemmed by the passage's `language`, a text search
+configuration) with its GIN index; a question is stemmed in its own language
+(documents/language.py).
 
 HNSW's parameters: pgvector's defaults for the build (m 16, ef_construction 64: its authors'
 balance of build time and recall for vectors of a few hundred dimensions), and at query time
@@ -19,7 +21,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from chatapp.documents.index.ranking import keyword_words
+from chatapp.documents.index.search_index import library_languages
 from chatapp.documents.index.vector_space import claim_dimensions, dimensions
+from chatapp.documents.language import question_languages
 
 EF_SEARCH = 100
 HNSW_INDEX = (
@@ -86,14 +90,20 @@ class PostgresIndex:
         words = keyword_words(question)
         if not words:
             return []
+        # The question's words stemmed in each of its languages (one, or its library's).
+        languages = question_languages(question, library_languages(session, owner_id))
+        configs = {f"config{n}": language for n, language in enumerate(languages)}
+        query = " || ".join(
+            f"websearch_to_tsquery(CAST(:{name} AS regconfig), :words)" for name in configs
+        )
         rows = session.execute(
             text(
-                "SELECT id, ts_rank_cd(search, query) AS rank "
-                "FROM chunks, websearch_to_tsquery('english', :words) AS query "
-                "WHERE owner_id = :owner_id AND search @@ query "
+                "SELECT id, ts_rank_cd(search, q.query) AS rank "
+                f"FROM chunks, (SELECT {query} AS query) AS q "
+                "WHERE owner_id = :owner_id AND search @@ q.query "
                 "ORDER BY rank DESC LIMIT :k"
             ),
-            {"words": " or ".join(words), "owner_id": owner_id, "k": int(k)},
+            {"words": " or ".join(words), "owner_id": owner_id, "k": int(k), **configs},
         )
         return [(int(chunk_id), float(rank)) for chunk_id, rank in rows]
 

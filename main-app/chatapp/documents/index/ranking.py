@@ -1,8 +1,9 @@
 """What dense and keyword search share: the keyword query a question becomes, and fusion.
 
 - `keyword_terms(question)`: the words of a question, lower-cased, as the OR of quoted terms
-  (SQLite FTS5's query syntax; PostgreSQL's `websearch_to_tsquery` takes the same words joined
-  by " or "). Quoting makes every word a plain term: nothing a person types is read as query
+  (SQLite FTS5's query syntax, each word stemmed in the question's languages: `language.py`;
+  PostgreSQL's `websearch_to_tsquery` takes the same words joined by " or " and stems them in
+  SQL). Quoting makes every word a plain term: nothing a person types is read as query
   syntax (`NEAR`, `*`, `:`, parentheses).
 - `fuse(rankings, k=60)`: reciprocal rank fusion (Cormack et al., 2009): each ranking gives an
   item 1/(k + rank); the sum orders the result. It needs no score calibration between BM25 and
@@ -14,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Hashable, Sequence
 from typing import TypeVar
+
+from chatapp.documents.language import stems
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Words too common to tell passages apart; BM25's IDF weighs them down anyway, but each costs a
@@ -35,10 +38,13 @@ def keyword_words(question: str, limit: int = 32) -> list[str]:
     return words[:limit]
 
 
-def fts5_query(question: str) -> str | None:
-    """The FTS5 MATCH expression for a question; None when it has no searchable word."""
+def fts5_query(question: str, languages: Sequence[str] = ()) -> str | None:
+    """The FTS5 MATCH expression for a question, its words stemmed in each of `languages`
+    (none: as they are); None when it has no searchable word."""
     words = keyword_words(question)
-    return " OR ".join(f'"{word}"' for word in words) if words else None
+    terms = list(dict.fromkeys(s for language in languages for s in stems(words, language)))
+    terms = terms or words
+    return " OR ".join(f'"{term}"' for term in terms) if terms else None
 
 
 def fuse(rankings: Sequence[Sequence[Item]], k: int = 60) -> list[tuple[Item, float]]:

@@ -1,5 +1,6 @@
 """SQLite: vectors in sqlite-vec's `vec0` (exact search, owner as its partition key), keywords
-in FTS5 (BM25).
+in FTS5 (BM25) over each passage's words stemmed in its document's language (`chunks.keywords`,
+documents/language.py), a question's words stemmed in its own language.
 
 `vec0` with `owner_id` as a partition key keeps each owner's vectors apart, so a search scans
 only the caller's (exact cosine distance over them: no index to tune, and exact recall). The
@@ -21,7 +22,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from chatapp.documents.index.ranking import fts5_query
+from chatapp.documents.index.search_index import library_languages
 from chatapp.documents.index.vector_space import claim_dimensions
+from chatapp.documents.language import question_languages
 
 
 class SqliteIndex:
@@ -78,14 +81,15 @@ class SqliteIndex:
     def keyword(
         self, session: Session, owner_id: int, question: str, k: int
     ) -> list[tuple[int, float]]:
-        query = fts5_query(question)
+        languages = question_languages(question, library_languages(session, owner_id))
+        query = fts5_query(question, languages)
         if query is None:
             return []
         # The owner inside MATCH: FTS5 ranks that owner's passages only (their column weighs
         # nothing in BM25); and again in SQL, whatever the index holds.
         rows = session.execute(
             text(
-                "SELECT c.id, bm25(chunks_fts, 1.0, 1.0, 0.0) AS rank FROM chunks_fts "
+                "SELECT c.id, bm25(chunks_fts, 1.0, 0.0) AS rank FROM chunks_fts "
                 "JOIN chunks AS c ON c.id = chunks_fts.rowid "
                 "WHERE chunks_fts MATCH :query AND c.owner_id = :owner_id "
                 "ORDER BY rank LIMIT :k"

@@ -48,6 +48,7 @@ from chatapp.documents.index.search_index import SearchIndex
 from chatapp.documents.index.vector_space import DimensionsChanged
 from chatapp.documents.indexer import claims
 from chatapp.documents.indexer.claims import Claim, Watch
+from chatapp.documents.language import document_language
 from chatapp.documents.models import Chunk, Document, DocumentFile
 from chatapp.documents.reading.chunker import Chunk as Passage
 from chatapp.documents.reading.formats import Limits
@@ -126,6 +127,8 @@ class Indexer:
             if answer.passages is None:
                 return self._fail(claim, answer.code or "broken", answer.message)
             passages = answer.passages
+            # Deterministic, as the passages are: a resumed document keeps its language.
+            language = document_language(p.text for p in passages)
             todo = [p for p in passages if p.ordinal not in written]
             done = len(passages) - len(todo)
             for start in range(0, len(todo), self.batch):
@@ -138,7 +141,8 @@ class Indexer:
                     return self._fail(claim, "embeddings_failed", str(failed))
                 done += len(batch)
                 try:
-                    if not self._write(claim, owner_id, batch, vectors, done / len(passages)):
+                    progress = done / len(passages)
+                    if not self._write(claim, owner_id, batch, vectors, progress, language):
                         return "lost"  # cancelled, deleted or taken meanwhile
                 except DimensionsChanged as changed:
                     return self._fail(claim, "embeddings_failed", str(changed))
@@ -172,6 +176,7 @@ class Indexer:
         batch: Sequence[Passage],
         vectors: np.ndarray,
         progress: float,
+        language: str,
     ) -> bool:
         width = int(vectors.shape[1])
         if self._prepared != width:  # the vectors' table first, alone (search_index.prepare)
@@ -192,6 +197,7 @@ class Indexer:
                     heading=p.heading,
                     page=p.page,
                     tokens=p.tokens,
+                    language=language,
                 )
                 for p in batch
             ]
@@ -200,6 +206,7 @@ class Indexer:
             self.index.add(
                 session, owner_id, [(row.id, v) for row, v in zip(rows, vectors, strict=True)]
             )
+            document.language = language
             document.progress = round(progress, 4)
             document.updated_at = utcnow()
             return True
