@@ -94,7 +94,11 @@ def worker_idle_until(engine: Engine, done: Callable[[], bool]) -> None:
     worker.start()
     try:
         to_worker.send(ipc.Ping())
-        assert from_worker.poll(60) and isinstance(from_worker.recv(), ipc.Pong)
+        # Its gauges (ipc.CacheStats) may come first: sent when a piece of idle work ends
+        answer: object = None
+        while not isinstance(answer, ipc.Pong):
+            assert from_worker.poll(60)
+            answer = from_worker.recv()
         waited = time.monotonic() + 120
         while not done() and time.monotonic() < waited:
             time.sleep(0.02)
