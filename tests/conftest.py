@@ -182,6 +182,9 @@ SLOW_TESTS = (
     "tests/sidecar/web/guards/test_sidecar_connections.py::test_accept_errors_",
     "tests/sidecar/web/test_sidecar_hardening.py::test_5_a_replacement_that_hangs_",
     "tests/scripts/test_export_model.py",  # onnxruntime-genai's builder
+    # the generator script run per case (about 1.2 s each), and the vision processor's images
+    "tests/models/test_models_make_model.py",
+    "tests/sidecar/model/test_sidecar_vision.py",
     "tests/infra/test_deploy_script.py",  # the deploy script against fake az/docker
     "tests/sidecar/web/test_sidecar_hardening.py::test_6_",  # watchdog timeouts
     # prompts read slowly, 30-s timeouts
