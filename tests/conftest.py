@@ -198,6 +198,7 @@ SLOW_TESTS = (
     # gunicorn, an indexer killed
     "tests/chatapp/documents/indexer/test_documents_indexer_process.py",
     "tests/scripts/test_bench_rag.py::test_turn_run",  # a sidecar and the app, a library indexed
+    "tests/scripts/test_bench_rag.py::test_the_suite_s_",  # every set through the tiny encoder
     # issue 55: the app indexing with the tokenizer its sidecar gave (a reader process)
     "tests/chatapp/documents/test_documents_sizing.py::test_the_sidecar_s_tokenizer_sizes_",
     "tests/chatapp/chats/test_chats_import.py::test_through_gunicorn",  # MBs through gunicorn

@@ -87,8 +87,9 @@ COMMANDS = (
             "list and search with 100 users x 50 chats, what keeping a chat adds to TTFT"),
     Command("abuse", "abuse", "what abusive requests cost the others: a flood of over-long "
             "prompts (a bystander's longest gap), one huge max_tokens (others' TTFT)"),
-    Command("rag", "rag", "retrieval quality on the Python FAQ (recall@1/3/5, MRR@10): keyword, "
-            "dense, fusion, beside Open WebUI's"),
+    Command("rag", "rag", "retrieval quality on a suite of public sets (the Python and Git "
+            "FAQs, package descriptions, manual pages in English, German, French, Spanish): "
+            "recall@1/5, MRR@10 of keyword, dense, fusion beside Open WebUI's, per set"),
     Command("rag-scale", "rag_scale", "the documents library at 100,000 passages: search p50/p95 "
             "(dense, keyword) and write rate, SQLite and PostgreSQL"),
     Command("rag-turn", "rag_turn", "what grounding costs a chat turn: TTFT bare, with "
@@ -106,6 +107,7 @@ LIBRARIES = {
     "peers": "llama.cpp's server, the GGUF of our model, the peer tables (peers/)",
     "rag_faq": "rag: the Python FAQ's question and answer pairs, recall@k and MRR",
     "rag_baseline": "rag: Open WebUI's default retrieval reproduced, run beside ours",
+    "rag_sets": "rag: the suite's sets, built from the machine's own public text",
     "store_chat": "store: what storing adds to TTFT, through POST /chat (gunicorn, a sidecar)",
 }
 

@@ -1,140 +1,222 @@
-"""Retrieval quality on the Python FAQ (scripts/bench/rag_faq.py): recall@1/3/5 and MRR@10 of
-keyword search (SQLite FTS5, BM25), dense search (an OpenAI-compatible `/v1/embeddings`: our
-sidecar with `EMBED_MODEL_PATH`, or Ollama, llama.cpp) and their reciprocal rank fusion, beside
-the Open WebUI baseline of issue 44.
+"""Retrieval quality on a suite of sets (scripts/bench/rag_sets.py: the Python FAQ, Git's FAQ,
+Debian package descriptions, manual pages in English, German, French and Spanish): recall@1/5
+and MRR@10 of keyword search (SQLite FTS5, BM25, each text stemmed in its own language, and
+FTS5's English Porter stemming as before issue 55 beside it), dense search (an OpenAI-compatible
+`/v1/embeddings`: our sidecar with `EMBED_MODEL_PATH`, or Ollama, llama.cpp) and their
+reciprocal rank fusion, with Open WebUI's defaults (rag_baseline.py) beside them in the same
+run, on the same questions and encoder. One table, a row per set and method.
 
-Each answer is one document, read as reStructuredText (its source format: reading/parse_rst.py)
-and cut into passages by the app's own chunker (chatapp/documents/reading/chunker.py,
-`--chunk-tokens` of the encoder's tokenizer, `--tokenizer`); a document's rank is its best
-passage's. Runs in this process: the same parsers, chunker, query and fusion as the app, without
-its database; with an encoder, the app's indexer is timed too (passages per second against bare
-/v1/embeddings).
+Each document is read by the app's own parsers as the file it would be uploaded as (a FAQ
+answer as reStructuredText, the others as text) and cut into passages by the app's chunker,
+sized as the app sizes them with no EMBED_TOKENIZER (documents/sizing.py: the encoder's
+tokenizer from the model service, else the byte bound, said on the first line); a document's
+rank is its best passage's. Runs in this process: the same parsers, chunker, query and fusion
+as the app, without its database. `--indexing`: the app's indexer on the Python FAQ is timed
+too (passages per second against bare /v1/embeddings).
 
-    python -m scripts.bench rag                                   # keyword only
-    python -m scripts.bench rag --embeddings-url http://127.0.0.1:8000 --tokenizer DIR
+    python -m scripts.bench rag                                    # keyword only
+    python -m scripts.bench rag --embeddings-url http://127.0.0.1:8000
+    python -m scripts.bench rag --embeddings-url URL --sets python-faq,man-de --limit 100
 """
 
 from __future__ import annotations
 
 import argparse
 import sqlite3
+import tempfile
 import threading
 import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import requests
 
 from chatapp.documents.index.ranking import fts5_query, fuse
-from chatapp.documents.reading.blocks import Block
-from chatapp.documents.reading.chunker import chunk
-from chatapp.documents.reading.parse_rst import parse_rst
-from chatapp.documents.reading.tokens import counter_for
+from chatapp.documents.language import document_language, keywords, question_languages
+from chatapp.documents.reading.blocks import Block, Refused
+from chatapp.documents.reading.chunker import chunk, cut
+from chatapp.documents.reading.formats import Limits, read
+from chatapp.documents.sizing import PassageSizing
 from scripts.bench.common import BadArguments
 from scripts.bench.rag_baseline import recursive_split
-from scripts.bench.rag_faq import Pair, faq_pairs, rank_of, score
+from scripts.bench.rag_faq import rank_of, score
+from scripts.bench.rag_sets import SETS, Case, EvalSet, build
 
-BASELINE = {"recall_at_1": 0.769, "recall_at_3": None, "recall_at_5": 0.959, "mrr_at_10": 0.852}
 DEPTH = 50  # passages each retriever returns before documents are ranked
+LIMITS = Limits(10_000_000, 1000)
+OPEN_WEBUI = "Open WebUI's defaults"
+PORTER = "keyword, English stemming (before issue 55)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--embeddings-url",
         help="base URL of an OpenAI-compatible server with "
-        "/v1/embeddings (dense and fusion are measured only with it)",
+        "/v1/embeddings (dense, fusion and Open WebUI's are measured only with it)",
     )
     parser.add_argument("--embeddings-model", default="", help="the `model` field it wants")
     parser.add_argument(
         "--tokenizer",
-        help="the encoder's folder (tokenizer.json) for passage "
-        "sizes; without it, the app's safe byte bound",
+        help="the encoder's folder (tokenizer.json), as EMBED_TOKENIZER; without it, what the "
+        "app does: the model service's tokenizer, else the safe byte bound",
     )
-    parser.add_argument("--chunk-tokens", type=int, default=256)
-    parser.add_argument("--limit", type=int, help="only the first N pairs (a quick look)")
+    parser.add_argument("--chunk-tokens", type=int, default=256, help="EMBED_MAX_TOKENS")
+    parser.add_argument(
+        "--sets", default=",".join(SETS), help=f"comma-separated, of: {', '.join(SETS)}"
+    )
+    parser.add_argument("--limit", type=int, default=300, help="at most N questions a set")
+    parser.add_argument(
+        "--indexing", action="store_true", help="also time the app's indexer on the Python FAQ"
+    )
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    pairs = faq_pairs()[: args.limit] if args.limit else faq_pairs()
-    if not pairs:
-        raise BadArguments("--limit leaves no pairs")
-    counter = counter_for(args.tokenizer)
-    passages: list[tuple[int, str]] = []  # (document, embedded text)
-    for document, pair in enumerate(pairs):
-        blocks = parse_rst(pair.answer.encode())
-        for passage in chunk(blocks or [Block("text", pair.answer)], counter, args.chunk_tokens):
-            passages.append((document, passage.embedded))
-    rankings: dict[str, list[list[int]]] = {"keyword": _keyword(pairs, passages)}
-    timings: dict[str, float] = {}
-    baseline: list[int | None] = []  # Open WebUI's defaults, each question's rank
+    names = [name.strip() for name in args.sets.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SETS]
+    if unknown or not names:
+        raise BadArguments(f"--sets: unknown {', '.join(unknown) or '(none)'}")
+    if args.limit < 1:
+        raise BadArguments("--limit must be at least 1")
+    sizing = PassageSizing(
+        max_tokens=args.chunk_tokens,
+        tokenizer=args.tokenizer,
+        base_url=args.embeddings_url,
+        model=args.embeddings_model,
+        folder=Path(tempfile.mkdtemp(prefix="rag-tokenizer-")),
+    )
+    measure = sizing.current()
+    why = f" ({measure.reason})" if measure.reason else ""
+    print(f"passages of at most {measure.max_tokens} tokens, counted by {measure.counted_by}{why}")
+    results: dict[str, Any] = {}
+    rows: list[str] = []
+    for built in build(names, args.limit):
+        if isinstance(built, str):
+            print(built)
+            continue
+        results[built.name] = evaluate(built, sizing, args)
+        rows.extend(_rows(built, results[built.name]))
+    print(
+        "\n| set | language | documents | questions | passages | search | recall@1 | recall@5 "
+        "| MRR@10 | recall@5, MRR@10 against Open WebUI's |\n"
+        "|---|---|---|---:|---:|---|---:|---:|---:|---|"
+    )
+    print("\n".join(rows))
+    out: dict[str, Any] = {
+        "counted_by": measure.counted_by,
+        "passage_tokens": measure.max_tokens,
+        "sets": results,
+    }
+    if args.indexing and args.embeddings_url:
+        out.update(_indexing_rate(build_one("python-faq", args.limit), sizing, args))
+    return out
+
+
+def build_one(name: str, limit: int) -> EvalSet:
+    built = next(build([name], limit))
+    if isinstance(built, str):
+        raise BadArguments(built)
+    return built
+
+
+def evaluate(suite: EvalSet, sizing: PassageSizing, args: argparse.Namespace) -> dict[str, Any]:
+    """The set's scores per method: keyword, and with an encoder dense, fusion and Open
+    WebUI's defaults."""
+    passages = _passages(suite.cases, sizing)
+    questions = [case.question for case in suite.cases]
+    rankings = {
+        "keyword": _keyword(questions, passages),
+        PORTER: _keyword(questions, passages, porter=True),
+    }
+    baseline: list[int | None] = []
     if args.embeddings_url:
-        began = time.perf_counter()
-        rankings["dense"] = _dense(pairs, passages, args.embeddings_url, args.embeddings_model)
-        timings["dense_seconds"] = round(time.perf_counter() - began, 1)
-        timings.update(_indexing_rate(pairs, args))
+        url, model = args.embeddings_url, args.embeddings_model
+        # A question longer than the encoder reads is cut to it, as the app's search does
+        limit = sizing.current().max_tokens
+        asked = [cut(q, lambda text: sizing.count(text) <= limit) for q in questions]
+        rankings["dense"] = _dense(asked, passages, url, model)
         rankings["fusion"] = [
             [item for item, _ in fuse([k, d])]
             for k, d in zip(rankings["keyword"], rankings["dense"], strict=True)
         ]
-        baseline = _baseline(pairs, args.embeddings_url, args.embeddings_model)
-    results: dict[str, Any] = {}
-    print(
-        f"{len(pairs)} questions, {len(passages)} passages of at most {args.chunk_tokens} "
-        f"tokens ({'tokenizer' if args.tokenizer else 'byte bound'})\n"
-    )
-    print("| retriever | recall@1 | recall@3 | recall@5 | MRR@10 |\n|---|---:|---:|---:|---:|")
+        baseline = _baseline(suite.cases, url, model)
+    scores: dict[str, Any] = {}
     for name, ranked in rankings.items():
-        documents = [[passages[i][0] for i in ranking] for ranking in ranked]
-        scores = score([rank_of(q, docs) for q, docs in enumerate(documents)])
-        results[name] = scores.__dict__
-        print(
-            f"| {name} | {scores.recall_at_1} | {scores.recall_at_3} | {scores.recall_at_5} | "
-            f"{scores.mrr_at_10} |"
-        )
+        documents = [[passages[i].document for i in ranking] for ranking in ranked]
+        scores[name] = score([rank_of(q, docs) for q, docs in enumerate(documents)]).__dict__
     if args.embeddings_url:
-        scores = score(baseline)
-        results["open_webui_this_run"] = scores.__dict__
-        print(
-            f"| Open WebUI's defaults, this run (rag_baseline.py) | {scores.recall_at_1} | "
-            f"{scores.recall_at_3} | {scores.recall_at_5} | {scores.mrr_at_10} |"
-        )
-    print(
-        f"| Open WebUI, the issue's figures (measured elsewhere) | {BASELINE['recall_at_1']} | - | "
-        f"{BASELINE['recall_at_5']} | {BASELINE['mrr_at_10']} |"
-    )
+        scores[OPEN_WEBUI] = score(baseline).__dict__
     return {
-        "pairs": len(pairs),
+        "language": suite.language,
+        "kind": suite.kind,
+        "questions": len(suite.cases),
         "passages": len(passages),
-        "chunk_tokens": args.chunk_tokens,
-        "tokenizer": bool(args.tokenizer),
-        "results": results,
-        "baseline": BASELINE,
-        **timings,
+        "scores": scores,
     }
 
 
-def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, float]:
-    """Passages per second: the bare /v1/embeddings rate (the passages in batches of 32), and
-    the app's indexer end to end on a SQLite file (each answer a text file: stored, parsed,
-    cut, embedded, written with its vectors and keywords). Issue 44 asks >= 0.8x."""
-    import tempfile
-    from pathlib import Path
+def _rows(suite: EvalSet, result: dict[str, Any]) -> list[str]:
+    scores = result["scores"]
+    theirs = scores.get(OPEN_WEBUI)
+    rows = []
+    for name, measured in scores.items():
+        against = "-"
+        if theirs is not None and name != OPEN_WEBUI:
+            recall = 100 * (measured["recall_at_5"] - theirs["recall_at_5"])
+            mrr = 100 * (measured["mrr_at_10"] - theirs["mrr_at_10"])
+            against = f"{recall:+.1f}, {mrr:+.1f} points"
+        rows.append(
+            f"| {suite.name} | {suite.language} | {suite.kind} | {result['questions']} | "
+            f"{result['passages']} | {name} | {measured['recall_at_1']:.3f} | "
+            f"{measured['recall_at_5']:.3f} | {measured['mrr_at_10']:.3f} | {against} |"
+        )
+    return rows
 
+
+@dataclass(frozen=True)
+class Passage:
+    document: int  # the case's index
+    embedded: str  # what the encoder reads
+    keywords: str  # what keyword search indexes: its words stemmed in its document's language
+    words: str  # its heading and text as they are (for the Porter tokenizer)
+    language: str  # its document's (documents/language.py)
+
+
+def _passages(cases: list[Case], sizing: PassageSizing) -> list[Passage]:
+    """Every passage, as the app's reader cuts the file and its indexer keeps it."""
+    limit = sizing.current().max_tokens
+    passages: list[Passage] = []
+    for document, case in enumerate(cases):
+        try:
+            _, blocks = read(case.document.encode(), case.name, None, LIMITS)
+        except Refused:
+            blocks = [Block("text", case.document)]
+        cut = chunk(blocks, sizing, limit)
+        language = document_language(p.text for p in cut)
+        for p in cut:
+            words = f"{p.heading}\n{p.text}"
+            stemmed = keywords(words, language)
+            passages.append(Passage(document, p.embedded, stemmed, words, language))
+    return passages
+
+
+def _indexing_rate(
+    suite: EvalSet, sizing: PassageSizing, args: argparse.Namespace
+) -> dict[str, float]:
+    """Passages per second: the bare /v1/embeddings rate (the passages in batches of 32), and
+    the app's indexer end to end on a SQLite file (each answer a file: stored, parsed, cut,
+    embedded, written with its vectors and keywords). Issue 44 asks >= 0.8x."""
     from chatapp.documents import library
     from chatapp.documents.embedder import Embedder
     from chatapp.documents.index.search_index import index_for
     from chatapp.documents.indexer.worker import QUICK_S, Indexer
-    from chatapp.documents.reading.formats import Limits
     from chatapp.settings import DEFAULTS
     from chatapp.store import Store, migrate
     from chatapp.store.users import ensure_user
 
-    counter = counter_for(args.tokenizer)
-    texts = [
-        passage.embedded
-        for pair in pairs
-        for passage in chunk(parse_rst(pair.answer.encode()), counter, args.chunk_tokens)
-    ]
+    texts = [passage.embedded for passage in _passages(suite.cases, sizing)]
     began = time.perf_counter()
     Embedder(args.embeddings_url, model=args.embeddings_model).embed(texts)
     bare = len(texts) / (time.perf_counter() - began)
@@ -142,10 +224,9 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
     migrate.upgrade(store.engine)
     with store.session(write=True) as session:
         owner = ensure_user(session, "bench").id
-    limits = Limits(10_000_000, 1000)
     began = time.perf_counter()
-    for number, pair in enumerate(pairs):
-        library.add(store, owner, f"answer-{number}.rst", pair.answer.encode(), None, limits)
+    for number, case in enumerate(suite.cases):
+        library.add(store, owner, f"{number}-{case.name}", case.document.encode(), None, LIMITS)
     # As the indexer process runs (chatapp/documents/__main__.py): DOCUMENT_INDEXER_THREADS
     # indexers, each with its own connection to the model service and its own reader
     # process, the last of them the quick lane.
@@ -157,9 +238,8 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
                 store,
                 index_for(store),
                 Embedder(args.embeddings_url, model=args.embeddings_model),
-                args.tokenizer,
-                limits,
-                args.chunk_tokens,
+                sizing,
+                LIMITS,
                 quick_s=QUICK_S if count > 1 and n == count - 1 else None,
                 poll_s=0.05,
             ).run,
@@ -177,8 +257,8 @@ def _indexing_rate(pairs: list[Pair], args: argparse.Namespace) -> dict[str, flo
         thread.join()
     store.close()
     print(
-        f"indexing: {bare:,.1f} passages/s bare /v1/embeddings, {indexed:,.1f} through the "
-        f"indexer ({indexed / bare:.2f}x)\n"
+        f"\nindexing: {bare:,.1f} passages/s bare /v1/embeddings, {indexed:,.1f} through the "
+        f"indexer ({indexed / bare:.2f}x)"
     )
     return {
         "embed_passages_per_s": round(bare, 1),
@@ -198,17 +278,26 @@ def _unread(store: Any) -> int:
         return int(session.scalar(select(func.count()).where(waiting)) or 0)
 
 
-def _keyword(pairs: list[Pair], passages: list[tuple[int, str]]) -> list[list[int]]:
-    """Each question's passages (indexes) by BM25, as the SQLite engine ranks them."""
+def _keyword(
+    questions: list[str], passages: list[Passage], *, porter: bool = False
+) -> list[list[int]]:
+    """Each question's passages (indexes) by BM25, as the SQLite engine ranks them: stemmed in
+    each document's and each question's language (documents/language.py), or, `porter`, as
+    before issue 55 (FTS5's English Porter tokenizer over every text)."""
     db = sqlite3.connect(":memory:")
-    db.execute("CREATE VIRTUAL TABLE passages USING fts5(text, tokenize='porter unicode61')")
+    tokenizer = "porter unicode61" if porter else "unicode61 remove_diacritics 2"
+    db.execute(f"CREATE VIRTUAL TABLE passages USING fts5(text, tokenize='{tokenizer}')")
     db.executemany(
         "INSERT INTO passages(rowid, text) VALUES (?, ?)",
-        [(i, text) for i, (_, text) in enumerate(passages)],
+        [(i, p.words if porter else p.keywords) for i, p in enumerate(passages)],
     )
+    # The languages of the library's documents, the commonest first (search_index.py)
+    counts = Counter(p.language for p in {p.document: p for p in passages}.values())
+    library = [language for language, _ in counts.most_common()]
     ranked = []
-    for pair in pairs:
-        query = fts5_query(pair.question)
+    for question in questions:
+        languages = [] if porter else question_languages(question, library)
+        query = fts5_query(question, languages)
         rows = (
             []
             if query is None
@@ -221,21 +310,20 @@ def _keyword(pairs: list[Pair], passages: list[tuple[int, str]]) -> list[list[in
     return ranked
 
 
-def _dense(
-    pairs: list[Pair], passages: list[tuple[int, str]], url: str, model: str
-) -> list[list[int]]:
-    vectors = _embed([text for _, text in passages], url, model)
-    queries = _embed([pair.question for pair in pairs], url, model)
+def _dense(questions: list[str], passages: list[Passage], url: str, model: str) -> list[list[int]]:
+    vectors = _embed([p.embedded for p in passages], url, model)
+    queries = _embed(questions, url, model)
     similarities = queries @ vectors.T
     return [list(np.argsort(-row)[:DEPTH]) for row in similarities]
 
 
-def _baseline(pairs: list[Pair], url: str, model: str) -> list[int | None]:
+def _baseline(cases: list[Case], url: str, model: str) -> list[int | None]:
     """Each question's rank of its answer under Open WebUI's defaults (rag_baseline.py):
-    1,000/100-character chunks of the raw answer, cut at the encoder's limit, best chunk."""
-    chunks = [(d, text) for d, pair in enumerate(pairs) for text in recursive_split(pair.answer)]
+    1,000/100-character chunks of the raw file's text, cut at the encoder's limit, best
+    chunk."""
+    chunks = [(d, text) for d, case in enumerate(cases) for text in recursive_split(case.document)]
     vectors = _embed([text for _, text in chunks], url, model, truncate=True)
-    queries = _embed([pair.question for pair in pairs], url, model)
+    queries = _embed([case.question for case in cases], url, model, truncate=True)
     ranks = []
     for q, row in enumerate(queries @ vectors.T):
         documents = [chunks[i][0] for i in np.argsort(-row)[:DEPTH]]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from scripts.bench import rag
+from scripts.bench import rag, rag_sets
 from scripts.bench.rag_baseline import recursive_split
 from scripts.bench.rag_faq import FAQ, _page_pairs, faq_pairs, rank_of, score
+from scripts.bench.rag_sets import SETS
+from scripts.run.services import Service
 
 PAGE = """\
 =====
@@ -56,17 +59,104 @@ def test_measures() -> None:
     assert scores.mrr_at_10 == round((1 + 1 / 2) / 4, 3)
 
 
+def suite_args(**fields: Any) -> argparse.Namespace:
+    defaults: dict[str, Any] = {
+        "embeddings_url": None,
+        "embeddings_model": "",
+        "tokenizer": None,
+        "chunk_tokens": 256,
+        "sets": "python-faq",
+        "limit": 40,
+        "indexing": False,
+    }
+    return argparse.Namespace(**(defaults | fields))
+
+
 @pytest.mark.skipif(not FAQ.is_dir(), reason="python3.11-doc is not installed")
 def test_keyword_run_finds_most_answers(capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(
-        embeddings_url=None, embeddings_model="", tokenizer=None, chunk_tokens=256, limit=40
-    )
-    result = rag.main(args)
-    keyword = result["results"]["keyword"]
-    assert result["pairs"] == 40 and keyword["queries"] == 40
+    result = rag.main(suite_args())
+    faq = result["sets"]["python-faq"]
+    keyword = faq["scores"]["keyword"]
+    assert faq["questions"] == 40 and keyword["queries"] == 40
+    assert result["counted_by"] == "byte_bound"  # no model service: the app's safe bound
     # BM25 on its own finds far more than chance (1/40) puts first.
     assert keyword["recall_at_5"] > 0.5
-    assert "| keyword |" in capsys.readouterr().out
+    assert "| python-faq | en |" in capsys.readouterr().out
+
+
+def test_the_suite_s_every_row_on_the_tiny_encoder(
+    encoder_sidecar: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shape of a run with an encoder: each set that this machine has, the four methods,
+    passages sized by the tokenizer the sidecar gave (documents/sizing.py)."""
+    names = [name for name in SETS if name != "man-en"]  # English pages: many to render
+    result = rag.main(suite_args(embeddings_url=encoder_sidecar.url, sets=",".join(names)))
+    out = capsys.readouterr().out
+    assert result["counted_by"] == "encoder" and result["passage_tokens"] == 32
+    assert result["sets"], out  # at least one set is on this machine
+    for name, measured in result["sets"].items():
+        methods = {"keyword", rag.PORTER, "dense", "fusion", rag.OPEN_WEBUI}
+        assert set(measured["scores"]) == methods
+        assert 15 <= measured["questions"] <= 40 and measured["passages"] >= measured["questions"]
+        for scores in measured["scores"].values():
+            assert 0 <= scores["recall_at_1"] <= scores["recall_at_5"] <= 1
+        assert f"| {name} | {measured['language']} |" in out
+    assert "| dense |" in out and "points |" in out
+
+
+STATUS = """\
+Package: kettle
+Status: install ok installed
+Source: kettle-src
+Description: boils water for tea
+ The kettle boils a litre of water in three minutes and switches itself
+ off. It has a light that says when it is on.
+ .
+ Descale it once a month in hard water areas, with citric acid. The warranty
+ lasts 24 months from the date on the receipt.
+
+Package: kettle-doc
+Source: kettle-src
+Description: boils water for tea (documentation)
+ The kettle boils a litre of water in three minutes and switches itself
+ off. It has a light that says when it is on. And a manual, with pictures of it all.
+
+Package: debian-faq-de
+Description: The Debian FAQ, in German
+ Held out of every set: this text must never be read into one, whatever its length, and so
+ the builder skips it by its name before it looks at anything else it says at all.
+
+Package: short
+Description: too short to be a document
+ A line.
+"""
+
+
+def test_package_descriptions_one_per_source_the_debian_faq_held_out(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text(STATUS)
+    cases = rag_sets.debian_packages(None, status)
+    assert [(c.question, c.name) for c in cases] == [("boils water for tea", "kettle.txt")]
+    assert cases[0].document.startswith("The kettle boils")
+    assert "\n\nDescale it" in cases[0].document  # " ." is a paragraph break
+
+
+@pytest.mark.skipif(not (rag_sets.MAN / "man7" / "gitfaq.7.gz").is_file(), reason="no git-man")
+def test_git_s_faq_gives_its_questions_whole() -> None:
+    cases = rag_sets.git_faq(None)
+    assert len(cases) >= 15 and all(c.question.endswith("?") and c.document for c in cases)
+    assert any(c.question.startswith("I’ve made a change with a bug") for c in cases)  # wrapped
+
+
+@pytest.mark.parametrize("language", ["de", "fr"])
+def test_manual_pages_in_another_language(language: str) -> None:
+    if not list((rag_sets.MAN / language / "man1").glob("*.gz")):
+        pytest.skip(f"no {language} manual pages")
+    cases = rag_sets.manual_pages(language, 3)
+    assert 1 <= len(cases) <= 3
+    for case in cases:
+        assert case.name.endswith(".txt") and len(case.document) >= rag_sets.MIN_DOCUMENT_CHARS
+        assert " - " not in case.question and case.question  # the NAME line's words only
 
 
 def test_scale_run_counts_and_times_on_sqlite(capsys: pytest.CaptureFixture[str]) -> None:
