@@ -15,6 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from sidecar.embeddings.service import TOKENIZER_PATH
 from sidecar.web.chat_completions.schemas import ChatCompletionRequest
 from sidecar.web.completions.api import CompletionRequest
 from sidecar.web.embeddings.api import EmbeddingRequest
@@ -96,6 +97,11 @@ def build(app: FastAPI) -> dict[str, Any]:
     schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"] = {
         "text/plain": {"schema": {"type": "string"}}
     }
+    # The encoder's tokenizer.json: 304 for an If-None-Match that holds it, 400 without one
+    tokenizer = schema["paths"][TOKENIZER_PATH]["get"]
+    tokenizer["responses"]["200"]["content"] = {"application/json": {"schema": {"type": "object"}}}
+    tokenizer["responses"]["304"] = {"description": "Not Modified: the ETag sent is current"}
+    tokenizer["responses"]["400"] = errors["400"]
     model_id = schema["paths"]["/v1/models/{model_id}"]["get"]["parameters"][0]
     model_id["schema"]["examples"] = [app.state.settings.served_model_name]
     for item in schema["paths"].values():
