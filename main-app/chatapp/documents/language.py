@@ -79,8 +79,9 @@ def document_language(passages: Iterable[str]) -> str:
 def question_languages(question: str, library: Sequence[str]) -> list[str]:
     """The language a question is searched in: its own when its words say so and the library
     holds documents in it, else the library's commonest (`library`: its documents' languages,
-    the commonest first; English for a library of none or of unclear ones). One language: a question's words
-    stemmed in several at once matched more of the wrong passages (docs/benchmarks/rag.md)."""
+    the commonest first; English for a library of none or of unclear ones). One language: a
+    question's words stemmed in several at once matched more of the wrong passages
+    (docs/benchmarks/rag.md)."""
     own = detect(question, least=1)
     if own != SIMPLE and own in library:
         return [own]
