@@ -94,6 +94,12 @@ def build(app: FastAPI) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": REF.format(model=body)}}},
         }
         operation["responses"] = {"200": {"description": "The reply", "content": ok}, **errors}
+    # Speech to text (web/audio/): a multipart upload; every refusal the table has (404 when
+    # no speech model is served, 413 past SPEECH_MAX_BYTES, 400 for each bad part)
+    transcription = schema["paths"].get("/v1/audio/transcriptions", {}).get("post")
+    if transcription is not None:
+        transcription.setdefault("responses", {}).pop("422", None)
+        transcription["responses"].update(errors)
     schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"] = {
         "text/plain": {"schema": {"type": "string"}}
     }
