@@ -223,4 +223,8 @@ def test_image_sizes_stay_small(images: podman.Images) -> None:
     # (29 MB), lxml and python-docx, tokenizers, huggingface_hub with hf_xet (19 MB),
     # psycopg's binary, sqlean and sqlite-vec.
     assert added["app"] < 280_000_000, added
-    assert added["sidecar"] < 350_000_000, added
+    # The sidecar: onnxruntime, onnxruntime-genai, numpy, tokenizers, FastAPI (under 350 MB
+    # until issue 57); speech to text (issue 57) adds about 250 MB: CTranslate2 (146 MB, its
+    # own oneDNN and OpenMP libraries) and PyAV (104 MB, the FFmpeg libraries it decodes
+    # uploads with); 589 MB measured on 2026-12-07.
+    assert added["sidecar"] < 620_000_000, added
