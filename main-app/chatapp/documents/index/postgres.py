@@ -20,8 +20,7 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from chatapp.documents.index.ranking import keyword_words
-from chatapp.documents.index.search_index import library_languages
+from chatapp.documents.index.ranking import keyword_words, library_languages
 from chatapp.documents.index.vector_space import claim_dimensions, dimensions
 from chatapp.documents.language import question_languages
 

@@ -16,6 +16,9 @@ import re
 from collections.abc import Hashable, Sequence
 from typing import TypeVar
 
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
 from chatapp.documents.language import stems
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -53,3 +56,17 @@ def fuse(rankings: Sequence[Sequence[Item]], k: int = 60) -> list[tuple[Item, fl
         for rank, item in enumerate(ranking, start=1):
             scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
     return sorted(scores.items(), key=lambda pair: -pair[1])
+
+
+def library_languages(session: Session, owner_id: int) -> list[str]:
+    """The languages of the owner's documents read so far (documents.language), the
+    commonest first."""
+    from chatapp.documents.models import Document
+
+    found = session.execute(
+        select(Document.language)
+        .where(Document.owner_id == owner_id, Document.language.is_not(None))
+        .group_by(Document.language)
+        .order_by(func.count().desc(), Document.language)
+    ).scalars()
+    return [language for language in found if language]

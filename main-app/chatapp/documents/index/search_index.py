@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 if TYPE_CHECKING:
@@ -45,20 +44,6 @@ class SearchIndex(Protocol):
     ) -> list[tuple[int, float]]:
         """The owner's k passages that best match the question's words, best first."""
         ...
-
-
-def library_languages(session: Session, owner_id: int) -> list[str]:
-    """The languages of the owner's documents read so far (documents.language), the
-    commonest first."""
-    from chatapp.documents.models import Document
-
-    found = session.execute(
-        select(Document.language)
-        .where(Document.owner_id == owner_id, Document.language.is_not(None))
-        .group_by(Document.language)
-        .order_by(func.count().desc(), Document.language)
-    ).scalars()
-    return [language for language in found if language]
 
 
 def index_for(store: Store) -> SearchIndex:

@@ -248,7 +248,8 @@ def test_the_sidecar_starts_and_serves_beside_a_crafted_file_for_its_model(
         assert response.status_code == 200
         log = sidecar.log()
     assert IGNORED in log and crafted.name in log
-    assert sorted(directory.iterdir()) == [kept]
+    # the conversation's file, and the passage store's own folder beside it (kv/passages.py)
+    assert sorted(directory.iterdir()) == sorted([kept, directory / "passages"])
 
 
 def test_the_start_line_says_the_tier_is_off_when_its_directory_is_refused(
