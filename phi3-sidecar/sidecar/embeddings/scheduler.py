@@ -149,7 +149,7 @@ class EncoderPool:
             self._queue.put(_Item((2, 0, 0), None))
 
     def _run(self) -> None:
-        _lower_priority(self.nice)
+        lower_priority(self.nice)
         while True:
             item = self._queue.get()
             job = item.job
@@ -167,8 +167,9 @@ class EncoderPool:
             job.done_part()
 
 
-def _lower_priority(nice: int) -> None:
-    """This thread's nice value raised by `nice` (Linux: a thread's own priority)."""
+def lower_priority(nice: int, what: str = "encoder") -> None:
+    """This thread's nice value raised by `nice` (Linux: a thread's own priority, inherited by
+    the threads it makes); the encoder's here, the speech model's (speech/transcriber.py)."""
     if nice <= 0:
         return
     tid = threading.get_native_id()
@@ -176,4 +177,4 @@ def _lower_priority(nice: int) -> None:
         current = os.getpriority(os.PRIO_PROCESS, tid)
         os.setpriority(os.PRIO_PROCESS, tid, min(19, current + nice))
     except OSError as error:
-        log.warning("encoder priority unchanged", extra={"fields": {"error": str(error)}})
+        log.warning(f"{what} priority unchanged", extra={"fields": {"error": str(error)}})

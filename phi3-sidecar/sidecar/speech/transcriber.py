@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.embeddings.scheduler import lower_priority
 from sidecar.speech.audio import RATE, Audio, decode
 
 log = logging.getLogger("sidecar.speech")
@@ -88,7 +88,7 @@ class Transcriber:
     def _run(
         self, folder: Path, threads: int, nice: int, compute_type: str, loaded: Future[Any]
     ) -> None:
-        lower_priority(nice)
+        lower_priority(nice, "speech")
         try:
             from faster_whisper import WhisperModel
 
@@ -156,16 +156,3 @@ def _segment(s: Any) -> Segment:
         no_speech_prob=s.no_speech_prob,
         words=words,
     )
-
-
-def lower_priority(nice: int) -> None:
-    """This thread's nice value raised by `nice` (Linux: a thread's own priority, inherited by
-    the threads it makes)."""
-    if nice <= 0:
-        return
-    tid = threading.get_native_id()
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + nice))
-    except OSError as error:
-        log.warning("speech priority unchanged", extra={"fields": {"error": str(error)}})
