@@ -2,7 +2,10 @@
 
 A message as the API shows it: `{"role", "content", "created_at"}` plus, when present,
 `"images"` (the user's images as `data:` URLs, in order), `"finish"` (how a reply ended:
-`stop`, `length`, or the error that cut it off) and `"citations"`. Times are ISO-8601 UTC.
+`stop`, `length`, or the error that cut it off), and on a grounded reply `"citations"` (the
+passages it cites: n, document_id, name, page, text) and `"sources"` (every passage it was
+given, cited or not: n, name, page, document_id; `[]` when nothing matched). Times are
+ISO-8601 UTC.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ def message_json(message: Message | AnyRow) -> dict[str, Any]:
         out["finish"] = message.finish
     if message.citations is not None:
         out["citations"] = message.citations
+    if message.sources is not None:
+        out["sources"] = message.sources
     return out
 
 

@@ -82,6 +82,11 @@ class Message(Base):
     finish: Mapped[str | None] = mapped_column(String(FINISH_CHARS))
     # The sources a grounded reply cites (the documents feature fills it).
     citations: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    # Every source a grounded reply was given, cited or not ({n, name, page, document_id}, the
+    # stream's first line; [] when nothing matched), so the page lists them again when the
+    # chat is opened; None for a reply that was not grounded: SQL NULL (`none_as_null`; plain
+    # JSON writes None as the JSON text 'null', as `images` and `citations` hold it).
+    sources: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True))
     # A grounded user turn's passages, as it was sent with them
     # (chatapp/documents/search/grounding.py): the chat's later turns put them back from here,
     # never from the request.

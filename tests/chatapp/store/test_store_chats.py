@@ -129,3 +129,45 @@ def test_timestamps_come_back_as_utc(store: Store) -> None:
         chat = store_chats.get_chat(session, alice, chat_id)
         assert chat is not None
         assert chat.created_at == moment and chat.created_at.tzinfo == dt.UTC
+
+
+def test_a_replys_sources_come_back_as_stored_and_none_is_sql_null(store: Store) -> None:
+    """A grounded reply keeps the sources it was given (`[]`: nothing matched); a message
+    without them holds SQL NULL, not JSON's 'null'. Read back by `open_chat` (the API's rows)
+    and as ORM objects (the API's answer to an import), both as `convert.message_json` shows
+    them."""
+    from chatapp.chats import convert
+
+    alice, _ = _users(store)
+    given = [
+        {"n": 1, "name": "guide.md", "page": None, "document_id": 7},
+        {"n": 2, "name": "manual.pdf", "page": 3, "document_id": 8},
+    ]
+    cited = [{"n": 2, "document_id": 8, "name": "manual.pdf", "page": 3, "text": "Descale."}]
+    with store.session(write=True) as session:
+        chat_id = store_chats.create_chat(session, alice, "grounded").id
+        new = [
+            NewMessage("user", "How?", grounding="Passages: ..."),
+            NewMessage("assistant", "Descale [2].", citations=cited, sources=given),
+            NewMessage("user", "zebra?", grounding="Nothing matched."),
+            NewMessage("assistant", "Not in your documents.", citations=[], sources=[]),
+            NewMessage("user", "Thanks"),
+            NewMessage("assistant", "You are welcome."),
+        ]
+        store_chats.append_messages(session, alice, chat_id, new)
+    expected = [None, given, None, [], None, None]
+    with store.session() as session:
+        found = store_chats.open_chat(session, alice, chat_id)
+        assert found is not None
+        rows = found[1]
+        assert [row.sources for row in rows] == expected
+        nulls = session.scalars(select(Message.sources.is_(None)).order_by(Message.position)).all()
+        assert nulls == [True, False, True, False, True, True]
+        objects = store_chats.messages_of(session, alice, chat_id) or []
+        for shown in (
+            [convert.message_json(r) for r in rows],
+            list(map(convert.message_json, objects)),
+        ):
+            assert [m.get("sources") for m in shown] == expected
+            assert ["sources" in m for m in shown] == [False, True, False, True, False, False]
+            assert shown[1]["citations"] == cited and shown[3]["citations"] == []

@@ -101,3 +101,51 @@ def test_workers_starting_together_migrate_once(database_url: str, processes: in
         rows = connection.execute(text("SELECT version_num FROM alembic_version")).all()
         assert rows == [(migrate.head(),)]
     store.close()
+
+
+def test_message_sources_come_and_go_with_0006_and_search_keeps_working(database_url: str) -> None:
+    """0006 on a database of 0005: a new, empty `messages.sources` (the replies stored before
+    have none); down again it is gone, and on SQLite the messages' search triggers stay (a
+    table copy would drop them), so a message stored after the downgrade is still found."""
+    store = Store.open(database_url)
+    migrate.upgrade(store.engine, "0005")
+    now = "2025-01-01 00:00:00"
+    with store.engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO users (id, subject, name, created_at) VALUES (1, 's', 'n', :t)"),
+            {"t": now},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO chats (id, owner_id, title, created_at, updated_at) "
+                "VALUES ('c1', 1, 'old chat', :t, :t)"
+            ),
+            {"t": now},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO messages (chat_id, owner_id, position, role, content, created_at) "
+                "VALUES ('c1', 1, 0, 'assistant', 'an older reply', :t)"
+            ),
+            {"t": now},
+        )
+    migrate.upgrade(store.engine, "0006")
+    with store.engine.connect() as connection:
+        columns = {c["name"]: c for c in inspect(connection).get_columns("messages")}
+        assert columns["sources"]["nullable"]
+        assert connection.execute(text("SELECT sources FROM messages")).scalars().all() == [None]
+    migrate.downgrade(store.engine, "0005")
+    with store.engine.begin() as connection:
+        assert "sources" not in {c["name"] for c in inspect(connection).get_columns("messages")}
+        connection.execute(
+            text(
+                "INSERT INTO messages (chat_id, owner_id, position, role, content, created_at) "
+                "VALUES ('c1', 1, 1, 'user', 'stored after the downgrade', :t)"
+            ),
+            {"t": now},
+        )
+    from chatapp.store import chats
+
+    with store.session() as session:
+        assert [c.id for c in chats.list_chats(session, 1, "downgrade")] == ["c1"]
+    store.close()
