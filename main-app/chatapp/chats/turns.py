@@ -14,7 +14,9 @@ nothing: the page says so and the person may send it again.
 
 A grounded turn (`"documents": true`, chatapp/documents/search/grounding.py) is stored with the
 block of passages it was sent with (`messages.grounding`) and its reply with the passages it cites
-(`citations`, checked against that block, as the done line's). Later turns put each stored
+(`citations`, checked against that block, as the done line's) and every passage it was given
+(`sources`, the stream's first line; `[]` when nothing matched), so a chat opened again lists
+them as the page did when the reply came. Later turns put each stored
 block back before its question, from the database: the prompt begins as before (the model
 service's cache reads it) and no client can write an earlier turn's passages. The new turn's
 own passages go before its question before `fit` chooses the stored turns (`start`'s
@@ -123,11 +125,20 @@ class StoredTurn:
     citations: list[dict[str, Any]] | None = None
     # A grounded turn's: the reply's citations, read from its text when it ends (`ground`).
     cite: Callable[[str], list[dict[str, Any]]] | None = None
+    # A grounded turn's: the passages it was given (`ground`); None for a turn not grounded.
+    sources: list[dict[str, Any]] | None = None
 
-    def ground(self, block: str, cite: Callable[[str], list[dict[str, Any]]]) -> None:
-        """This turn was sent with `block` before its question; `cite` finds the passages a
-        reply cites (chatapp/documents/search/grounding.py)."""
+    def ground(
+        self,
+        block: str,
+        sources: list[dict[str, Any]],
+        cite: Callable[[str], list[dict[str, Any]]],
+    ) -> None:
+        """This turn was sent with `block` before its question, listing `sources` (`Grounding.
+        sources()`: n, name, page, document_id); `cite` finds the passages a reply cites
+        (chatapp/documents/search/grounding.py)."""
         self.user_message.grounding = block
+        self.sources = sources
         self.cite = cite
 
     def end(self, reply: str, finish: str, started: bool) -> None:
@@ -138,7 +149,13 @@ class StoredTurn:
             self.citations = self.cite(reply)
         try:
             with self.store.session(write=True) as session:
-                answer = NewMessage("assistant", reply, finish=finish, citations=self.citations)
+                answer = NewMessage(
+                    "assistant",
+                    reply,
+                    finish=finish,
+                    citations=self.citations,
+                    sources=self.sources,
+                )
                 turn = [self.user_message, answer]
                 if chats.append_messages(session, self.owner_id, self.chat_id, turn) is None:
                     return  # deleted while the reply streamed: nothing to keep it in

@@ -142,7 +142,11 @@ def _turn_and_grounding(
     )
     grounding = found[0]
     if grounding is not None:
-        turn.ground(grounding.block, lambda reply: list(grounding.done_fields(reply)["citations"]))
+        turn.ground(
+            grounding.block,
+            grounding.sources(),
+            lambda reply: list(grounding.done_fields(reply)["citations"]),
+        )
     _mark_passages(payload, grounding)
     return turn, grounding
 

@@ -159,10 +159,12 @@ def test_a_replys_citations_are_stored_with_it(
     turn.end("An answer [1].", "stop", True)
     messages = client.get(f"/api/chats/{chat}", headers=ALICE).get_json()["messages"]
     assert messages[1]["citations"] == cited and "citations" not in messages[0]
+    assert not any("sources" in m for m in messages)  # not grounded: no list of sources
 
 
 def test_a_grounded_turn_is_stored_and_put_back_from_the_store(database_url: str) -> None:
-    """StoredTurn.ground: the user turn keeps its block, the reply the passages it cites; the
+    """StoredTurn.ground: the user turn keeps its block, the reply the passages it cites and
+    every source it was given (`[]` when nothing matched, nothing when not grounded); the
     chat's next prompt has the block back before the question, from the database."""
     from chatapp.chats import turns
     from chatapp.documents.search.grounding import with_block
@@ -176,14 +178,25 @@ def test_a_grounded_turn_is_stored_and_put_back_from_the_store(database_url: str
         chat = chats.create_chat(session, owner, "").id
     turn = turns.StoredTurn(store, owner, chat, chats.NewMessage("user", "Why?"), None)
     cited = [{"n": 1, "document_id": 7, "name": "a.md", "page": None, "text": "Because."}]
-    turn.ground("Passages: [1] Because.", lambda reply: cited if "[1]" in reply else [])
+    given = [
+        {"n": 1, "name": "a.md", "page": None, "document_id": 7},
+        {"n": 2, "name": "b.pdf", "page": 4, "document_id": 9},
+    ]
+    turn.ground("Passages: [1] Because.", given, lambda reply: cited if "[1]" in reply else [])
     turn.end("It is so [1].", "stop", True)
+    nothing = turns.StoredTurn(store, owner, chat, chats.NewMessage("user", "Zebra?"), None)
+    nothing.ground("Nothing matched.", [], lambda reply: [])
+    nothing.end("I cannot tell.", "stop", True)
+    bare = turns.StoredTurn(store, owner, chat, chats.NewMessage("user", "Thanks"), None)
+    bare.end("You are welcome.", "stop", True)
     with store.session() as session:
         found = chats.open_chat(session, owner, chat)
     assert found is not None
     _, rows = found
-    assert [r.grounding for r in rows] == ["Passages: [1] Because.", None]
-    assert [r.citations for r in rows] == [None, cited]
+    blocks = ["Passages: [1] Because.", None, "Nothing matched.", None, None, None]
+    assert [r.grounding for r in rows] == blocks
+    assert [r.citations for r in rows] == [None, cited, None, [], None, None]
+    assert [r.sources for r in rows] == [None, given, None, [], None, None]
     config = {"MAX_MESSAGES": 50, "MAX_CONTENT_LENGTH": 100_000, "MAX_IMAGES": 4}
     prompt = turns.fit(rows, [{"role": "user", "content": "And?"}], config)
     assert prompt[0] == {"role": "user", "content": with_block("Why?", "Passages: [1] Because.")}

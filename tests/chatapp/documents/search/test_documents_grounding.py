@@ -300,7 +300,8 @@ def signed_in(
 
 
 def stored_turn(client: FlaskClient, headers: dict[str, str], **body: Any) -> dict[str, Any]:
-    """A stored chat's turn; the response is closed, as a server closes it (the turn is stored)."""
+    """A stored chat's turn's done line, with the first line's `sources` when grounded; the
+    response is closed, as a server closes it (the turn is stored)."""
     response = client.post("/chat", json={"max_new_tokens": 8, **body}, headers=headers)
     try:
         assert response.status_code == 200, response.get_data(as_text=True)
@@ -308,19 +309,27 @@ def stored_turn(client: FlaskClient, headers: dict[str, str], **body: Any) -> di
     finally:
         response.close()
     assert lines[-1].get("done") is True, lines[-1]
-    return dict(lines[-1])
+    done = dict(lines[-1])
+    if "sources" in lines[0]:
+        done["sources"] = lines[0]["sources"]
+    return done
 
 
-def test_a_stored_chat_keeps_its_grounding_and_citations_per_user(signed_in: FlaskClient) -> None:
+def test_a_stored_chat_keeps_its_grounding_citations_and_sources_per_user(
+    signed_in: FlaskClient,
+) -> None:
     add_ready_guide(signed_in, ALICE)
     chat_id = signed_in.post("/api/chats", json={}, headers=ALICE).get_json()["id"]
     question = {"role": "user", "content": "How long does the warranty last?"}
     first = stored_turn(signed_in, ALICE, chat_id=chat_id, messages=[question], documents=True)
     assert "The warranty lasts" in first["grounding"]
+    assert first["sources"] and {s["name"] for s in first["sources"]} == {"guide.md"}
     stored = signed_in.get(f"/api/chats/{chat_id}", headers=ALICE).get_json()["messages"]
     assert [m["role"] for m in stored] == ["user", "assistant"]
     assert stored[0]["content"] == question["content"]  # the question as asked, no passages
     assert stored[1]["citations"] == first["citations"]  # what the done line said, kept
+    # Every source the first line listed, cited or not.
+    assert stored[1]["sources"] == first["sources"] and "sources" not in stored[0]
     # The follow-up (not grounded itself) is built from the stored turns, the first with the
     # passages it was sent with: its prompt holds all of the first's, read from the cache.
     follow = stored_turn(
@@ -328,10 +337,16 @@ def test_a_stored_chat_keeps_its_grounding_and_citations_per_user(signed_in: Fla
     )
     assert follow["prompt_tokens"] > first["prompt_tokens"]
     assert follow["cached_tokens"] > 0
-    # Bob's grounded chat reaches none of Alice's passages, nor her chat.
+    stored = signed_in.get(f"/api/chats/{chat_id}", headers=ALICE).get_json()["messages"]
+    assert ["sources" in m for m in stored] == [False, True, False, False]
+    # Bob's grounded chat reaches none of Alice's passages, nor her chat; it keeps that
+    # nothing matched (the page says so under the reply).
     bobs = signed_in.post("/api/chats", json={}, headers=BOB).get_json()["id"]
     his = stored_turn(signed_in, BOB, chat_id=bobs, messages=[question], documents=True)
     assert his["grounding"] == NOTHING_FOUND and his["citations"] == []
+    assert his["sources"] == []
+    his_stored = signed_in.get(f"/api/chats/{bobs}", headers=BOB).get_json()["messages"]
+    assert his_stored[1]["sources"] == [] and his_stored[1]["citations"] == []
     refused = signed_in.post(
         "/chat", json={"chat_id": chat_id, "messages": [question], "documents": True}, headers=BOB
     )
