@@ -68,8 +68,10 @@ function pageChat(chat) {
   const messages = shown.map((message) => {
     const out = { role: message.role, content: message.content };
     if (message.role === "assistant") out.ending = endingOf(message.finish);
-    // A grounded reply's sources, as stored with it (its [n] chips on the page).
+    // A grounded reply's citations (its [n] chips) and every source it was given, as stored
+    // with it: listed under the reply, the cited ones marked, as a browser-kept chat shows them.
     if (Array.isArray(message.citations)) out.citations = message.citations;
+    if (Array.isArray(message.sources)) out.sources = message.sources;
     const images = (Array.isArray(message.images) ? message.images : []).map(imageFrom).filter(Boolean);
     if (images.length) out.images = images.map(({ id, type }) => ({ id, type, width: 0, height: 0, name: "" }));
     return out;

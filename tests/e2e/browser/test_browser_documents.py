@@ -120,12 +120,13 @@ def _add_guide(page: Page) -> None:
 
 
 @pytest.mark.parametrize("library_app", ["appservice"], indirect=True)
-def test_a_signed_in_users_library_and_a_stored_chats_citations(
+def test_a_signed_in_users_library_and_a_stored_chats_citations_and_sources(
     browser: Browser, library_app: services.Service
 ) -> None:
     """Signed in (server chats and the library on one page): a grounded turn goes with the
-    stored chat's id, its citation chips come back when the chat is opened again, and another
-    user's library is empty."""
+    stored chat's id; its citation chips and its sources, the uncited ones too, come back when
+    the chat is opened again; another user's library is empty, and his grounded reply still
+    says after a reload that no source matched."""
     alice = _signed_in(browser, "alice")
     try:
         alice.goto(library_app.url)
@@ -136,10 +137,19 @@ def test_a_signed_in_users_library_and_a_stored_chats_citations(
         assert body["documents"] is True and isinstance(body.get("chat_id"), str)
         expect(reply(alice)).to_have_attribute("data-state", "done", timeout=60_000)
         expect(reply(alice).locator("button.citation")).to_have_text("1")
+        sources = reply(alice).locator(".sources li")
+        expect(sources.first).to_contain_text("guide.md")
+        listed = sources.all_inner_texts()
         # The turn is stored when the response closes, just after the page saw its end.
         _stored_messages(library_app, "alice", str(body["chat_id"]), 2)
-        alice.reload()  # the chat and its citations, from the server
+        alice.reload()  # the chat, its citations and its sources, from the server
         expect(alice.locator(".message")).to_have_count(2)
+        expect(sources).to_have_count(len(listed))
+        assert sources.all_inner_texts() == listed  # as the page listed them, "cited" marked
+        cited = reply(alice).locator(".sources li.cited")
+        expect(cited).to_have_count(1)
+        expect(cited).to_contain_text("[1]")
+        expect(reply(alice).locator(".sources li:not(.cited)")).to_have_count(len(listed) - 1)
         chip = reply(alice).locator("button.citation")
         expect(chip).to_have_text("1")
         chip.click()
@@ -152,6 +162,17 @@ def test_a_signed_in_users_library_and_a_stored_chats_citations(
         expect(bob.locator("#signed-in")).to_have_text("Signed in as bob")
         bob.locator("#open-library").click()
         expect(bob.locator(".library-item")).to_have_count(0)
+        bob.locator("#library-close").click()
+        bob.locator("#use-documents").check()
+        body = chat_request(bob, lambda: send(bob, "How do I descale the kettle?"))
+        expect(reply(bob)).to_have_attribute("data-state", "done", timeout=60_000)
+        nothing = "No source in your documents matched"
+        expect(reply(bob).locator(".sources-heading")).to_have_text(nothing)
+        _stored_messages(library_app, "bob", str(body["chat_id"]), 2)
+        bob.reload()
+        expect(bob.locator(".message")).to_have_count(2)
+        expect(reply(bob).locator(".sources-heading")).to_have_text(nothing)
+        expect(reply(bob).locator(".sources li")).to_have_count(0)
     finally:
         bob.context.close()
 
