@@ -151,6 +151,9 @@ class Generate:
     # owned_scope), so no owner's request finds another's passages.
     passages: tuple[str, ...] = ()
     passage_scope: str | None = None
+    # Only note the passages to be read into the store while idle (the app's library warmed
+    # ahead of questions, web/passages/api.py): no reply; the worker answers `Warmed`.
+    warm: bool = False
     key: int = 0  # unique per request (X-Request-Id may repeat); the web process sets it
 
     @property
@@ -326,6 +329,16 @@ class End:
 
 
 @dataclass(frozen=True, slots=True)
+class Warmed:
+    """A warm request's answer (Generate.warm): the prompt's tokens up to its last passage's
+    end now waiting to be read into the passage store (0: none, `reason` says why)."""
+
+    key: int
+    tokens: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CacheStats:
     """The conversation cache after a change: generators kept, their KV bytes, evictions."""
 
@@ -356,7 +369,8 @@ class CacheStats:
     passage_hits: int = 0
     passage_misses: int = 0
     passage_wanted: int = 0
+    passage_warming: int = 0  # runs to warm (PASSAGE_WARM) waiting for idle time and room
 
 
 ToWorker = Generate | Cancel | Stop | Ping
-FromWorker = Phase | Rejected | Started | Reading | Piece | End | CacheStats | Pong
+FromWorker = Phase | Rejected | Started | Reading | Piece | End | Warmed | CacheStats | Pong

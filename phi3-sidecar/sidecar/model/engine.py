@@ -262,6 +262,11 @@ class Engine:
             self.batch, self._shared_prefixes, self.prompts.fit, self._spare_needed
         )
 
+    def warm_passages(self, request: Generate, prompt: Prompt | None) -> tuple[int, str | None]:
+        """Note a request's passages to be read while idle (Generate.warm: batch/setup.py)."""
+        prompt = prompt or prompt_passages.built(self.prompts, request, self.max_length)
+        return batch_setup.warm_passages(self.batch, prompt, request.passage_scope)
+
     def cache_stats(self) -> CacheStats:
         return batch_setup.cache_stats(self.batch, self.cache, self.generators.memory.memory)
 

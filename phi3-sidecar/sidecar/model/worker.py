@@ -308,7 +308,9 @@ class Scheduler:
 
     def _handle_here(self, request: ipc.Generate) -> None:
         """Start a request whose prompt the engine builds (in this process)."""
-        if self._waiting:  # first come, first served
+        if request.warm:
+            self._warm(request, None)
+        elif self._waiting:  # first come, first served
             self._waiting.append(_Pending(request))
         else:
             self._start(_Pending(request))
@@ -335,11 +337,26 @@ class Scheduler:
         if built.refusal is not None:
             self._refuse(request, built.refusal, built.seconds)
             return
+        if request.warm:
+            self._warm(request, built.prompt)
+            return
         pending = _Pending(request, built.prompt, built.seconds)
         if self._waiting:  # first come, first served
             self._waiting.append(pending)
         else:
             self._start(pending)
+
+    def _warm(self, request: ipc.Generate, prompt: Prompt | None) -> None:
+        """Note a warm request's passages to be read while idle (ipc.Generate.warm): no
+        reply, no slot, no wait; the idle work reads them when nothing else waits."""
+        warm = getattr(self._engine, "warm_passages", None)
+        try:
+            tokens, reason = warm(request, prompt) if warm else (0, "the passage store is off")
+        except Exception as exc:
+            self._refuse(request, exc)
+            return
+        self._outbox.send(ipc.Warmed(request.key, tokens, reason))
+        self._outbox.send(self._engine.cache_stats())
 
     def _start_waiting(self) -> None:
         """Start the waiting requests that fit now, in order; refuse those past their

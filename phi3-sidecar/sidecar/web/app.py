@@ -36,6 +36,7 @@ from sidecar.web.images.decoding import Images
 from sidecar.web.observability.metrics import Metrics
 from sidecar.web.observability.request_log import RequestLogMiddleware
 from sidecar.web.observability.telemetry import TraceRequest, Tracing
+from sidecar.web.passages.api import router as passages_router
 from sidecar.web.predict.api import router as predict_router
 from sidecar.web.probes import router as probes_router
 from sidecar.web.responses.api import router as responses_router
@@ -136,4 +137,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(embeddings_router)
     app.include_router(tokenizer_router)
     app.include_router(audio_router)
+    app.include_router(passages_router)
     return app

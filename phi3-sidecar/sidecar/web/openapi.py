@@ -20,6 +20,7 @@ from sidecar.web.chat_completions.schemas import ChatCompletionRequest
 from sidecar.web.completions.api import CompletionRequest
 from sidecar.web.embeddings.api import EmbeddingRequest
 from sidecar.web.errors import REFUSALS
+from sidecar.web.passages.api import WARM_PATH, WarmRequest
 from sidecar.web.predict.api import PredictRequest
 from sidecar.web.responses.schemas import ResponsesRequest
 
@@ -59,6 +60,7 @@ def build(app: FastAPI) -> dict[str, Any]:
         CompletionRequest,
         ResponsesRequest,
         EmbeddingRequest,
+        WarmRequest,
     ]
     _, definitions = models_json_schema([(body, "validation") for body in bodies], ref_template=REF)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -87,6 +89,7 @@ def build(app: FastAPI) -> dict[str, Any]:
             "EmbeddingRequest",
             {"application/json": {"schema": {"type": "object"}}},
         ),
+        (WARM_PATH, "WarmRequest", {"application/json": {"schema": {"type": "object"}}}),
     ):
         operation = schema["paths"][path]["post"]
         operation["requestBody"] = {

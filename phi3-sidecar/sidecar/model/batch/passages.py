@@ -79,6 +79,21 @@ def plan(
     return sorted(placements, key=lambda p: p.at)
 
 
+def warm(store: PassageStore | None, prompt: Prompt, scope: str | None) -> tuple[int, str | None]:
+    """Note the prompt's run, up to its last passage's end, to be read ahead of questions
+    (PASSAGE_WARM): its tokens, or 0 and why not."""
+    if store is None or not store.enabled:
+        return 0, "the passage store is off"
+    if not prompt.passages:
+        return 0, "no passage was found in the prompt"
+    end = max(start + len(tokens) for start, tokens in prompt.passages)
+    spans = tuple((start, len(tokens)) for start, tokens in prompt.passages)
+    wanted = Wanted(scope, tuple(prompt.ids[:end]), len(prompt.reading_prefix), spans)
+    if not store.warm(wanted):
+        return 0, "stored already"
+    return end, None
+
+
 class PassageReading:
     """One wanted run read into a free slot, a piece a step (idle work): its reading prefix
     (from the store's copy, else read and kept), then the rest in chunks; encoded into the

@@ -147,7 +147,7 @@ class BatchScheduler(BatchStep):
         if reading is None:
             if self.busy or store is None or not self.idle.headroom_tokens:
                 return False
-            wanted = store.next_wanted()
+            wanted = store.next_wanted(self.pool.bytes_per_token)
             if wanted is None:
                 return False
             taken = self.staged.slot if self.staged is not None else None
@@ -374,6 +374,7 @@ SERVED_FIELDS = frozenset(
         "prompt",  # the engine reads it; a plain prompt is ids like any other
         "passages",  # the passage store's (batch/passages.py); the Generator reads them as text
         "passage_scope",
+        "warm",  # never started: its passages are noted (Engine.warm_passages)
     }
 )
 

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from sidecar.ipc import CacheStats
 from sidecar.model.batch.decoder import BatchDecoder, DecoderSpec, Unsupported, read_spec
+from sidecar.model.batch.passages import warm
 from sidecar.model.batch.scheduler import CACHE_SLOTS, BatchScheduler
 from sidecar.model.generator.path import folder_error
 from sidecar.model.kv import compact as kv_compact
@@ -25,6 +26,7 @@ from sidecar.model.kv.passages import PassageStore, Reuse
 from sidecar.model.kv.prompt_cache import PromptCache
 from sidecar.model.kv.shared_prefix import read_declared
 from sidecar.model.memory import chosen_kv_bound
+from sidecar.model.prompt.builder import Prompt
 
 log = logging.getLogger("sidecar.model.batch_setup")  # the name its log lines always had
 
@@ -170,6 +172,16 @@ def passage_reuse(batch: BatchScheduler | None) -> str:
     if store.reuse == "moved" and store.reason is not None:  # asked for, not possible
         return f"{store.mode} (keys cannot move: {store.reason})"
     return store.mode
+
+
+def warm_passages(
+    batch: BatchScheduler | None, prompt: Prompt, scope: str | None
+) -> tuple[int, str | None]:
+    """Note a warm request's run to be read into the passage store while idle (ipc.Generate.warm;
+    batch/passages.py warm): its tokens, or 0 and why not."""
+    if batch is None or batch.cache.exact:
+        return 0, "the passage store is off (it needs batched decode, PROMPT_CACHE_EXACT off)"
+    return warm(batch.passages, prompt, scope)
 
 
 def attach_tiers(

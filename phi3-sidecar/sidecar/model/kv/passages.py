@@ -30,6 +30,11 @@ runs, and `passage_cached_tokens` or the first token's timing tell a caller only
 own owner's requests sent; the model by the process (RAM) and the disk tier's fingerprint
 (files).
 
+Warmed ahead of questions (PASSAGE_WARM, the app's library: web/passages/api.py): a wish that
+no request made is read only when no request's wish waits, and only while the store has room
+for it without putting anything out (the disk part's bound with PROMPT_CACHE_DIR, else the RAM
+bound), so warming never displaces what questions brought.
+
 Bounded: PASSAGE_KV_MB of RAM (runs and reading prefixes; beside the KV bound, which a memory
 limit then chooses that much smaller), least recently used out first; with PROMPT_CACHE_DIR a
 copy of each run on disk (its `passages/` folder, PASSAGE_DISK_MB) under the conversation
@@ -55,6 +60,7 @@ from sidecar.model.kv.disk import DiskTier, Stored, Writing
 from sidecar.model.kv.rotary import Rotary
 
 WANTED = 256  # runs waiting to be read while idle; the oldest wish is dropped past it
+WARMING = 4096  # runs to warm (PASSAGE_WARM); the oldest is dropped past it
 MAX_RUN_PASSAGES = 64  # a run's passages (the APIs take 32 a request)
 WRITE_PIECE_BYTES = 16 * 2**20  # of a run's file per idle step (kv/idle.py's PIECE_BYTES)
 
@@ -108,6 +114,7 @@ class StoreStats:
     hits: int = 0  # passages found, per request
     misses: int = 0
     wanted: int = 0  # runs waiting to be read
+    warming: int = 0  # runs to warm (PASSAGE_WARM) waiting to be read
 
 
 @dataclass
@@ -124,11 +131,13 @@ class PassageStore:
     runs: OrderedDict[str, Run] = field(default_factory=OrderedDict)
     prefixes: OrderedDict[str, CompactKv] = field(default_factory=OrderedDict)
     wanted: OrderedDict[str, Wanted] = field(default_factory=OrderedDict)
+    warming: OrderedDict[str, Wanted] = field(default_factory=OrderedDict)  # read when room
     hits: int = 0
     misses: int = 0
     # Runs in RAM still to be written to disk, and the one being written (idle work)
     _unwritten: list[Run] = field(default_factory=list)
     _writing: tuple[Run, Writing] | None = None
+    _bytes_per_token: int = 0  # of the latest run kept (0: none yet)
     # (scope, digest of a prompt's first tokens up to a passage's end) -> the run and that end
     _ends: dict[tuple[str | None, str], tuple[Run, int]] = field(default_factory=dict)
     # (scope, digest of the reading prefix and of a passage's tokens) -> the run and its start
@@ -192,9 +201,37 @@ class PassageStore:
         while len(self.wanted) > WANTED:
             self.wanted.popitem(last=False)
 
-    def next_wanted(self) -> Wanted | None:
-        """The latest wish first: the latest questions' passages are the likeliest to return."""
-        return next(reversed(self.wanted.values()), None)
+    def warm(self, wanted: Wanted) -> bool:
+        """Note a run to read ahead of any question (PASSAGE_WARM); False: it is kept already."""
+        key = run_key(wanted.scope, wanted.tokens)
+        if not self.enabled or key in self.runs:
+            return False
+        if key not in self.wanted:
+            self.warming[key] = wanted
+            self.warming.move_to_end(key)
+            while len(self.warming) > WARMING:
+                self.warming.popitem(last=False)
+        return True
+
+    def next_wanted(self, bytes_per_token: int) -> Wanted | None:
+        """The latest question's wish first (its passages are the likeliest to return); else
+        the latest warming wish, if the store has room for it (`bytes_per_token`: the slot's,
+        until a kept run tells what the compact encoding makes of a token)."""
+        latest = next(reversed(self.wanted.values()), None)
+        if latest is not None or not self.warming:
+            return latest
+        warming = next(reversed(self.warming.values()))
+        if self._room() < len(warming.tokens) * (self._bytes_per_token or bytes_per_token):
+            return None
+        return warming
+
+    def _room(self) -> int:
+        """Bytes the store may still take without putting anything out."""
+        disk = self.disk
+        if disk is not None and disk.enabled:
+            unwritten = sum(run.nbytes for run in self._unwritten)
+            return disk.budget_bytes - disk.total_bytes - unwritten
+        return self.bound_bytes - self.ram_bytes()
 
     # -- keeping --------------------------------------------------------------------------
 
@@ -202,6 +239,9 @@ class PassageStore:
         """Keep a run read in full, in RAM and, with the disk tier, to be written to a file
         a piece at a time (write_step)."""
         self.wanted.pop(run.key, None)
+        self.warming.pop(run.key, None)
+        if run.kv is not None and run.tokens:
+            self._bytes_per_token = -(-run.kv.nbytes // len(run.tokens))
         self._index(run)
         if self.disk is not None and self.disk.enabled and run.kv is not None:
             self._unwritten.append(run)
@@ -323,6 +363,7 @@ class PassageStore:
             hits=self.hits,
             misses=self.misses,
             wanted=len(self.wanted),
+            warming=len(self.warming),
         )
 
     # -- placing --------------------------------------------------------------------------

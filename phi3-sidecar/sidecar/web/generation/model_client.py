@@ -70,20 +70,25 @@ class PhaseState:
 class Reply:
     """One request's view of its generation: how it started, its pieces, how it ended."""
 
-    def __init__(self, key: int, images: int = 0) -> None:
+    def __init__(self, key: int, images: int = 0, *, admitted: bool = True) -> None:
         loop = asyncio.get_running_loop()
         self.key = key
+        # Whether it holds an admission place (its end gives it back): a warm request
+        # (ipc.Generate.warm) takes none
+        self.admitted = admitted
         # A vision model reads a prompt's images in the reply's first step, which may be far
         # longer than a token's (the watchdog allows WORKER_STALL_IMAGE_S more per image).
         self.images = images
         self.first_piece = False
-        self.start: asyncio.Future[ipc.Started | ipc.Rejected | ipc.End] = loop.create_future()
+        self.start: asyncio.Future[ipc.Started | ipc.Rejected | ipc.End | ipc.Warmed] = (
+            loop.create_future()
+        )
         self.end: asyncio.Future[ipc.End] = loop.create_future()
         self.pieces: asyncio.Queue[ipc.Piece | ipc.Reading | ipc.End] = asyncio.Queue()
         self.generated = 0  # as the last piece said
 
     def deliver(self, message: ipc.FromWorker) -> None:
-        if isinstance(message, ipc.Started | ipc.Rejected) and not self.start.done():
+        if isinstance(message, ipc.Started | ipc.Rejected | ipc.Warmed) and not self.start.done():
             self.start.set_result(message)
         elif isinstance(message, ipc.Reading):
             self.pieces.put_nowait(message)
@@ -188,8 +193,9 @@ class ModelClient:
     # -- requests ---------------------------------------------------------------------------
 
     def submit(self, request: ipc.Generate) -> Reply:
+        """Hand a request to the worker (an admitted one, or a warm one: ipc.Generate.warm)."""
         request = dataclasses.replace(request, key=next(self._keys))
-        reply = Reply(request.key, len(request.images))
+        reply = Reply(request.key, len(request.images), admitted=not request.warm)
         self._replies[request.key] = reply
         self._outbox.put(request)
         return reply
@@ -241,9 +247,10 @@ class ModelClient:
         reply = self._replies.get(message.key)
         if reply is None:
             return
-        if isinstance(message, ipc.Rejected | ipc.End):
+        if isinstance(message, ipc.Rejected | ipc.End | ipc.Warmed):
             del self._replies[message.key]
-            self._on_generation_over()
+            if reply.admitted:
+                self._on_generation_over()
         reply.deliver(message)
 
     def _set_phase(self, message: ipc.Phase, retry_at: float | None = None) -> None:
@@ -354,5 +361,6 @@ class ModelClient:
     def _abort_all(self) -> None:
         replies, self._replies = self._replies, {}
         for key, reply in replies.items():
-            self._on_generation_over()
+            if reply.admitted:
+                self._on_generation_over()
             reply.deliver(ipc.End(key, "error", reply.generated, None))

@@ -194,7 +194,7 @@ class Pipeline:
                 raise ApiError(start.reason, start.message, headers=overloaded().headers)
             extra = {"limit_tokens": start.limit_tokens} if start.limit_tokens is not None else None
             raise ApiError(start.reason, start.message, extra=extra)
-        if isinstance(start, ipc.End):  # the worker died before it started this request
+        if not isinstance(start, ipc.Started):  # End: the worker died before starting it
             raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
         record.prompt_tokens = start.prompt_tokens
         if generate.images:

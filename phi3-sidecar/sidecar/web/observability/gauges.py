@@ -90,6 +90,12 @@ class GaugesCollector(Collector):
                 g.cache.passage_wanted,
             ),
             (
+                "passage_store_warming",
+                "Passages sent to warm the store (POST /v1/passages/warm) not read yet: read "
+                "while idle, after the questions' own, while the store has room.",
+                g.cache.passage_warming,
+            ),
+            (
                 "prompt_cache_bytes",
                 "KV-cache bytes of the generators the conversation cache holds.",
                 g.cache.bytes,

@@ -1,0 +1,1 @@
+"""Warming the passage store ahead of questions: POST /v1/passages/warm."""
