@@ -55,6 +55,8 @@ DEFAULTS: dict[str, Any] = {
     "DOCUMENT_PASSAGES": 6,
     "DOCUMENT_CONTEXT_TOKENS": 1200,
     "DOCUMENT_MIN_SCORE": 0.2,
+    "PASSAGE_WARM": False,
+    "PASSAGE_WARM_PASSAGES": 256,
     "EMBED_MODEL": "all-minilm-l6-v2",
     "EMBED_TOKENIZER": None,
     "EMBED_MAX_TOKENS": 256,
@@ -195,6 +197,14 @@ DESCRIPTIONS: dict[str, str] = {
     "DOCUMENT_CONTEXT_TOKENS": "The most chat-model tokens a grounded turn's passages take "
     "(estimated from the encoder's count, docs/documents.md): room left in a 4,096-token "
     "context for the conversation and the reply.",
+    "PASSAGE_WARM": "Send the library's passages to our sidecar's passage store ahead of "
+    "questions (`POST /v1/passages/warm`; `UPSTREAM_API=predict` only): the model reads them "
+    "while idle, newest documents first, within the store's bound, and a first question whose "
+    "best passage is one of them finds it read (docs/documents.md, 'Passages read once'). The "
+    "indexer sends each document once it is ready, and the newest `PASSAGE_WARM_PASSAGES` at "
+    "its start and every 10 minutes (a restarted sidecar is warmed again).",
+    "PASSAGE_WARM_PASSAGES": "With `PASSAGE_WARM`, the most passages of the library sent in "
+    "one sweep, newest documents first.",
     "DOCUMENT_MIN_SCORE": "With `DOCUMENT_SEARCH=dense`, the least cosine similarity a passage "
     "needs to be given to a grounded turn; below it the turn is told nothing relevant was "
     "found (-1 keeps everything).",
@@ -487,6 +497,8 @@ _FROM_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DOCUMENT_PASSAGES": ("DOCUMENT_PASSAGES", _positive_int),
     "DOCUMENT_CONTEXT_TOKENS": ("DOCUMENT_CONTEXT_TOKENS", _positive_int),
     "DOCUMENT_MIN_SCORE": ("DOCUMENT_MIN_SCORE", _similarity),
+    "PASSAGE_WARM": ("PASSAGE_WARM", _bool),
+    "PASSAGE_WARM_PASSAGES": ("PASSAGE_WARM_PASSAGES", _positive_int),
     "EMBED_MODEL": ("EMBED_MODEL", _model),
     "EMBED_TOKENIZER": ("EMBED_TOKENIZER", _text),
     "EMBED_MAX_TOKENS": ("EMBED_MAX_TOKENS", _embed_tokens),

@@ -158,6 +158,7 @@ def done_event(
     prompt_tokens: int = 12,
     cached_tokens: int = 0,
     dropped_messages: int = 0,
+    passage_cached_tokens: int = 0,
 ) -> dict[str, Any]:
     """The last event of a complete reply, every field the real sidecar sends."""
     return {
@@ -166,6 +167,7 @@ def done_event(
         "generated_tokens": generated_tokens,
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached_tokens,
+        "passage_cached_tokens": passage_cached_tokens,
         "dropped_messages": dropped_messages,
     }
 

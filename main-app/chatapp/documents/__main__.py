@@ -25,6 +25,7 @@ def main() -> None:
     from chatapp import settings
     from chatapp.documents.indexer import claims
     from chatapp.documents.service import make_indexer
+    from chatapp.documents.warming import Warmer
     from chatapp.observability.logs import configure_logging
     from chatapp.store import Store, migrate
     from chatapp.store.database import default_url
@@ -44,8 +45,11 @@ def main() -> None:
     # Several documents at once, each thread an indexer of its own (its own connection to the
     # model service, its own reader process): their claims never take the same document
     # (indexer/claims.py). With two or more, the last is the quick lane (indexer/worker.py).
+    warmer = Warmer.of(store, config)  # PASSAGE_WARM: one for the process's indexers
     indexers = [
-        make_indexer(store, config, quick=count > 1 and n == count - 1, instance=instance)
+        make_indexer(
+            store, config, quick=count > 1 and n == count - 1, instance=instance, warmer=warmer
+        )
         for n in range(count)
     ]
     threads = [

@@ -24,6 +24,7 @@ from chatapp.documents.reading.formats import Limits
 from chatapp.documents.search.grounding import ChatTokenRatio
 from chatapp.documents.search.retrieval import Searcher
 from chatapp.documents.sizing import PassageSizing
+from chatapp.documents.warming import Warmer
 from chatapp.store import Store
 
 
@@ -37,10 +38,16 @@ def _pending(store: Store) -> bool:
 
 
 def make_indexer(
-    store: Store, config: Mapping[str, Any], *, quick: bool = False, instance: str | None = None
+    store: Store,
+    config: Mapping[str, Any],
+    *,
+    quick: bool = False,
+    instance: str | None = None,
+    warmer: Warmer | None = None,
 ) -> Indexer:
     """An indexer of the app's settings; `quick`: the quick lane (indexer/worker.py); `instance`:
-    the name its claims carry (claims.take_over), a random one if None."""
+    the name its claims carry (claims.take_over), a random one if None; `warmer`: the process's
+    one (PASSAGE_WARM, documents/warming.py)."""
     indexer = Indexer(
         store=store,
         index=index_for(store),
@@ -50,6 +57,7 @@ def make_indexer(
         read_timeout_s=config["DOCUMENT_READ_TIMEOUT"],
         read_memory_mb=config["DOCUMENT_READ_MEMORY_MB"],
         quick_s=QUICK_S if quick else None,
+        warmer=warmer,
     )
     if instance is not None:
         indexer.instance = instance
@@ -83,6 +91,11 @@ class Documents:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # PASSAGE_WARM with the indexer here: the library is swept from the start, not only
+        # once the indexer thread starts (with the first document to read)
+        self._warmer = Warmer.of(store, config) if config["DOCUMENT_INDEXER"] == "thread" else None
+        if self._warmer is not None:
+            self._warmer.start(self._stop)
         # The thread starts with the first document to read: now, if the database holds one
         # (a restart in the middle), else at the first upload or retry.
         if config["DOCUMENT_INDEXER"] == "thread" and _pending(store):
@@ -92,7 +105,7 @@ class Documents:
         with self._lock:
             if self._thread is not None or self._config["DOCUMENT_INDEXER"] != "thread":
                 return
-            indexer = make_indexer(self._store, self._config)
+            indexer = make_indexer(self._store, self._config, warmer=self._warmer)
             self._thread = threading.Thread(
                 target=indexer.run,
                 args=(self._stop, self._wake),

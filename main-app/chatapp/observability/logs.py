@@ -118,6 +118,7 @@ class ChatRecord:
     # ttft_ms, and the passages it was given
     grounding_ms: float | None = None
     passages: int | None = None
+    passage_cached_tokens: int | None = None  # of prompt_tokens, from the passage store
     started: float = field(default_factory=time.monotonic)
     # Told (status, outcome, seconds) when the chat ends: /metrics and the trace (telemetry.py).
     observer: Callable[[int, str, float], None] | None = field(default=None, repr=False)
@@ -153,6 +154,7 @@ class ChatRecord:
             "tokens_per_s": self.tokens_per_s,
             "grounding_ms": self.grounding_ms,
             "passages": self.passages,
+            "passage_cached_tokens": self.passage_cached_tokens,
             "duration_ms": round(seconds * 1000, 1),
         }
         known = {k: v for k, v in fields.items() if v is not None}

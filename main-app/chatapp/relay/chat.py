@@ -156,11 +156,12 @@ def _mark_passages(payload: dict[str, Any], grounding: Grounding | None) -> None
     reads each once and reuses it wherever a later question puts it: issue 54, /predict's
     `passages`); an OpenAI-compatible server is not sent them (upstream_openai.py)."""
     from chatapp.documents.owner import current_owner_id
+    from chatapp.documents.warming import library_scope
 
     if grounding is None or not grounding.passages:
         return
     payload["passages"] = [passage.text for passage in grounding.passages]
-    payload["passage_scope"] = f"library-{current_owner_id()}"
+    payload["passage_scope"] = library_scope(current_owner_id())
 
 
 def _ground(

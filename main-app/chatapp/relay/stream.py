@@ -125,6 +125,8 @@ class Relay:
                         record.cached_tokens = event.cached_tokens
                     if event.dropped_messages is not None:
                         record.dropped_messages = event.dropped_messages
+                    if event.passage_cached_tokens:
+                        record.passage_cached_tokens = event.passage_cached_tokens
                     record.generated_tokens = event.generated_tokens
                     self._end_turn()
                     tokens = record.tokens
@@ -135,6 +137,7 @@ class Relay:
                         prompt_tokens=record.prompt_tokens,
                         cached_tokens=record.cached_tokens,
                         dropped_messages=record.dropped_messages,
+                        passage_cached_tokens=record.passage_cached_tokens,
                         **(
                             {}
                             if self._grounding is None

@@ -56,6 +56,8 @@ class Done:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     dropped_messages: int | None = None
+    # Of the prompt's tokens, those our sidecar's passage store held (documents/warming.py)
+    passage_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,7 @@ def _ndjson(response: requests.Response) -> Iterator[Event]:
                 prompt_tokens=int_or_none(event.get("prompt_tokens")),
                 cached_tokens=int_or_none(event.get("cached_tokens")),
                 dropped_messages=int_or_none(event.get("dropped_messages")),
+                passage_cached_tokens=int_or_none(event.get("passage_cached_tokens")),
             )
             return
         elif "error" in event:
@@ -139,6 +140,7 @@ def _plain(response: requests.Response) -> Iterator[Event]:
         prompt_tokens=_int_header(response, "X-Prompt-Tokens"),
         cached_tokens=_int_header(response, "X-Cached-Tokens"),
         dropped_messages=_int_header(response, "X-Dropped-Messages"),
+        passage_cached_tokens=_int_header(response, "X-Passage-Cached-Tokens"),
     )
 
 

@@ -107,7 +107,9 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
     `prompt_tokens` (the prompt's size in tokens), `cached_tokens` (how many of those the
     model service took from its conversation cache instead of reading them again; at most
     `prompt_tokens`) and `dropped_messages` (how many of the oldest messages were left out so
-    that the conversation fits the model's context). A reply the person stops has no `done`
+    that the conversation fits the model's context); from our sidecar, on a grounded turn,
+    `passage_cached_tokens` (of `prompt_tokens`, those its passage store held: passages read
+    before, documents/warming.py; absent when none). A reply the person stops has no `done`
     line: the page knows it cancelled it.
   - or `{"error": {"message": "...", "type": "..."}}`: the reply broke off after it started;
     the deltas before it are the part received. Types: `upstream_disconnected` (the model
@@ -323,6 +325,7 @@ def done(
     prompt_tokens: int | None = None,
     cached_tokens: int | None = None,
     dropped_messages: int | None = None,
+    passage_cached_tokens: int | None = None,
     **grounded: Any,
 ) -> bytes:
     """The last line; a grounded turn adds `citations`, `unknown_citations` and `grounding`
@@ -337,6 +340,8 @@ def done(
         obj["cached_tokens"] = cached_tokens
     if dropped_messages is not None:
         obj["dropped_messages"] = dropped_messages
+    if passage_cached_tokens:
+        obj["passage_cached_tokens"] = passage_cached_tokens
     obj.update(grounded)
     return _line(obj)
 

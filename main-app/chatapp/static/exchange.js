@@ -303,6 +303,10 @@ function doneEnding(stats) {
   if (typeof stats.cached_tokens === "number" && stats.cached_tokens > 0 && typeof stats.prompt_tokens === "number") {
     parts.push(`${stats.cached_tokens} of ${count(stats.prompt_tokens, "prompt token")} cached`);
   }
+  // Passages the model had read before (the passage store): what made a grounded reply quick
+  if (typeof stats.passage_cached_tokens === "number" && stats.passage_cached_tokens > 0) {
+    parts.push(`${count(stats.passage_cached_tokens, "token")} of passages read before`);
+  }
   if (typeof stats.dropped_messages === "number" && stats.dropped_messages > 0) {
     parts.push(`${count(stats.dropped_messages, "earlier message")} left out to fit the model's context`);
   }

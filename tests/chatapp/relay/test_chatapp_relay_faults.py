@@ -216,6 +216,9 @@ def test_done_line_reports_the_sidecars_prompt_counts(
     done = lines(client.post("/chat", json=CONVERSATION))[-1]
     assert done["prompt_tokens"] == 42 and done["dropped_messages"] == 2
     assert done["cached_tokens"] == 40 and done["finish_reason"] == "length"
+    assert "passage_cached_tokens" not in done  # none came from the passage store
+    fake.predict = lambda h: fs.reply(h, ["ok"], prompt_tokens=900, passage_cached_tokens=700)
+    assert lines(client.post("/chat", json=CONVERSATION))[-1]["passage_cached_tokens"] == 700
 
 
 def test_a_plain_text_sidecar_reports_its_counts_in_headers(

@@ -181,7 +181,10 @@ def test_endings_say_why_a_reply_ended(
     length_body = ndjson_body(
         wire.delta("The answer starts"), wire.PING, wire.delta(" and goes on"), done
     )
-    stop_body = ndjson_body(wire.delta("Short."), wire.done(2, 80.0, 12.0, finish_reason="stop"))
+    stop_body = ndjson_body(
+        wire.delta("Short."),
+        wire.done(2, 80.0, 12.0, finish_reason="stop", passage_cached_tokens=700),
+    )
     plain_body = ndjson_body(wire.delta("Old app."), wire.done(2, 80.0, None))
     bodies = [length_body, stop_body, plain_body]
     page.route(
@@ -205,6 +208,7 @@ def test_endings_say_why_a_reply_ended(
     short = reply(page)
     expect(short).to_have_attribute("data-finish-reason", "stop")
     expect(short.locator(".meta .badge")).to_have_count(0)
+    expect(short.locator(".meta")).to_contain_text("700 tokens of passages read before")
     send(page, "Old app")
     expect(reply(page)).to_have_attribute("data-state", "done")
     expect(reply(page).locator(".meta")).to_have_text("first token 80 ms · 2 tokens")

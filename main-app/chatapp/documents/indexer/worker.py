@@ -54,6 +54,7 @@ from chatapp.documents.reading.chunker import Chunk as Passage
 from chatapp.documents.reading.formats import Limits
 from chatapp.documents.reading.reader import Answer, Job, Reader
 from chatapp.documents.sizing import PassageSizing
+from chatapp.documents.warming import Warmer
 from chatapp.store import Store
 from chatapp.store.base import utcnow
 
@@ -73,6 +74,8 @@ class Indexer:
     read_timeout_s: float = 120.0  # DOCUMENT_READ_TIMEOUT
     read_memory_mb: int = 512  # DOCUMENT_READ_MEMORY_MB
     quick_s: float | None = None  # a quick lane's time per document; None: not a quick lane
+    # PASSAGE_WARM: each document ready is sent to warm the passage store (documents/warming.py)
+    warmer: Warmer | None = None
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     lease_s: float = 60.0
     check_s: float = 0.25  # how often a claim is looked at while its document is worked on
@@ -214,6 +217,8 @@ class Indexer:
     def run(self, stop: threading.Event, wake: threading.Event | None = None) -> None:
         """Claim and index documents until `stop` is set; `wake` cuts a poll's sleep short."""
         wake = wake or threading.Event()
+        if self.warmer is not None:
+            self.warmer.start(stop)
         try:
             while not stop.is_set():
                 try:
@@ -224,6 +229,8 @@ class Indexer:
                         continue
                     began = time.monotonic()
                     outcome = self.index_document(claimed)
+                    if outcome == "ready" and self.warmer is not None:
+                        self.warmer.document_ready(claimed.document_id)
                     seconds = round(time.monotonic() - began, 3)
                     fields = {"document_id": claimed.document_id, "outcome": outcome}
                     log.info("indexed", extra={"fields": fields | {"seconds": seconds}})

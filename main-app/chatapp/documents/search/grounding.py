@@ -122,8 +122,15 @@ def ground(
         used += cost
     if not kept:
         return Grounding([], NOTHING_FOUND)
+    return Grounding(kept, block_of(kept))
+
+
+def block_of(passages: list[Passage]) -> str:
+    """The block a turn is sent with: the passages numbered [1]..[N], then the instruction.
+    What stands before a passage depends only on the passages before it (the passage store
+    reuses a prompt's first tokens: documents/warming.py)."""
     lines = ["Passages from my documents:", ""]
-    for n, passage in enumerate(kept, start=1):
+    for n, passage in enumerate(passages, start=1):
         where = ", ".join(
             part
             for part in (
@@ -135,7 +142,7 @@ def ground(
         )
         lines += [f"[{n}] {where}", passage.text, ""]
     lines.append(INSTRUCTION)
-    return Grounding(kept, "\n".join(lines))
+    return "\n".join(lines)
 
 
 def with_block(content: str | list[dict[str, Any]], block: str) -> str | list[dict[str, Any]]:
