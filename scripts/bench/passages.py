@@ -320,9 +320,10 @@ def timing(model: Path, args: argparse.Namespace) -> dict[str, Any]:
         made.warm_up()
         return made
 
-    results: dict[str, list[float]] = {k: [] for k in ("bare", "off", "miss", "exact", "moved")}
+    kinds = ("bare", "off", "miss", "exact", "warmed", "moved")
+    results: dict[str, list[float]] = {k: [] for k in kinds}
     placed: dict[str, int] = {}
-    for kind in ("off", "exact", "moved"):
+    for kind in ("off", "exact", "warmed", "moved"):
         engine = engine_with(0 if kind == "off" else 4 * 2**30, kind)
         for repeat in range(args.repeats):
             texts = [passage(repeat * 10 + i) for i in range(args.passages)]
@@ -338,6 +339,16 @@ def timing(model: Path, args: argparse.Namespace) -> dict[str, Any]:
             if kind == "off":
                 results["bare"].append(first_token(engine, bare)[0])
                 results["off"].append(first_token(engine, grounded)[0])
+                continue
+            if kind == "warmed":  # PASSAGE_WARM: its best passage alone, read before it is asked
+                best = texts[:1]
+                ahead = Generate(
+                    "bench", grounded_messages("", best), 1, passages=tuple(best), passage_scope="s"
+                )
+                engine.warm_passages(ahead, None)
+                idle(engine)
+                seconds, placed[kind] = first_token(engine, grounded)
+                results[kind].append(seconds)
                 continue
             results["miss"].append(first_token(engine, grounded)[0])
             idle(engine)  # the prompt's run read into the store
@@ -362,6 +373,7 @@ def timing(model: Path, args: argparse.Namespace) -> dict[str, Any]:
         "off": "grounded, store off",
         "miss": "grounded, not in the store",
         "exact": "grounded, same passages in the store",
+        "warmed": "grounded, its best passage warmed",
         "moved": "grounded, moved (PASSAGE_REUSE=moved)",
     }
     for key, label in labels.items():

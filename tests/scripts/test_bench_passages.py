@@ -39,5 +39,7 @@ def test_the_first_token_runs(
     table = capsys.readouterr().out
     assert "\ngrounded, same passages in the store " in table
     result = json.loads(out.read_text())
-    assert set(result["median_s"]) == {"bare", "off", "miss", "exact", "moved"}
+    assert set(result["median_s"]) == {"bare", "off", "miss", "exact", "warmed", "moved"}
     assert result["placed_tokens"]["exact"] > 3 * 60 and result["placed_tokens"]["moved"] > 0
+    # Warmed: its best passage and what stands before it, not the other passages
+    assert 60 < result["placed_tokens"]["warmed"] < result["placed_tokens"]["exact"] - 60
