@@ -11,13 +11,19 @@ with the ONNX export beside it:
   rather than skipped: the vectors would be wrong;
 - `sentence_bert_config.json` `max_seq_length`: the tokens one input may have (else
   `tokenizer_config.json`'s `model_max_length`, capped by `config.json`'s
-  `max_position_embeddings`).
+  `max_position_embeddings`);
+- `config_sentence_transformers.json` `prompts` (optional): the text the model was trained to
+  read before a query or a passage (`{"query": "query: ", "passage": "passage: "}` for the e5
+  family), which sentence-transformers writes before a text when asked by the prompt's name.
+  The sidecar writes one when a request names it (`input_type`, web/embeddings/api.py).
+  Its `default_prompt_name` is not applied: a request without `input_type` is read as sent.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +51,8 @@ class EncoderSpec:
     normalize: bool
     max_tokens: int  # tokens one input may have, [CLS] and [SEP] included
     dimensions: int  # the width of a vector
+    # Prompt name ("query", "passage") -> the text written before an input of that kind
+    prompts: Mapping[str, str] = field(default_factory=dict)
 
 
 def read_spec(folder: Path, *, graph: bool = True) -> EncoderSpec:
@@ -87,6 +95,7 @@ def read_spec(folder: Path, *, graph: bool = True) -> EncoderSpec:
         normalize="Normalize" in kinds,
         max_tokens=_max_tokens(folder, config),
         dimensions=width,
+        prompts=_prompts(folder),
     )
 
 
@@ -102,6 +111,17 @@ def _max_tokens(folder: Path, config: dict[str, Any]) -> int:
     if not isinstance(limit, int) or limit < 2:
         raise EncoderFolderError(f"{folder}: no token limit (sentence_bert_config.json)")
     return limit
+
+
+def _prompts(folder: Path) -> dict[str, str]:
+    prompts = _json_or_empty(folder / "config_sentence_transformers.json").get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise EncoderFolderError(
+            f"{folder}/config_sentence_transformers.json: prompts must map names to texts"
+        )
+    return {name: text for name, text in prompts.items() if text}
 
 
 def _json(path: Path) -> Any:

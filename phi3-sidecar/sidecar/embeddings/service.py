@@ -103,6 +103,9 @@ class Embeddings:
             "max_input_tokens": spec.max_tokens if spec else None,
             "pooling": spec.pooling if spec else None,
             "matryoshka": self.matryoshka,
+            # The texts written before an input by its `input_type` (the folder's prompts); a
+            # client that counts an input's tokens counts its prompt's too
+            "prompts": dict(spec.prompts) if spec else None,
             # Where a client gets the tokenizer that counts max_input_tokens (None until ready)
             "tokenizer": (
                 {"url": TOKENIZER_PATH, "sha256": self.tokenizer_sha256}

@@ -177,7 +177,8 @@ WHEN: dict[str, str] = {
     "(`EMBED_MODEL_PATH`, `EMBED_MODEL_ID`); the route exists, so this is not a 404",
     "invalid_input": "an embeddings `input` that is empty (the string, the array, or one of "
     "its items), mixes types, holds a token id outside the encoder's vocabulary or a lone "
-    "surrogate; or a `truncate_prompt_tokens` outside 2 to the encoder's limit (or -1)",
+    "surrogate; or a `truncate_prompt_tokens` outside 2 to the encoder's limit (or -1); or an "
+    "`input_type` with token ids (its prompt is written before texts only)",
     "too_many_inputs": "an embeddings request with more than `EMBED_MAX_INPUTS` inputs",
     "input_too_long": "an embeddings input with more tokens than the encoder reads (256 for "
     "all-MiniLM-L6-v2, 512 for bge-small), and no `truncate_prompt_tokens`; the message names "

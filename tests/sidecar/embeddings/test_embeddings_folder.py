@@ -53,6 +53,18 @@ def test_the_limit_falls_back_to_the_tokenizer_and_is_capped_by_positions(folder
     assert read_spec(folder).max_tokens == 48
 
 
+def test_prompts_are_read_from_config_sentence_transformers(folder: Path) -> None:
+    """sentence-transformers' own file names the prompts (e5's); an empty one is no prompt, and
+    a folder without the file (the tiny encoder, all-MiniLM-L6-v2) has none."""
+    assert read_spec(folder).prompts == {}
+    prompts = {"query": "query: ", "passage": "passage: ", "classification": ""}
+    config = {"prompts": prompts, "default_prompt_name": None}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(config))
+    assert read_spec(folder).prompts == {"query": "query: ", "passage": "passage: "}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": None}))
+    assert read_spec(folder).prompts == {}
+
+
 @pytest.mark.parametrize(
     ("breaks", "says"),
     [
@@ -75,6 +87,12 @@ def test_the_limit_falls_back_to_the_tokenizer_and_is_capped_by_positions(folder
         (
             lambda f: edit(f / "1_Pooling" / "config.json", pooling_mode_cls_token=True),
             "exactly one pooling mode",
+        ),
+        (
+            lambda f: (f / "config_sentence_transformers.json").write_text(
+                json.dumps({"prompts": {"query": 3}})
+            ),
+            "prompts must map names to texts",
         ),
     ],
 )

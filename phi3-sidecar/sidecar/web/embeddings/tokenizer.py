@@ -6,7 +6,8 @@ and the file's sha256 in the encoder's `tokenizer` object, and its `max_input_to
 limit the counts are held to. The file is the one the encoder read, special tokens and
 truncation as written there: a counting client turns truncation and padding off and reads a
 word of more than `max_input_chars_per_word` characters by its pieces, as the encoder does
-(embeddings/encoder.py `split_long_words`).
+(embeddings/encoder.py `split_long_words`). An input sent with `input_type` is read with the
+encoder's prompt before it (/v1/models `prompts`): count the prompt's tokens too.
 
 Reply, 200 application/json: the file's bytes, `ETag: "<sha256>"` (a request whose
 `If-None-Match` holds it gets 304), `X-Max-Input-Tokens`. Refusals as /v1/embeddings: 400

@@ -1,13 +1,15 @@
 """POST /v1/embeddings as clients see it: the official `openai` SDK (its default base64 and
 floats) and plain HTTP against a real sidecar on the tiny chat model and the tiny generated
-encoder (scripts/models/make_encoder.py); the vectors checked against the same encoder run
-in this process; every refusal; the API key, log line and metrics; a chat beside an index run;
-what huge inputs cost (issue 58)."""
+encoder (scripts/models/make_encoder.py, given e5's prompts); the vectors checked against the
+same encoder run in this process; every refusal; `input_type`'s prompts (issue 55); the API
+key, log line and metrics; a chat beside an index run; what huge inputs cost (issue 58)."""
 
 from __future__ import annotations
 
 import base64
 import concurrent.futures
+import json
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,17 +30,29 @@ from sidecar.embeddings.folder import read_spec
 KEY = "test-key"
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "hello"]
 HEADERS = {"Authorization": f"Bearer {KEY}"}
+PROMPTS = {"query": "query: ", "passage": "passage: "}  # e5's, two tokens each here
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny encoder (same name, same files) with sentence-transformers' prompts file, as
+    the multilingual encoder has it: a request without input_type reads as without it."""
+    copy = tmp_path_factory.mktemp("prompted") / tiny_encoder_dir.name
+    shutil.copytree(tiny_encoder_dir, copy)
+    config = {"prompts": PROMPTS, "default_prompt_name": None}
+    (copy / "config_sentence_transformers.json").write_text(json.dumps(config))
+    return copy
 
 
 @pytest.fixture(scope="module")
 def service(
-    tiny_model_dir: Path, tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Service]:
     log = tmp_path_factory.mktemp("logs") / "sidecar-embeddings.log"
     with services.sidecar(
         tiny_model_dir,
         log,
-        EMBED_MODEL_PATH=str(tiny_encoder_dir),
+        EMBED_MODEL_PATH=str(encoder_dir),
         EMBED_MAX_INPUTS="300",  # the body keeps its default 8 MiB: huge inputs reach the route
         EMBED_MAX_CHARS="20000",
         EMBED_BATCH_TOKENS="64",
@@ -49,8 +63,8 @@ def service(
 
 
 @pytest.fixture(scope="module")
-def encoder(tiny_encoder_dir: Path) -> Encoder:
-    return Encoder(read_spec(tiny_encoder_dir))
+def encoder(encoder_dir: Path) -> Encoder:
+    return Encoder(read_spec(encoder_dir))
 
 
 @pytest.fixture
@@ -135,6 +149,8 @@ def test_a_batch_gives_each_input_the_vector_it_has_alone(service: Service) -> N
         ({"input": "a", "dimensions": 8}, "invalid_value", "only 32"),
         ({"input": "a", "truncate_prompt_tokens": 100}, "invalid_input", "between 2"),
         ({"input": "a", "encoding_format": "int8"}, "invalid_value", "encoding_format"),
+        ({"input": "a", "input_type": "document"}, "invalid_value", "input_type: Input should"),
+        ({"input": [2, 3], "input_type": "query"}, "invalid_input", "token ids are read as"),
         ({"input": "a", "temperature": 1}, "invalid_value", "temperature"),
     ],
 )
@@ -160,6 +176,35 @@ def test_too_long_names_the_limit_and_truncation_cuts_only_when_asked(
     assert cut.usage.prompt_tokens == 32
     expected = encoder.encode([ids])[0]
     assert np.allclose(cut.data[0].embedding, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["query", "passage"])
+def test_input_type_writes_the_encoder_s_prompt_before_each_text(
+    service: Service, encoder: Encoder, kind: str
+) -> None:
+    """As sentence-transformers' encode(prompt_name=kind): the prompt's text, then the input's;
+    its tokens are read and counted. Without input_type the texts are read as sent."""
+    reply = post(service, {"input": TEXTS, "input_type": kind}).json()
+    got = np.array([item["embedding"] for item in reply["data"]], dtype=np.float32)
+    ids = encoder.tokenize([PROMPTS[kind] + text for text in TEXTS])
+    assert np.allclose(got, encoder.encode(ids), atol=1e-6)
+    assert reply["usage"]["prompt_tokens"] == sum(len(one) for one in ids)
+    bare = post(service, {"input": TEXTS}).json()
+    assert bare["usage"]["prompt_tokens"] == reply["usage"]["prompt_tokens"] - 2 * len(TEXTS)
+    plain = encoder.encode(encoder.tokenize(TEXTS))
+    assert np.allclose([item["embedding"] for item in bare["data"]], plain, atol=1e-6)
+    assert not np.allclose(got, plain, atol=1e-3)
+
+
+def test_the_prompt_s_tokens_count_against_the_limit(service: Service) -> None:
+    """32 tokens fit the tiny encoder; the same text after "passage: " is 34, refused, or cut
+    to 32 with the prompt kept (the cut keeps the head, where the prompt is)."""
+    full = "cat " * 30  # [CLS], 30 words, [SEP]
+    assert post(service, {"input": full}).status_code == 200
+    refused = post(service, {"input": full, "input_type": "passage"})
+    assert refused.status_code == 400 and "input 0 has 34 tokens" in error(refused)["message"]
+    cut = post(service, {"input": full, "input_type": "passage", "truncate_prompt_tokens": -1})
+    assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 32
 
 
 def test_a_lone_surrogate_and_bytes_that_are_not_utf8(service: Service) -> None:
@@ -266,6 +311,7 @@ def test_models_list_the_encoder_and_readyz_says_embeddings_are_served(
     assert encoder.model_extra is not None
     assert encoder.model_extra["type"] == "embedding"
     assert encoder.model_extra["dimensions"] == 32
+    assert encoder.model_extra["prompts"] == PROMPTS  # what input_type writes
     assert client.models.retrieve(tiny_encoder_dir.name).id == tiny_encoder_dir.name
     ready = httpx.get(service.url + "/readyz").json()["embeddings"]
     assert ready == {
