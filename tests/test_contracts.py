@@ -231,6 +231,28 @@ def test_a_long_word_is_counted_alike() -> None:
     assert bpe.pre_tokenizer is None and plain.pre_tokenizer is None  # left as they are
 
 
+def test_an_encoder_s_prompts_are_read_and_named_alike(tmp_path: Path) -> None:
+    """Issue 55: the sidecar writes the folder's prompt named by `input_type`; the app, which
+    sends the names, sizes passages and questions by those prompts (read from the same folder
+    with EMBED_TOKENIZER): the names and the reading must agree."""
+    import json
+
+    from chatapp.documents import embedder as app_embedder
+    from chatapp.documents.reading import tokens as app_tokens
+    from sidecar.embeddings import folder as sidecar_folder
+    from sidecar.web.embeddings import api as sidecar_embeddings
+
+    sidecar_names = get_args(sidecar_embeddings.InputType)
+    assert set(sidecar_names) == set(get_args(app_embedder.InputType))
+    assert set(app_tokens.PROMPT_KINDS) == set(sidecar_names)
+    prompts = {"query": "query: ", "passage": "passage: ", "classification": "c: ", "empty": ""}
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({"prompts": prompts}))
+    read = sidecar_folder._prompts(tmp_path)
+    assert app_tokens.encoder_prompts(tmp_path) == {
+        name: text for name, text in read.items() if name in sidecar_names
+    }
+
+
 def test_both_services_answer_host_names_alike() -> None:
     """Issue 58: both answer only the loopback names by default (DNS rebinding), any name on
     their probes, and match a list the same way."""

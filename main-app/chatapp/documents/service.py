@@ -70,6 +70,8 @@ def embedder_for(config: Mapping[str, Any]) -> Embedder:
         model=config["EMBED_MODEL"],
         api_key=config["UPSTREAM_API_KEY"],
         timeout=config["SIDECAR_READ_TIMEOUT"],
+        # Our sidecar takes input_type (its encoder's prompts); an OpenAI-compatible one may not
+        send_input_type=config["UPSTREAM_API"] != "openai",
     )
 
 

@@ -20,7 +20,12 @@ in this order (`counted_by`):
    logged.
 
 The limit is `EMBED_MAX_TOKENS`, lowered to what the service lists (`max_input_tokens`, or
-vLLM's `max_model_len`).
+vLLM's `max_model_len`). Where the app sends `input_type` (our sidecar: not `UPSTREAM_API=openai`,
+`prompted`) and the encoder has prompts (its folder's `config_sentence_transformers.json`, or
+`prompts` in the service's list: e5's "passage: " and "query: "), the sidecar writes the prompt
+before each input, so the room a passage or a question has is the limit less its prompt's
+tokens (reading/tokens.py `prompt_tokens`): `max_tokens` is a passage's, `question_tokens` a
+question's.
 """
 
 from __future__ import annotations
@@ -34,13 +39,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import requests
 
-from chatapp.documents.reading.tokens import ByteBound, EncoderTokens, TokenCounter, passage_tokens
+from chatapp.documents.reading.tokens import (
+    PROMPT_KINDS,
+    ByteBound,
+    EncoderTokens,
+    TokenCounter,
+    encoder_limit,
+    encoder_prompts,
+    prompt_tokens,
+)
 
 log = logging.getLogger("chatapp.documents.sizing")
 
@@ -55,15 +68,34 @@ CountedBy = Literal["setting", "encoder", "byte_bound"]
 class Measure:
     counted_by: CountedBy
     tokenizer: str | None  # a tokenizer.json or an encoder folder; None: the byte bound
-    max_tokens: int  # the most tokens of a passage
+    max_tokens: int  # the most tokens of a passage (its prompt's aside)
     reason: str | None = None  # why the byte bound
+    question_tokens: int | None = None  # the most of a question (its prompt's aside); None: max
+    # What each prompt the sidecar writes costs, in tokens ({} when none is written)
+    prompt_tokens: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def question_limit(self) -> int:
+        return self.max_tokens if self.question_tokens is None else self.question_tokens
 
     def public(self) -> dict[str, Any]:
         """/healthz's `documents.passages`: no folders, no URLs."""
         body: dict[str, Any] = {"counted_by": self.counted_by, "max_tokens": self.max_tokens}
+        if self.prompt_tokens:
+            body["prompt_tokens"] = dict(self.prompt_tokens)
         if self.reason:
             body["reason"] = self.reason
         return body
+
+
+def rooms(setting: int, limit: int | None, costs: Mapping[str, int]) -> tuple[int, int]:
+    """(a passage's, a question's) most tokens: EMBED_MAX_TOKENS, within the encoder's limit
+    (unknown: EMBED_MAX_TOKENS itself) less the prompt written before each."""
+    room = limit if limit is not None and limit >= 2 else setting
+    return (
+        min(setting, room - costs.get("passage", 0)),
+        min(setting, room - costs.get("query", 0)),
+    )
 
 
 class _NotSaid(Exception):
@@ -84,23 +116,26 @@ class PassageSizing:
         folder: Path | None = None,
         connect_timeout: float = 3.0,
         timeout: float = 10.0,
+        prompted: bool = False,
     ) -> None:
         self.max_tokens = max_tokens
+        self.prompted = prompted  # whether the embedder sends input_type (our sidecar)
         self.root = base_url.rstrip("/").removesuffix("/v1") if base_url else None
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
         self.folder = folder or Path(tempfile.gettempdir()) / f"chatapp-tokenizers-{os.getuid()}"
         self.timeouts = (connect_timeout, timeout)
         self._next = 0.0
+        self._counters: dict[str, TokenCounter] = {}
         if tokenizer:
-            self._measure = Measure("setting", tokenizer, passage_tokens(tokenizer, max_tokens))
+            prompts = encoder_prompts(tokenizer) if prompted else {}
+            self._measure = self._measured("setting", tokenizer, encoder_limit(tokenizer), prompts)
             self._next = math.inf
         elif self.root is None:
             self._measure = Measure("byte_bound", None, max_tokens, "no model service")
             self._next = math.inf
         else:
             self._measure = Measure("byte_bound", None, max_tokens, "not asked yet")
-        self._counters: dict[str, TokenCounter] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -112,6 +147,7 @@ class PassageSizing:
             api_key=config["UPSTREAM_API_KEY"],
             model=config["EMBED_MODEL"],
             folder=Path(config["DATA_DIR"]) / "encoder-tokenizers",
+            prompted=config["UPSTREAM_API"] != "openai",  # as documents/service.py's embedder
             connect_timeout=config["SIDECAR_CONNECT_TIMEOUT"],
             # /healthz asks too: a slow model service holds it at most 10 s
             timeout=min(10.0, config["SIDECAR_READ_TIMEOUT"]),
@@ -131,10 +167,30 @@ class PassageSizing:
         measure = self.current()
         if measure.tokenizer is None:
             return ByteBound().count(text)
-        counter = self._counters.get(measure.tokenizer)
+        return self._counter(measure.tokenizer).count(text)
+
+    def _counter(self, tokenizer: str) -> TokenCounter:
+        counter = self._counters.get(tokenizer)
         if counter is None:
-            counter = self._counters[measure.tokenizer] = EncoderTokens(measure.tokenizer)
-        return counter.count(text)
+            counter = self._counters[tokenizer] = EncoderTokens(tokenizer)
+        return counter
+
+    def _measured(
+        self, counted_by: CountedBy, tokenizer: str, limit: int | None, prompts: Any
+    ) -> Measure:
+        """The measure by `tokenizer`: the rooms within `limit` less the prompts' tokens
+        (`prompts`: the encoder's, as the service or the folder says them; anything else is
+        read as none)."""
+        prompts = prompts if isinstance(prompts, dict) else {}
+        costs = {
+            kind: prompt_tokens(self._counter(tokenizer), prompts[kind])
+            for kind in PROMPT_KINDS
+            if isinstance(prompts.get(kind), str)
+        }
+        costs = {kind: cost for kind, cost in costs.items() if cost}
+        passage, question = rooms(self.max_tokens, limit, costs)
+        question_tokens = question if question != passage else None
+        return Measure(counted_by, tokenizer, passage, None, question_tokens, costs)
 
     def _refresh(self) -> None:
         measure = self._ask()
@@ -149,8 +205,8 @@ class PassageSizing:
         try:
             entry = self._listed_encoder()
             listed = entry.get("max_input_tokens") or entry.get("max_model_len")
-            if isinstance(listed, int) and 2 <= listed < limit:
-                limit = listed
+            listed = listed if isinstance(listed, int) and listed >= 2 else None
+            limit = min(limit, listed or limit)
             if entry.get("ready") is False:
                 raise _NotSaid("the encoder is still loading")
             tokenizer = entry.get("tokenizer")
@@ -159,7 +215,9 @@ class PassageSizing:
             url, sha256 = tokenizer.get("url"), tokenizer.get("sha256")
             if not (isinstance(url, str) and url.startswith("/") and isinstance(sha256, str)):
                 raise _NotSaid("the model service's tokenizer entry is not readable")
-            return Measure("encoder", str(self._fetched(url, sha256)), limit)
+            path = str(self._fetched(url, sha256))
+            prompts = entry.get("prompts") if self.prompted else None
+            return self._measured("encoder", path, listed, prompts or {})
         except _NotSaid as why:
             return Measure("byte_bound", None, limit, str(why))
 

@@ -143,3 +143,67 @@ def test_without_a_model_service_or_with_the_setting_nothing_is_asked(
     assert PassageSizing(max_tokens=100).current().reason == "no model service"
     set_by_hand = PassageSizing(max_tokens=100, tokenizer=str(wordpiece_dir), base_url="http://x")
     assert set_by_hand.current() == Measure("setting", str(wordpiece_dir), 100)
+
+
+PROMPTS = {"query": "the kettle: ", "passage": "a litre: "}  # 3 tokens each here
+
+
+def test_the_prompts_the_sidecar_lists_leave_passages_and_questions_their_room(
+    fake: FakeSidecar, tmp_path: Path, wordpiece_dir: Path
+) -> None:
+    """Issue 55: an encoder with prompts (e5's "query: ", "passage: ") reads each input after
+    its prompt, so a passage has the limit less its prompt's tokens, a question the limit less
+    the query's; with EMBED_MAX_TOKENS below that room the prompts change nothing."""
+    own = (wordpiece_dir / "tokenizer.json").read_bytes()
+    fake.files[URL] = own
+    tokenizer = {"url": URL, "sha256": hashlib.sha256(own).hexdigest()}
+    prompts = PROMPTS | {"query": "the kettle boils: "}  # 4 tokens
+    entry = {"id": "e", "type": "embedding", "max_input_tokens": 64, "prompts": prompts}
+    fake.models = (200, {"data": [entry | {"tokenizer": tokenizer}]})
+    measure = PassageSizing(max_tokens=256, base_url=fake.url, folder=tmp_path, prompted=True)
+    assert measure.current().public() == {
+        "counted_by": "encoder",
+        "max_tokens": 61,
+        "prompt_tokens": {"query": 4, "passage": 3},
+    }
+    assert measure.current().question_limit == 60
+    roomy = PassageSizing(max_tokens=32, base_url=fake.url, folder=tmp_path, prompted=True)
+    assert (roomy.current().max_tokens, roomy.current().question_limit) == (32, 32)
+    # UPSTREAM_API=openai: the app sends no input_type, so no prompt is written
+    unprompted = PassageSizing(max_tokens=256, base_url=fake.url, folder=tmp_path)
+    kept = str(tmp_path / f"{tokenizer['sha256']}.json")
+    assert unprompted.current() == Measure("encoder", kept, 64)
+
+
+def test_an_encoder_folder_s_prompts_count_with_the_setting(
+    wordpiece_dir: Path, tmp_path: Path
+) -> None:
+    """EMBED_TOKENIZER names the sidecar's folder: its config_sentence_transformers.json says
+    the prompts, its sentence_bert_config.json the limit."""
+    import json
+    import shutil
+
+    folder = tmp_path / "encoder"
+    shutil.copytree(wordpiece_dir, folder)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
+    measure = PassageSizing(max_tokens=256, tokenizer=str(folder), prompted=True).current()
+    assert (measure.counted_by, measure.max_tokens, measure.question_limit) == ("setting", 37, 37)
+    assert measure.prompt_tokens == {"query": 3, "passage": 3}
+    assert PassageSizing(max_tokens=256, tokenizer=str(folder)).current().max_tokens == 40
+
+
+def test_a_prompt_s_tokens_are_never_undercounted(wordpiece_dir: Path) -> None:
+    """What a prompt ending in a space adds before a word, or its own tokens, whichever is
+    more: e5's "query: " is 3 before a text and 4 alone (the space's own token at the end)."""
+    from chatapp.documents.reading.tokens import prompt_tokens
+
+    counter = EncoderTokens(wordpiece_dir)
+    assert prompt_tokens(counter, "") == 0
+    assert prompt_tokens(counter, "the kettle: ") == 3
+
+    class EndsInASpaceToken:  # Metaspace's count of e5's "query: " alone and before a word
+        def count(self, text: str) -> int:
+            return {"query: ": 6, "": 2, "query: x": 6, "x": 3}[text]
+
+    assert prompt_tokens(EndsInASpaceToken(), "query: ") == 4

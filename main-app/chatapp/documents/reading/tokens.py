@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 # The name its log lines have always carried, not the module's path.
 log = logging.getLogger("chatapp.documents.tokens")
 
+# The kinds of text the app embeds, as the sidecar's `input_type` names them: its prompts' names
+PROMPT_KINDS = ("query", "passage")
+
 
 class TokenCounter(Protocol):
     def count(self, text: str) -> int:
@@ -120,6 +123,32 @@ def encoder_limit(path: str | Path) -> int | None:
     if limit and positions:
         return min(limit, positions)
     return limit or positions
+
+
+def encoder_prompts(path: str | Path) -> dict[str, str]:
+    """The prompts of the encoder in folder `path` (its config_sentence_transformers.json, as
+    the sidecar reads them: sidecar/embeddings/folder.py), for the kinds the app sends."""
+    folder = Path(path)
+    folder = folder if folder.is_dir() else folder.parent
+    try:
+        prompts = json.loads((folder / "config_sentence_transformers.json").read_text())["prompts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(prompts, dict):
+        return {}
+    return {k: v for k, v in prompts.items() if k in PROMPT_KINDS and isinstance(v, str) and v}
+
+
+def prompt_tokens(counter: TokenCounter, prompt: str) -> int:
+    """The tokens `prompt` adds before a text, never an undercount: what it adds before a word,
+    or its own tokens without the special ones, whichever is more (a prompt ends with a space,
+    which a tokenizer that splits at spaces reads as a word of its own at a text's end: one
+    token more than it costs before a text, e.g. e5's "query: ", 3 before a text, 4 alone)."""
+    if not prompt:
+        return 0
+    before_a_word = counter.count(prompt + "x") - counter.count("x")
+    alone = counter.count(prompt) - counter.count("")
+    return max(before_a_word, alone, 0)
 
 
 def passage_tokens(path: str | None, setting: int) -> int:

@@ -58,9 +58,10 @@ class Searcher:
                 ranked = self.index.keyword(session, owner_id, question, want)
             else:
                 assert self.embedder is not None
-                limit = self.sizing.current().max_tokens
+                # A question is cut to the room the encoder leaves it (its prompt's aside)
+                limit = self.sizing.current().question_limit
                 asked = cut(question, lambda text: self.sizing.count(text) <= limit)
-                vector = self.embedder.embed([asked])[0]
+                vector = self.embedder.embed_query(asked)
                 ranked = self.index.dense(session, owner_id, vector, want)
                 if method == "fusion":
                     keyword = self.index.keyword(session, owner_id, question, want)
