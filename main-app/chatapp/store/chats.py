@@ -34,6 +34,7 @@ class NewMessage:
     citations: list[dict[str, Any]] | None = None
     sources: list[dict[str, Any]] | None = None
     grounding: str | None = None
+    model: str | None = None
     created_at: dt.datetime = field(default_factory=utcnow)
 
 
@@ -130,6 +131,7 @@ def append_messages(
                 citations=message.citations,
                 sources=message.sources,
                 grounding=message.grounding,
+                model=message.model,
                 created_at=message.created_at,
             )
         )
@@ -185,8 +187,8 @@ def open_chat(
     """The owner's chat as plain rows, in two queries and without an object per message (a
     chat of 200 reads several times faster than through `Chat.messages`): its summary (`id`,
     `title`, `created_at`, `updated_at`) and its messages in order (`role`, `content`,
-    `images`, `finish`, `citations`, `sources`, `grounding`, `created_at`). None if it is not
-    theirs."""
+    `images`, `finish`, `citations`, `sources`, `grounding`, `model`, `created_at`). None if it
+    is not theirs."""
     summary = session.execute(
         select(Chat.id, Chat.title, Chat.created_at, Chat.updated_at).where(
             Chat.id == chat_id, Chat.owner_id == owner_id
@@ -202,6 +204,7 @@ def open_chat(
         Message.citations,
         Message.sources,
         Message.grounding,
+        Message.model,
         Message.created_at,
     )
     statement = select(*columns).where(Message.chat_id == chat_id).order_by(Message.position)

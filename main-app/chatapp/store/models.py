@@ -23,6 +23,9 @@ NAME_CHARS = 255
 TITLE_CHARS = 200
 ROLE_CHARS = 16
 FINISH_CHARS = 32
+# A model's id as the model service names it (our sidecar's are at most 128 characters; an
+# OpenAI-compatible server's, such as Ollama's `hf.co/owner/repo:tag`, may be longer).
+MODEL_CHARS = 256
 
 
 def new_chat_id() -> str:
@@ -87,6 +90,9 @@ class Message(Base):
     # chat is opened; None for a reply that was not grounded: SQL NULL (`none_as_null`; plain
     # JSON writes None as the JSON text 'null', as `images` and `citations` hold it).
     sources: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True))
+    # The model a reply was asked of (`POST /chat`'s `model`, an id the model service lists);
+    # None for one asked of the model service's default, and for the person's turns.
+    model: Mapped[str | None] = mapped_column(String(MODEL_CHARS))
     # A grounded user turn's passages, as it was sent with them
     # (chatapp/documents/search/grounding.py): the chat's later turns put them back from here,
     # never from the request.

@@ -171,3 +171,34 @@ def test_a_replys_sources_come_back_as_stored_and_none_is_sql_null(store: Store)
             assert [m.get("sources") for m in shown] == expected
             assert ["sources" in m for m in shown] == [False, True, False, True, False, False]
             assert shown[1]["citations"] == cited and shown[3]["citations"] == []
+
+
+def test_a_replys_model_comes_back_as_stored(store: Store) -> None:
+    """Each reply keeps the model it was asked of (None: the model service's default, SQL
+    NULL), read back by `open_chat` and as ORM objects, as `convert.message_json` shows it."""
+    from chatapp.chats import convert
+
+    alice, _ = _users(store)
+    with store.session(write=True) as session:
+        chat_id = store_chats.create_chat(session, alice, "models").id
+        new = [
+            NewMessage("user", "Hi"),
+            NewMessage("assistant", "Hello.", model="smollm2"),
+            NewMessage("user", "And you?"),
+            NewMessage("assistant", "Fine.", model="hf.co/owner/repo:Q4_K_M"),
+            NewMessage("user", "Default?"),
+            NewMessage("assistant", "Yes."),
+        ]
+        store_chats.append_messages(session, alice, chat_id, new)
+    expected = [None, "smollm2", None, "hf.co/owner/repo:Q4_K_M", None, None]
+    with store.session() as session:
+        found = store_chats.open_chat(session, alice, chat_id)
+        assert found is not None
+        assert [row.model for row in found[1]] == expected
+        objects = store_chats.messages_of(session, alice, chat_id) or []
+        for shown in (
+            [convert.message_json(r) for r in found[1]],
+            list(map(convert.message_json, objects)),
+        ):
+            assert [m.get("model") for m in shown] == expected
+            assert ["model" in m for m in shown] == [m is not None for m in expected]

@@ -149,3 +149,56 @@ def test_message_sources_come_and_go_with_0006_and_search_keeps_working(database
     with store.session() as session:
         assert [c.id for c in chats.list_chats(session, 1, "downgrade")] == ["c1"]
     store.close()
+
+
+def test_message_model_comes_and_goes_with_0007_and_search_keeps_working(database_url: str) -> None:
+    """0007 on a database of 0006: a new, empty `messages.model` (the replies stored before
+    name none); down again it is gone, and on SQLite the messages' search triggers stay (a
+    table copy would drop them), so a message stored after the downgrade is still found."""
+    store = Store.open(database_url)
+    migrate.upgrade(store.engine, "0006")
+    now = "2025-01-01 00:00:00"
+    with store.engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO users (id, subject, name, created_at) VALUES (1, 's', 'n', :t)"),
+            {"t": now},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO chats (id, owner_id, title, created_at, updated_at) "
+                "VALUES ('c1', 1, 'old chat', :t, :t)"
+            ),
+            {"t": now},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO messages (chat_id, owner_id, position, role, content, created_at) "
+                "VALUES ('c1', 1, 0, 'assistant', 'an older reply', :t)"
+            ),
+            {"t": now},
+        )
+    migrate.upgrade(store.engine, "0007")
+    with store.engine.begin() as connection:
+        columns = {c["name"]: c for c in inspect(connection).get_columns("messages")}
+        assert columns["model"]["nullable"]
+        assert connection.execute(text("SELECT model FROM messages")).scalars().all() == [None]
+        # An id as long as the column takes (an OpenAI-compatible server's may be long)
+        connection.execute(text("UPDATE messages SET model = :m"), {"m": "m" * 256})
+    migrate.downgrade(store.engine, "0006")
+    with store.engine.begin() as connection:
+        assert "model" not in {c["name"] for c in inspect(connection).get_columns("messages")}
+        assert connection.execute(text("SELECT content FROM messages")).scalars().all() == [
+            "an older reply"
+        ]
+        connection.execute(
+            text(
+                "INSERT INTO messages (chat_id, owner_id, position, role, content, created_at) "
+                "VALUES ('c1', 1, 1, 'user', 'stored after the downgrade', :t)"
+            ),
+            {"t": now},
+        )
+    from chatapp.store import chats
+
+    with store.session() as session:
+        assert [c.id for c in chats.list_chats(session, 1, "downgrade")] == ["c1"]
+    store.close()
