@@ -35,6 +35,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from chatapp.observability import metrics
     from chatapp.observability.telemetry import Telemetry
     from chatapp.relay import chat as relay
+    from chatapp.relay import model_list
     from chatapp.speech import routes as speech_routes
 
     app = Flask(__name__)
@@ -46,7 +47,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if test_config is not None:
         app.config.from_mapping(test_config)
 
-    app.extensions["upstream"] = _make_upstream(app.config)
+    app.extensions["upstream"] = upstream = _make_upstream(app.config)
+    # The chat models it serves, for the page's picker (GET /api/models), briefly kept.
+    app.extensions["model_list"] = model_list.ModelList(upstream)
     accounts.install(app)
     app.extensions["store"] = store = _open_store(app.config)
     _keep_chats_for(app, store)
@@ -73,6 +76,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     cross_site.install(app)
     app.register_blueprint(pages.bp)
     app.register_blueprint(relay.bp)
+    app.register_blueprint(model_list.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(chats_api.bp)
     app.register_blueprint(documents_routes.bp)

@@ -42,6 +42,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         fake = self.server.fake
+        fake.gets.append(self.path)
         if self.path == "/readyz":
             status, body = fake.readyz
             refuse(self, status, body)
@@ -83,6 +84,7 @@ class FakeSidecar:
         self.requests: list[Any] = []
         self.raw_bodies: list[bytes] = []
         self.paths: list[str] = []
+        self.gets: list[str] = []  # the paths of GET requests, in order
         self.models: tuple[int, Any] = (200, {"object": "list", "data": [{"id": "fake-model"}]})
         self.headers: list[Message] = []
         self.files: dict[str, bytes] = {}  # GET path: the bytes answered

@@ -4,7 +4,8 @@ A message as the API shows it: `{"role", "content", "created_at"}` plus, when pr
 `"images"` (the user's images as `data:` URLs, in order), `"finish"` (how a reply ended:
 `stop`, `length`, or the error that cut it off), and on a grounded reply `"citations"` (the
 passages it cites: n, document_id, name, page, text) and `"sources"` (every passage it was
-given, cited or not: n, name, page, document_id; `[]` when nothing matched). Times are
+given, cited or not: n, name, page, document_id; `[]` when nothing matched); on a reply,
+`"model"`, the id of the model it was asked of (absent: the model service's default). Times are
 ISO-8601 UTC.
 """
 
@@ -54,6 +55,8 @@ def message_json(message: Message | AnyRow) -> dict[str, Any]:
         out["citations"] = message.citations
     if message.sources is not None:
         out["sources"] = message.sources
+    if message.model is not None:
+        out["model"] = message.model
     return out
 
 
@@ -134,12 +137,16 @@ def imported_messages(raw: Any, config: Mapping[str, Any]) -> list[NewMessage]:
         finish = message.get("finish")
         if finish is not None and (not isinstance(finish, str) or len(finish) > FINISH_CHARS):
             raise invalid(f"Message {number}: finish must be a short string.")
+        model = message.get("model")
+        if model is not None and not wire.valid_model(model):
+            raise invalid(f"Message {number}: {wire.MODEL_RULE}")
         out.append(
             NewMessage(
                 role=role,
                 content=content,
                 images=urls or None,
                 finish=finish if role == "assistant" else None,
+                model=model if role == "assistant" else None,
                 created_at=moment(message.get("created_at"), f"Message {number}'s created_at")
                 or dt.datetime.now(dt.UTC),
             )

@@ -16,7 +16,9 @@ A grounded turn (`"documents": true`, chatapp/documents/search/grounding.py) is 
 block of passages it was sent with (`messages.grounding`) and its reply with the passages it cites
 (`citations`, checked against that block, as the done line's) and every passage it was given
 (`sources`, the stream's first line; `[]` when nothing matched), so a chat opened again lists
-them as the page did when the reply came. Later turns put each stored
+them as the page did when the reply came. Every reply keeps the model it was asked of (the
+request's `model`; none for the model service's default), so a chat opened again shows it and
+goes on with it. Later turns put each stored
 block back before its question, from the database: the prompt begins as before (the model
 service's cache reads it) and no client can write an earlier turn's passages. The new turn's
 own passages go before its question before `fit` chooses the stored turns (`start`'s
@@ -127,6 +129,8 @@ class StoredTurn:
     cite: Callable[[str], list[dict[str, Any]]] | None = None
     # A grounded turn's: the passages it was given (`ground`); None for a turn not grounded.
     sources: list[dict[str, Any]] | None = None
+    # The model the reply is asked of (the request's `model`); None: the default.
+    model: str | None = None
 
     def ground(
         self,
@@ -155,6 +159,7 @@ class StoredTurn:
                     finish=finish,
                     citations=self.citations,
                     sources=self.sources,
+                    model=self.model,
                 )
                 turn = [self.user_message, answer]
                 if chats.append_messages(session, self.owner_id, self.chat_id, turn) is None:
@@ -217,6 +222,7 @@ def start(
         chat_id,
         NewMessage("user", _text(content), images=urls or None),
         title or None,
+        model=payload.get("model"),
     )
 
 

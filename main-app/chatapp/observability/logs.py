@@ -104,6 +104,7 @@ class ChatRecord:
     """What the one line of a chat says; the route and the relay fill in what they learn."""
 
     request_id: str
+    model: str | None = None  # the model the chat named (POST /chat's `model`)
     messages: int | None = None
     images: int | None = None  # how many the chat carried (never their bytes)
     prompt_tokens: int | None = None
@@ -142,6 +143,7 @@ class ChatRecord:
             "request_id": self.request_id,
             "status": status,
             "outcome": outcome,
+            "model": self.model,
             "messages": self.messages,
             "images": self.images,
             "prompt_tokens": self.prompt_tokens,

@@ -238,6 +238,7 @@ def chat() -> Response:
         max_image_bytes=config["MAX_IMAGE_BYTES"],
     )
     turn, grounding = _turn_and_grounding(body, payload, user)
+    record.model = payload.get("model")  # the done line and the log line name it
     record.messages = len(payload["messages"])
     record.images = images.count(payload["messages"]) or None
     default = config["MAX_NEW_TOKENS"]

@@ -1,10 +1,12 @@
 """The response body of `POST /chat`: the NDJSON lines of one model service reply.
 
-`Relay` turns the upstream's events (`upstream.py`: `Text`, `Progress`, `Done`, `Refused`,
-`Broken`) into the browser's lines (`wire.py`): a grounded turn's `sources` first of all, a
-`progress` line for each of the model service's while it reads a long prompt, a `delta` per
+`Relay` turns the upstream's events (`upstream.py`: `Text`, `Loading`, `Progress`, `Done`,
+`Refused`, `Broken`) into the browser's lines (`wire.py`): a grounded turn's `sources` first of
+all, a `loading` line for each of the model service's while the model asked for loads, a
+`progress` line for each of its own while it reads a long prompt, a `delta` per
 piece as soon as it arrives, the `done` line
-with the model's token count, the speed and the checked citations of a grounded turn, or an
+with the model's token count, the speed, the model the chat named and the checked citations
+of a grounded turn, or an
 `error` line after the first byte (`upstream_disconnected`, `upstream_timeout`,
 `reply_time_limit`, a refusal in a started stream). While the model service is silent it
 writes a heartbeat line every `HEARTBEAT_INTERVAL` seconds: a WSGI app only learns that the
@@ -22,7 +24,7 @@ from chatapp.documents.search.grounding import Grounding
 from chatapp.observability.logs import ChatRecord
 from chatapp.relay import wire
 from chatapp.relay.pending import PendingReply
-from chatapp.relay.upstream import Broken, Done, Progress, Refused, ReplyStream
+from chatapp.relay.upstream import Broken, Done, Loading, Progress, Refused, ReplyStream
 
 # The name the relay's log lines have always carried (chatapp/relay/chat.py's too).
 log = logging.getLogger("chatapp.relay")
@@ -138,6 +140,7 @@ class Relay:
                         cached_tokens=record.cached_tokens,
                         dropped_messages=record.dropped_messages,
                         passage_cached_tokens=record.passage_cached_tokens,
+                        model=record.model,
                         **(
                             {}
                             if self._grounding is None
@@ -155,6 +158,10 @@ class Relay:
                 if isinstance(event, Progress):  # a long prompt being read: the service lives
                     silent_since = now
                     yield wire.progress(event.read, event.total, event.seconds_left)
+                    continue
+                if isinstance(event, Loading):  # the model asked for loads: the service lives
+                    silent_since = now
+                    yield wire.loading(event.model, event.seconds, event.seconds_left)
                     continue
                 if isinstance(event, Broken):
                     type = "upstream_timeout" if event.timed_out else "upstream_disconnected"

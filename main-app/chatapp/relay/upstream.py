@@ -6,7 +6,8 @@ default: `upstream_predict.py`) or `openai` (`POST /v1/chat/completions` on any
 OpenAI-compatible server: our sidecar's `/v1`, App Service's built-in model sidecars, Ollama,
 llama.cpp's `llama-server`, Foundry Local: `upstream_openai.py`). Each module turns every failure
 before the reply starts into an `ApiError` with one readable sentence, and the reply into the
-same events: `Text` as it comes (before it, `Progress` while a long prompt is read), then
+same events: `Text` as it comes (before it, `Loading` while the model asked for loads and
+`Progress` while a long prompt is read), then
 `Done` (how it ended, the counts the server gave) or `Broken`. Whichever module read it, a
 `Text` holds no control character but tab, newline and carriage return (`ReplyStream` makes the
 others visible, `chatapp.relay.wire.visible`): the page stores the reply and sends it back in
@@ -84,6 +85,31 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Loading:
+    """The model asked for is being loaded (our sidecar with several models: its `loading`
+    events, docs/api.md "Several models"): its id, the seconds it has been loading, and those
+    left by its last load (None: its first, or not said)."""
+
+    model: str
+    seconds: float
+    seconds_left: float | None = None
+
+    @staticmethod
+    def of(value: object) -> Loading | None:
+        """A server's `loading` member, if it is one."""
+        if not isinstance(value, dict):
+            return None
+        model, seconds, left = value.get("model"), value.get("seconds"), value.get("seconds_left")
+        if not isinstance(model, str) or not isinstance(seconds, int | float) or seconds < 0:
+            return None
+        if isinstance(seconds, bool) or not wire.valid_model(model):
+            return None
+        if isinstance(left, int | float) and not isinstance(left, bool) and left >= 0:
+            return Loading(model, float(seconds), float(left))
+        return Loading(model, float(seconds))
+
+
+@dataclass(frozen=True)
 class Refused:
     """The model service refused the chat after the relay's stream had started: it waited in
     the sidecar's queue past QUEUED_STREAM_AFTER (chatapp/relay/pending.py), or the server's own
@@ -101,7 +127,31 @@ class Broken:
     message: str | None = None
 
 
-Event = Text | Progress | Done | Broken | Refused
+Event = Text | Progress | Loading | Done | Broken | Refused
+
+
+@dataclass(frozen=True)
+class ChatModel:
+    """One chat model a model service lists, as the page may see it (upstream_models.py)."""
+
+    id: str
+    default: bool = False  # the one that answers a chat that names none
+    state: str | None = None  # loaded, loading, available, failed; None: not said
+    load_s: float | None = None  # its last load's seconds: a cold one's expected wait
+    input_modalities: tuple[str, ...] | None = None  # None: not said
+    aliases: tuple[str, ...] = ()
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "default": self.default,
+            "state": self.state,
+            "load_s": self.load_s,
+            "input_modalities": (
+                None if self.input_modalities is None else list(self.input_modalities)
+            ),
+            "aliases": list(self.aliases),
+        }
 
 
 @dataclass(frozen=True)
@@ -133,7 +183,7 @@ class ReplyStream:
         try:
             for event in _visible(events(self._response)):
                 self._queue.put(event)
-                if not isinstance(event, Text | Progress):
+                if not isinstance(event, Text | Progress | Loading):
                     return
             event = Broken(timed_out=False)  # the stream ended without saying how
         except requests.Timeout:
@@ -217,6 +267,11 @@ class Upstream(Protocol):
 
     def transcribe(self, recording: Recording, request_id: str) -> str:
         """The text spoken in a recording (upstream_speech.py); ApiError if none comes."""
+        ...
+
+    def models(self) -> list[ChatModel]:
+        """The chat models it lists (upstream_models.py); ApiError if the list does not
+        come."""
         ...
 
 
@@ -353,6 +408,16 @@ def busy(response: requests.Response | None) -> ApiError:
         f"The model is busy with other replies; trying again in {seconds} s.",
         status=503,
         retry_after=seconds,
+    )
+
+
+def model_not_found(model: str) -> ApiError:
+    """The chat named a model the model service does not serve (taken out since the page
+    listed it, or a client's typo): the person's to change, not the operator's."""
+    return ApiError(
+        "model_not_found",
+        f"The model service has no model named {trimmed(model)[:100]!r}; choose another model.",
+        status=404,
     )
 
 

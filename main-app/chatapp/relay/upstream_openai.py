@@ -15,10 +15,14 @@ difference as it comes:
   sidecar sends in its stream once the stream has started early (`STREAM_START_AFTER_S`:
   `context_length_exceeded`, `overloaded`, `model_not_ready`) is that refusal, as if it had
   been the HTTP status. Chunks with an empty content (the sidecar's keep-alives) add nothing;
-  one with a `progress` member (our sidecar, while it reads a long prompt) is a `Progress`.
-- The model: `UPSTREAM_MODEL`, or the first one `GET /v1/models` lists (asked once, and again
-  while none is known). Readiness is that list naming a model; a server without the list (404)
-  counts as ready when `UPSTREAM_MODEL` names the model.
+  one with a `progress` member (our sidecar, while it reads a long prompt) is a `Progress`,
+  one with a `loading` member (our sidecar, while the model asked for loads) a `Loading`.
+- The model: the chat's `model` (the page's picker, from `GET /api/models`: this server's
+  list, `models`), else `UPSTREAM_MODEL`, else the first one `GET /v1/models` lists (asked
+  once, and again while none is known). A 404 for a model the chat named is
+  `model_not_found`; for the app's own, a setting to fix. Readiness is that list naming a
+  model; a server without the list (404) counts as ready when `UPSTREAM_MODEL` names the
+  model, and its picker lists that one.
 - The conversation's `cache_scope` goes as `prompt_cache_key` (our sidecar's cache scope; other
   servers ignore it); `min_new_tokens` has no OpenAI equivalent and is left out.
 - Messages go as the app checked them: a message with images as its content parts
@@ -37,13 +41,15 @@ from typing import Any
 import requests
 
 from chatapp.errors import ApiError
-from chatapp.relay import upstream_speech
+from chatapp.relay import upstream_models, upstream_speech
 from chatapp.relay.upstream import (
     NOT_REACHABLE,
     Broken,
+    ChatModel,
     Connection,
     Done,
     Event,
+    Loading,
     Progress,
     Recording,
     Refused,
@@ -54,6 +60,7 @@ from chatapp.relay.upstream import (
     host_refused,
     int_or_none,
     lines,
+    model_not_found,
     not_ready,
     payload_too_large,
     refused,
@@ -98,7 +105,8 @@ class OpenAIUpstream:
         return self._discovered
 
     def start(self, payload: dict[str, Any], request_id: str) -> ReplyStream:
-        model = self.model
+        named = payload.get("model")  # the chat's own choice (wire.py), else the app's
+        model = named or self.model
         if model is None:
             raise self._no_model()
         body: dict[str, Any] = {
@@ -117,11 +125,12 @@ class OpenAIUpstream:
         response = self._connection.post_stream(self._root + CHAT_PATH, body, headers)
         if response.status_code != 200:
             with response:
-                error = _refusal(response)
+                error = model_not_found(named) if named and response.status_code == 404 else None
+                error = error or _refusal(response)
             log.warning(
                 "the model service answered %s; relayed as %s", response.status_code, error.type
             )
-            if response.status_code == 404:
+            if response.status_code == 404 and not named:
                 self._discovered = None  # the model may have changed: ask again next time
             raise error
         return ReplyStream(response, events)
@@ -155,6 +164,16 @@ class OpenAIUpstream:
         return upstream_speech.transcribe(
             self._connection, path, self._speech_model, recording, request_id
         )
+
+    def models(self) -> list[ChatModel]:
+        status, body = upstream_models.fetch(self._connection, self._root + MODELS_PATH)
+        if status in (404, 405) and self._configured:
+            return [ChatModel(self._configured, default=True)]  # a server without the list
+        if status != 200:
+            raise upstream_models.refusal(status, body)
+        # The model a chat naming none gets: UPSTREAM_MODEL, else the first listed (`model`)
+        default = self._configured or upstream_models.first_id(body)
+        return upstream_models.chat_models(body, default)
 
     def _first_model(self) -> str | None:
         answer = self._connection.get_json(self._root + MODELS_PATH)
@@ -234,6 +253,8 @@ def events(response: requests.Response) -> Iterator[Event]:
             usage = chunk["usage"]
         if not said and (progress := Progress.of(chunk.get("progress"))) is not None:
             yield progress  # our sidecar's extension: a long prompt being read
+        if not said and (loading := Loading.of(chunk.get("loading"))) is not None:
+            yield loading  # our sidecar's extension: the model asked for is loading
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict):
                 continue

@@ -37,6 +37,12 @@ with what another request of that scope sent. So keep an id secret to its conver
 page's are random). A request without one gets a fresh random scope of its own, never the
 model service's shared unscoped pool: it works the same, with nothing to reuse.
 
+Optional `"model"`: the model to answer, an id `GET /api/models` lists (1 to 256 characters,
+no spaces or control characters); absent, the model service's default (our sidecar's first
+pinned model; with UPSTREAM_API=openai, `UPSTREAM_MODEL` or the first one listed). It goes on
+as `/predict`'s `model`, or as the OpenAI request's `model`. A name the model service does not
+serve is `model_not_found` (404).
+
 Errors before the reply starts
 ------------------------------
 A 4xx or 5xx status with the body `{"error": {"message": "...", "type": "..."}}`, where
@@ -58,6 +64,8 @@ type: chatapp/relay/pending.py.) The types:
   a system or assistant message; too large an image, or too many, is `payload_too_large`. The
   model service's own refusal of an image (it decodes them; a model that reads text only
   refuses any) is `invalid_request` with its sentence.
+- `model_not_found` (404): the request's `model` is not one the model service serves (it
+  was taken out since the page listed it); `GET /api/models` lists those it serves.
 - `upstream_timeout` (504): the model service did not start answering in time.
 - `restarting` (503 + `Retry-After`): the model service is replacing a model worker that died or
   stopped answering; try again after that many seconds.
@@ -85,6 +93,10 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
   delta: prompt tokens read (an estimate between the model service's reports, never
   decreasing), of `total`, and the seconds left at the rate measured (`null` until one is).
   From our sidecar only (`/predict`'s events, or its `/v1` stream's `progress` member).
+- `{"loading": {"model": id, "seconds": s, "seconds_left": n}}`: the model asked for is not
+  loaded, and the model service is loading it (our sidecar with several models, issue 56): its
+  id, the seconds it has been loading, and about how many are left by its last load (`null`
+  for a first load). About every 5 s until it is ready, before any `progress` or delta.
 - `{"delta": "..."}`: the next piece of the reply, as the model writes it; the reply is the
   concatenation of the deltas. A delta never ends inside a character, and holds no control
   character but tab, newline and carriage return: the others are shown as their Unicode
@@ -109,7 +121,8 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
     `prompt_tokens`) and `dropped_messages` (how many of the oldest messages were left out so
     that the conversation fits the model's context); from our sidecar, on a grounded turn,
     `passage_cached_tokens` (of `prompt_tokens`, those its passage store held: passages read
-    before, documents/warming.py; absent when none). A reply the person stops has no `done`
+    before, documents/warming.py; absent when none). `model`: the model the request named
+    (absent: the model service's default answered). A reply the person stops has no `done`
     line: the page knows it cancelled it.
   - or `{"error": {"message": "...", "type": "..."}}`: the reply broke off after it started;
     the deltas before it are the part received. Types: `upstream_disconnected` (the model
@@ -143,6 +156,10 @@ ROLES = ("system", "user", "assistant")
 FORBIDDEN_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 _SURROGATE_PAIR = re.compile(r"[\ud800-\udbff][\udc00-\udfff]")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A model's name: what the model service lists, so anything printable without spaces (our
+# sidecar's ids, Ollama's `llama3.2:1b`, `hf.co/owner/repo:Q4_K_M`), never a control character.
+MODEL_NAME = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\ud800-\udfff]{1,256}")
+MODEL_RULE = "model must be 1 to 256 characters without spaces or control characters."
 # A temperature below this is greedy: sent as 0, so no model service divides by it (the
 # sidecar's ipc.MIN_TEMPERATURE; tests/test_contracts.py keeps them equal).
 MIN_TEMPERATURE = 1e-5
@@ -167,6 +184,11 @@ def visible(text: str) -> str:
         lambda pair: pair[0].encode("utf-16-le", "surrogatepass").decode("utf-16-le"), text
     )
     return FORBIDDEN_CHARS.sub(_pictured, text)
+
+
+def valid_model(value: Any) -> bool:
+    """Whether `value` can name a model (MODEL_NAME)."""
+    return isinstance(value, str) and MODEL_NAME.fullmatch(value) is not None
 
 
 def _invalid(message: str) -> ApiError:
@@ -288,6 +310,11 @@ def parse_chat_request(
         payload["cache_scope"] = conversation_id
     else:  # never the unscoped pool, where cached_tokens would tell what others sent
         payload["cache_scope"] = "once-" + secrets.token_hex(16)
+    model = body.get("model")
+    if model is not None:
+        if not valid_model(model):
+            raise _invalid(MODEL_RULE)
+        payload["model"] = model
     return payload
 
 
@@ -313,6 +340,10 @@ def progress(read: int, total: int, seconds_left: float | None) -> bytes:
     return _line({"progress": {"read": read, "total": total, "seconds_left": seconds_left}})
 
 
+def loading(model: str, seconds: float, seconds_left: float | None) -> bytes:
+    return _line({"loading": {"model": model, "seconds": seconds, "seconds_left": seconds_left}})
+
+
 PING = _line({"ping": True})
 
 
@@ -326,6 +357,7 @@ def done(
     cached_tokens: int | None = None,
     dropped_messages: int | None = None,
     passage_cached_tokens: int | None = None,
+    model: str | None = None,
     **grounded: Any,
 ) -> bytes:
     """The last line; a grounded turn adds `citations`, `unknown_citations` and `grounding`
@@ -342,6 +374,8 @@ def done(
         obj["dropped_messages"] = dropped_messages
     if passage_cached_tokens:
         obj["passage_cached_tokens"] = passage_cached_tokens
+    if model is not None:
+        obj["model"] = model
     obj.update(grounded)
     return _line(obj)
 

@@ -47,6 +47,26 @@ def test_an_import_over_its_bound_is_the_apps_413(client: FlaskClient) -> None:
     assert client.get("/api/chats", headers=ALICE).get_json() == {"chats": []}
 
 
+def test_an_imported_reply_keeps_its_model(client: FlaskClient) -> None:
+    """The page's own chats carry each reply's model (issue 56): imported with it, checked as
+    POST /chat checks a model's name; only a reply has one."""
+    messages = [
+        {"role": "user", "content": "Hi", "model": "ignored"},
+        {"role": "assistant", "content": "Hello.", "model": "smollm2"},
+        {"role": "user", "content": "Again"},
+        {"role": "assistant", "content": "Hello again."},
+    ]
+    made = client.post("/api/chats", json={"messages": messages}, headers=ALICE)
+    assert made.status_code == 201, made.get_json()
+    assert [m.get("model") for m in made.get_json()["messages"]] == [None, "smollm2", None, None]
+    messages[1]["model"] = "two words"
+    refused = client.post("/api/chats", json={"messages": messages}, headers=ALICE)
+    assert refused.status_code == 400
+    assert refused.get_json()["error"]["message"] == (
+        "Message 2: model must be 1 to 256 characters without spaces or control characters."
+    )
+
+
 def test_the_default_bound_is_megabytes(make_app: Callable[..., Flask]) -> None:
     app = make_app()
     assert app.config["MAX_IMPORT_BYTES"] == 8 * 1024 * 1024
