@@ -239,6 +239,8 @@ def chat() -> Response:
     )
     turn, grounding = _turn_and_grounding(body, payload, user)
     record.model = payload.get("model")  # the done line and the log line name it
+    if record.model is not None:  # it may load for this chat: the page's list is asked again
+        current_app.extensions["model_list"].expire()
     record.messages = len(payload["messages"])
     record.images = images.count(payload["messages"]) or None
     default = config["MAX_NEW_TOKENS"]

@@ -12,8 +12,10 @@ our sidecar, `null` from a server that does not say; `input_modalities` `["text"
 
 One list serves every page for `FRESH_S` seconds (each page asks at its start, after each
 reply and as it polls /healthz; a model's state changes in seconds, not faster). A failure is
-not kept: the next request asks again. What a model reads is remembered once a list said it
-while the model was loaded, since our sidecar knows it only then (upstream_models.py).
+not kept, nor a list in which a model is loading, nor the list once a chat names a model
+(`expire`: the page asks again when the reply ends, and a cold model is loaded by then). What a
+model reads is remembered once a list said it while the model was loaded, since our sidecar
+knows it only then (upstream_models.py).
 """
 
 from __future__ import annotations
@@ -48,8 +50,13 @@ class ModelList:
         with self._lock:
             if time.monotonic() - self._at >= self._fresh_s:
                 self._models = [self._known(model) for model in self._upstream.models()]
-                self._at = time.monotonic()
+                loading = any(model.state == "loading" for model in self._models)
+                self._at = float("-inf") if loading else time.monotonic()
             return self._models
+
+    def expire(self) -> None:
+        """Ask again next time: a chat named a model, which may be loading for it."""
+        self._at = float("-inf")
 
     def _known(self, model: ChatModel) -> ChatModel:
         if model.input_modalities is not None:

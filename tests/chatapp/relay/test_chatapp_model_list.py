@@ -228,3 +228,27 @@ def test_what_a_model_reads_is_remembered_once_seen_loaded() -> None:
     assert [m.input_modalities for m in models.current()] == [None, None]
     assert [m.input_modalities for m in models.current()] == [("text", "image"), None]
     assert [m.input_modalities for m in models.current()] == [("text", "image"), None]
+
+
+def test_a_list_with_a_model_loading_is_not_kept_nor_one_a_chat_made_old(
+    make_app: Callable[..., Flask], fake: FakeSidecar
+) -> None:
+    """The page asks again when a reply ends: by then the model a chat named is loaded."""
+    entries: list[dict[str, Any]] = SIDECAR_LIST["data"]  # type: ignore[assignment]
+    loading = {"data": [{**entries[0], "state": "loading"}]}
+    fake.models = (200, loading)
+    app = make_app()
+    models_of(app)
+    models_of(app)
+    assert fake.gets == ["/v1/models"] * 2
+    fake.models = (200, SIDECAR_LIST)
+    models_of(app)
+    models_of(app)
+    assert len(fake.gets) == 3
+    response = app.test_client().post(
+        "/chat", json={"messages": [{"role": "user", "content": "Hi"}], "model": "smollm2"}
+    )
+    assert response.status_code == 200
+    response.close()
+    models_of(app)
+    assert len(fake.gets) == 4
