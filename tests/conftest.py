@@ -159,6 +159,10 @@ SLOW_TESTS = (
     "tests/sidecar/web/audio/test_sidecar_audio_",
     "tests/chatapp/speech/test_speech_relay.py",  # the app and a speech sidecar
     "tests/scripts/test_bench_speech.py::test_the_question_",  # a speech sidecar, bare Whisper
+    "tests/scripts/test_bench_models.py",  # issue 56: five sidecars in turn
+    "tests/sidecar/web/models/test_sidecar_models_http.py",  # issue 56: two sidecars, 4 models
+    # PASSAGE_WARM's sweep against the shared sidecar (its unit tests stay quick)
+    "tests/chatapp/documents/test_documents_warming.py::test_the_warmer_sweeps",
     "tests/sidecar/web/test_sidecar_fuzz.py",  # schemathesis against a live sidecar
     "tests/sidecar/web/embeddings/test_sidecar_embeddings_fuzz.py",  # the same on /v1/embeddings
     # The benchmarks' own tests (shape, not speed), each a sidecar or several for seconds;

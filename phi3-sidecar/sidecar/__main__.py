@@ -15,6 +15,7 @@ from sidecar.jsonlog import configure_logging
 from sidecar.settings import Settings
 from sidecar.web.app import create_app
 from sidecar.web.guards import connections, deadlines, listener
+from sidecar.web.models.registry import RegistryError
 from sidecar.web.observability.request_log import DropDeliberateAbort
 
 log = logging.getLogger("sidecar")
@@ -43,7 +44,13 @@ def main() -> None:
         settings.log_level, DropDeliberateAbort(), exception_messages=settings.log_prompts
     )
     nofile = listener.raise_nofile()  # before the cap is computed and the worker inherits it
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except RegistryError as exc:  # MODELS_FILE: one sentence, no traceback
+        log.error(
+            "invalid setting", extra={"fields": {"setting": "MODELS_FILE", "error": str(exc)}}
+        )
+        sys.exit(2)
     cap = app.state.connections
     listener.log_limits(nofile, settings, cap)
     config = uvicorn.Config(

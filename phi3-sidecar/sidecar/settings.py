@@ -30,6 +30,30 @@ class Settings(BaseSettings):
         description="Folder that holds genai_config.json, the ONNX model and the tokenizer; with "
         "MODEL_DOWNLOAD, the download root (the model lands in MODEL_PATH/MODEL_SUBFOLDER).",
     )
+    models_file: Path | None = Field(
+        default=None,
+        description="Several models by name (docs/api.md, 'Several models'): a TOML file, one "
+        "[[models]] table per model (id, path, aliases, pinned, system_prompt, temperature, "
+        "idle_unload_s, kv_memory_mb, passage_kv_mb). The first pinned model is the default "
+        "and loads at start; the others load when first asked for, each in a worker process "
+        "of its own, within MODELS_MEMORY_BYTES. Unset: MODEL_PATH alone, one model.",
+    )
+    models_memory_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="With MODELS_FILE: the bytes the resident models may hold together "
+        "(each one's measured memory once loaded, its weights before, plus its KV_MEMORY_MB and "
+        "PASSAGE_KV_MB); the least recently used model that is not pinned and not answering "
+        "is unloaded to make room. 0: the memory limit less a margin (10%, at least 1 GiB) "
+        "and the web process.",
+    )
+    model_load_wait_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description="With MODELS_FILE: how long a request for a model that is not loaded "
+        "waits for it to load (its stream says so meanwhile) before a 503.",
+    )
     model_name: str | None = Field(
         default=None,
         min_length=1,

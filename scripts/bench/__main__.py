@@ -64,6 +64,9 @@ COMMANDS = (
     Command("passages", "passages", "the passage store (issue 54): how close a grounded answer "
             "stays with its passages from the store (the quality gate, by recomputed tokens), "
             "and a grounded question's first token with them stored, missed and off"),
+    Command("models", "models", "several models behind one sidecar (issue 56): two resident "
+            "models taking turns against alone, a cold load and a Phi-3-mini-sized estimate, a "
+            "soak of three models in a two-model budget"),
     Command("quality", "quality", "how close a model folder stays to a reference (agreement, "
             "perplexity); with --kv-restore, a chat restored from compact KV"),
     Command("guidance", "guidance", "what structured output costs and saves: forced tokens, "

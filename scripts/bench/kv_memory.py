@@ -27,7 +27,7 @@ import httpx
 from scripts.bench.common import Failed
 from scripts.bench.drivers import ChatTokenizer, cpu_name, sized_messages
 from scripts.run import services
-from sidecar.model.memory import GIB, MIB
+from sidecar.limits import GIB, MIB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -52,11 +52,12 @@ from scripts.bench.common import (
 from scripts.bench.drivers import ChatTokenizer, cpu_name, sized_messages, via_sidecar, words
 from scripts.bench.users import percentile
 from scripts.run import services
+from sidecar import limits
 from sidecar.model import memory
 from sidecar.settings import Settings
 
 REPO = services.REPO
-MIB, GIB = memory.MIB, memory.GIB
+MIB, GIB = limits.MIB, limits.GIB
 REUSE_TARGET = 0.95  # of the previous turn's prompt
 ALONE_TARGET = 1.5  # last turn's TTFT, median and p95, against one user alone
 RESTORE_TARGETS_S = {"compact": 0.5, "disk": 2.0}  # for a 2,000-token conversation
@@ -97,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan-memory-gb",
         type=float,
         help="set KV_MEMORY_MB as the sidecar chooses it in a container of this many GiB: that "
-        "less the loaded service's RSS less max(1 GiB, 10%%) (sidecar/model/memory.py)",
+        "less the loaded service's RSS less max(1 GiB, 10%%) (sidecar/limits.py)",
     )
     group.add_argument("--prompt-cache-mb", type=int, help="PROMPT_CACHE_MB")
     group.add_argument(
@@ -180,7 +181,7 @@ def plan_kv_memory(
     plan = {
         "memory_gib": gib,
         "loaded_bytes": loaded,
-        "margin_bytes": memory.margin(limit),
+        "margin_bytes": limits.margin(limit),
         "kv_memory_mb": kv // MIB,
     }
     print(

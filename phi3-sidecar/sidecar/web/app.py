@@ -26,13 +26,15 @@ from sidecar.web.completions.api import router as completions_router
 from sidecar.web.embeddings.api import router as embeddings_router
 from sidecar.web.embeddings.tokenizer import router as tokenizer_router
 from sidecar.web.generation.admission import Admission
-from sidecar.web.generation.model_client import ModelClient
 from sidecar.web.generation.pipeline import Pipeline
 from sidecar.web.guards.access import AccessMiddleware, log_state
 from sidecar.web.guards.connections import Connections, connection_limit
 from sidecar.web.guards.deadlines import BodyDeadline
 from sidecar.web.guards.listener import accept_errors
 from sidecar.web.images.decoding import Images
+from sidecar.web.models.api import router as models_router
+from sidecar.web.models.pool import ModelPool
+from sidecar.web.models.registry import load_registry
 from sidecar.web.observability.metrics import Metrics
 from sidecar.web.observability.request_log import RequestLogMiddleware
 from sidecar.web.observability.telemetry import TraceRequest, Tracing
@@ -62,8 +64,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         image_memory=images.memory,
     )
     admission = Admission(settings.max_concurrency, settings.queue_size)
-    # A slot is held until the worker reports the generation over (see generation/admission.py).
-    model = ModelClient(settings, on_generation_over=admission.release)
+    # The models served (MODELS_FILE, else MODEL_PATH), a worker process each when resident; a
+    # slot is held until the worker reports the generation over (generation/admission.py).
+    models = ModelPool(
+        load_registry(settings), admission, settings, budget_bytes=settings.models_memory_bytes
+    )
     # None unless a destination is set (observability/telemetry.py)
     tracing = Tracing.from_settings(settings)
     embeddings = Embeddings(settings)  # phase "off" unless an encoder is set
@@ -74,7 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log_state(settings)  # whether authentication is on, once at start
         # Accept errors (out of descriptors) counted and throttled instead of a traceback each.
         asyncio.get_running_loop().set_exception_handler(accept_errors(connections))
-        await model.start()  # returns at once: the port opens while the model loads
+        await models.start()  # returns at once: the port opens while the models load
         embeddings.start()  # the same: loads in a thread of its own
         speech.start()  # and speech
         try:
@@ -82,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             speech.stop()
             embeddings.stop()
-            await model.stop()
+            await models.stop()
             if tracing is not None:
                 tracing.shutdown()  # the last spans go out
 
@@ -104,16 +109,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.connections = connections
     app.state.admission = admission
-    app.state.model = model
+    app.state.models = models
     app.state.embeddings = embeddings
     app.state.speech = speech
     app.state.response_store = response_store
     app.state.images = images
     app.state.pipeline = Pipeline(
-        model,
+        models,
         admission,
         log_prompts=settings.log_prompts,
-        model_name=settings.served_model_name,
         time_limit_s=settings.reply_time_limit_s,
         start_after_s=settings.stream_start_after_s,
         keepalive_s=settings.stream_keepalive_s,
@@ -138,4 +142,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(tokenizer_router)
     app.include_router(audio_router)
     app.include_router(passages_router)
+    app.include_router(models_router)
     return app

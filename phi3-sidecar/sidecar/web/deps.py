@@ -13,6 +13,7 @@ from sidecar.web.generation.admission import Admission
 from sidecar.web.generation.model_client import ModelClient
 from sidecar.web.generation.pipeline import Pipeline
 from sidecar.web.images.decoding import Images
+from sidecar.web.models.pool import ModelPool
 from sidecar.web.observability.metrics import Metrics
 from sidecar.web.observability.record import RequestRecord
 from sidecar.web.responses.store import ResponseStore
@@ -24,8 +25,14 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_model(request: Request) -> ModelClient:
-    model: ModelClient = request.app.state.model
-    return model
+    """The default model's worker (web/models/: pinned, always resident)."""
+    models: ModelPool = request.app.state.models
+    return models.default
+
+
+def get_models(request: Request) -> ModelPool:
+    models: ModelPool = request.app.state.models
+    return models
 
 
 def get_admission(request: Request) -> Admission:
@@ -71,6 +78,7 @@ def get_record(request: Request) -> RequestRecord:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ModelDep = Annotated[ModelClient, Depends(get_model)]
+ModelsDep = Annotated[ModelPool, Depends(get_models)]
 AdmissionDep = Annotated[Admission, Depends(get_admission)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]

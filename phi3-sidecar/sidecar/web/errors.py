@@ -53,6 +53,8 @@ REFUSALS: dict[str, Answer] = {
     "not_found": Answer(404, "not_found", 404, "not_found"),
     "model_not_found": Answer(404, "not_found", 404, "model_not_found"),
     "response_not_found": Answer(404, "not_found", 404, "response_not_found"),
+    # a model pinned or answering, asked to unload (web/models/api.py)
+    "model_busy": Answer(409, "conflict", 409, "model_busy"),
     "method_not_allowed": Answer(405, "method_not_allowed", 405, "method_not_allowed"),
     # the service's state (pipeline): clients retry after Retry-After
     "not_ready": Answer(503, "not_ready", 503, "model_not_ready", "server_error"),
@@ -129,7 +131,11 @@ WHEN: dict[str, str] = {
     "invalid_host": "the `Host` is not one of `ALLOWED_HOSTS` (by default the loopback names; "
     "/healthz, /readyz and /metrics answer any)",
     "not_found": "no such path",
-    "model_not_found": "`GET /v1/models/{id}` names a model this sidecar does not serve",
+    "model_not_found": "`GET /v1/models/{id}` names a model this sidecar does not serve; with "
+    "`MODELS_FILE`, any request whose `model` is neither an id nor an alias ([Several "
+    "models](#several-models-models_file))",
+    "model_busy": "`POST /v1/models/{id}/unload` of a pinned model or one answering requests, "
+    "or `/unpin` of the default",
     "response_not_found": "`previous_response_id`, or `GET`/`DELETE /v1/responses/{id}`, names no "
     "response stored for this API key (for `previous_response_id`, in this `prompt_cache_key` "
     "or `user` scope too): never stored (`store: false`, `RESPONSE_STORE_MB=0`), evicted, "
@@ -141,7 +147,8 @@ WHEN: dict[str, str] = {
     "answering or hung while loading, and is being replaced; `Retry-After`: the back-off of "
     "1, 2, 5, 10 or 30 s left plus the last load time), or `failed` (waiting will not help)",
     "overloaded": "the queue is full (`QUEUE_SIZE`; for `/v1/embeddings`, `EMBED_QUEUE_SIZE`; "
-    "`Retry-After: 2`)",
+    "`Retry-After: 2`); with `MODELS_FILE`, a model that cannot be loaded because the models "
+    "answering fill `MODELS_MEMORY_BYTES` (`Retry-After: 5`), or that needs more than all of it",
     "too_many_connections": "the connection opened while `MAX_CONNECTIONS` connections were "
     "open and none was idle (`Retry-After: 2`, `Connection: close`; /healthz, /readyz and "
     "/metrics are answered instead, then closed)",

@@ -111,6 +111,12 @@ def build(app: FastAPI) -> dict[str, Any]:
     tokenizer["responses"]["200"]["content"] = {"application/json": {"schema": {"type": "object"}}}
     tokenizer["responses"]["304"] = {"description": "Not Modified: the ETag sent is current"}
     tokenizer["responses"]["400"] = errors["400"]
+    # The models' load, unload and pin (web/models/api.py): 404 without MODELS_FILE or for an
+    # unknown model, 409 model_busy, 503 when no room can be made
+    for path, item in schema["paths"].items():
+        if path.startswith("/v1/models/") and "post" in item:
+            item["post"].setdefault("responses", {}).pop("422", None)
+            item["post"]["responses"].update(errors)
     model_id = schema["paths"]["/v1/models/{model_id}"]["get"]["parameters"][0]
     model_id["schema"]["examples"] = [app.state.settings.served_model_name]
     for item in schema["paths"].values():

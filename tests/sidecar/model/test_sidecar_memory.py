@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.model.memory import GIB, MIB, default_kv_bytes, memory_limit
+from sidecar.limits import GIB, MIB, memory_limit
+from sidecar.model.memory import default_kv_bytes
 
 
 def test_a_v1_cgroup_limit_is_the_smallest_on_the_way_up(tmp_path: Path) -> None:
@@ -56,7 +57,8 @@ def test_freed_blocks_go_back_to_the_system() -> None:
 
     probe = (
         "import numpy as np, resource\n"
-        "from sidecar.model.memory import return_freed_memory, resident_bytes\n"
+        "from sidecar.limits import resident_bytes\n"
+        "from sidecar.model.memory import return_freed_memory\n"
         "assert return_freed_memory()\n"
         "before = resident_bytes()\n"
         "blocks = [np.ones(2**20 + i * 4096, np.uint8) for i in range(400)]\n"

@@ -17,6 +17,8 @@ Request, application/json (unknown fields are refused with 400 invalid_value, na
                 image_input_unsupported); other parts (input_audio, ...) are refused
   model         any string of up to 256 characters, echoed (absent: the served model's name).
                 Not checked against the one model served: clients often send a fixed name.
+                With MODELS_FILE: the model that answers, by id or alias (docs/api.md,
+                "Several models"); another name is 404 model_not_found; the reply names the id.
                 GET /v1/models/{id} is the place where an unknown id is a 404 model_not_found.
   max_completion_tokens or max_tokens   /predict's max_new_tokens (both: only if equal)
   temperature, top_p, seed, top_k       as /predict: absent temperature means greedy (OpenAI's
@@ -114,22 +116,18 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from sidecar import ipc
-from sidecar.settings import Settings
 from sidecar.web.audio.parts import audio_allowance, transcribe_parts
 from sidecar.web.chat_completions import logprobs
 from sidecar.web.chat_completions.schemas import ChatCompletionRequest
 from sidecar.web.chat_completions.tool_protocol import Call, ReplySplitter, read_calls
 from sidecar.web.deps import (
-    EmbeddingsDep,
     ImagesDep,
-    ModelDep,
     PipelineDep,
     RecordDep,
     SettingsDep,
     SpeechDep,
 )
 from sidecar.web.errors import ApiError
-from sidecar.web.generation.model_client import ModelClient
 from sidecar.web.generation.pipeline import read_body
 from sidecar.web.generation.progress import ProgressEvent
 from sidecar.web.generation.reply import ReplyFormat
@@ -138,54 +136,6 @@ from sidecar.web.structured import settle as structured
 from sidecar.web.structured.reply_check import ReplyCheck
 
 router = APIRouter()
-
-
-@router.get("/v1/models")
-@router.head("/v1/models", include_in_schema=False)
-async def list_models(
-    settings: SettingsDep, model: ModelDep, embeddings: EmbeddingsDep, speech: SpeechDep
-) -> dict[str, Any]:
-    """OpenAI's model list: the chat model this sidecar serves, and its encoder and speech
-    model if it has them."""
-    extra = [m for m in (embeddings.model_object(), speech.model_object()) if m is not None]
-    data = [_model_object(settings, model), *extra]
-    return {"object": "list", "data": data}
-
-
-@router.get("/v1/models/{model_id:path}")
-@router.head("/v1/models/{model_id:path}", include_in_schema=False)
-async def get_model(
-    model_id: str,
-    settings: SettingsDep,
-    model: ModelDep,
-    embeddings: EmbeddingsDep,
-    speech: SpeechDep,
-) -> dict[str, Any]:
-    for other in (embeddings.model_object(), speech.model_object()):
-        if other is not None and model_id == other["id"]:
-            return other
-    if model_id != settings.served_model_name:
-        raise ApiError(
-            "model_not_found", f"no model {model_id!r} here; GET /v1/models lists the one served"
-        )
-    return _model_object(settings, model)
-
-
-def _model_object(settings: Settings, model: ModelClient) -> dict[str, Any]:
-    try:  # when the model folder was written: the closest thing to OpenAI's "created"
-        created = int((settings.model_path / "genai_config.json").stat().st_mtime)
-    except OSError:
-        created = 0
-    name = settings.served_model_name
-    # What the model reads, as the last worker to get ready said (text only until one was).
-    modalities = ["text", "image"] if model.image_input else ["text"]
-    return {
-        "id": name,
-        "object": "model",
-        "created": created,
-        "owned_by": "phi3-sidecar",
-        "input_modalities": modalities,
-    }
 
 
 @router.post("/v1/chat/completions")
@@ -206,7 +156,8 @@ async def chat_completions(
     checked = await images.prepare(body.image_refs(), record)  # 400s naming the image
     check = await structured.settle(body, record)  # 400 invalid_schema
     generate = body.generate(record.request_id, settings.max_new_tokens, checked)
-    model = body.model if body.model is not None else settings.served_model_name
+    entry = pipeline.resolve(body.model)  # 404 model_not_found with MODELS_FILE
+    model = entry.id if pipeline.strict or body.model is None else body.model
     ids = Ids(f"chatcmpl-{record.request_id}", int(time.time()), model)
     tools = body.calls_tools
     guided_by = "tools" if body.tools else "response_format"  # the field the grammar came from
@@ -218,7 +169,7 @@ async def chat_completions(
     reply_format.keep_logprobs = body.logprobs_count is not None
     reply_format.audio_seconds = audio_seconds
     try:
-        return await pipeline.run(request, record, generate, reply_format)
+        return await pipeline.run(request, record, generate, reply_format, entry)
     except ApiError as error:
         if error.reason == "invalid_guidance":
             error.param = guided_by
@@ -409,6 +360,13 @@ class EventStream(_Checked):
         usage = {"usage": None} if self._include_usage else {}
         chunk = self._ids.object("chat.completion.chunk", choices=[choice], **usage)
         return _event(chunk | {"progress": event.as_json()})
+
+    def loading(self, event: dict[str, Any]) -> bytes:
+        # As progress: a keep-alive's chunk with a `loading` member (web/models/pool.py)
+        choice = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": None}
+        usage = {"usage": None} if self._include_usage else {}
+        chunk = self._ids.object("chat.completion.chunk", choices=[choice], **usage)
+        return _event(chunk | {"loading": event})
 
     def piece(self, text: str) -> bytes:
         self._keep(text)

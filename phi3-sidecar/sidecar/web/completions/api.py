@@ -180,7 +180,8 @@ async def completions(
         logprobs=body.logprobs,
         prompt=prompt,
     )
-    model = body.model if body.model is not None else settings.served_model_name
+    entry = pipeline.resolve(body.model)  # 404 model_not_found with MODELS_FILE
+    model = entry.id if pipeline.strict or body.model is None else body.model
     ids = Ids(f"cmpl-{record.request_id}", int(time.time()), model)
     echo = body.prompt if body.echo and isinstance(body.prompt, str) else ""
     keep = body.logprobs is not None
@@ -189,7 +190,7 @@ async def completions(
         reply_format = CompletionStream(ids, echo, keep, body.include_usage)
     else:
         reply_format = TextCompletion(ids, echo, keep)
-    return await pipeline.run(request, record, generate, reply_format)
+    return await pipeline.run(request, record, generate, reply_format, entry)
 
 
 class _Choice(ReplyFormat):

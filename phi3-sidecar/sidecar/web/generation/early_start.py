@@ -12,12 +12,18 @@ are not sent: they are not known yet; the usage chunk says the same.
 
 The client leaving is watched the whole time: a request still queued leaves the queue, one the
 worker has started is cancelled there.
+
+A request for a model that must load first (MODELS_FILE, web/models/pool.py) starts its stream
+at once, and says so: the format's `loading` event ({"model", "seconds", "seconds_left"}) first
+and in place of each keepalive, until the model is ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -36,6 +42,7 @@ class EarlyStart(Response):
         record: RequestRecord,
         reply_format: ReplyFormat,
         keepalive_s: float,
+        loading: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -44,13 +51,14 @@ class EarlyStart(Response):
         self._record = record
         self._format = reply_format
         self._keepalive_s = keepalive_s
+        self._loading = loading  # the model asked for, while it loads (web/models/pool.py)
         self.init_headers({"cache-control": "no-store", "x-accel-buffering": "no"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         begin = self._begin
-        outbox = Outbox(send, self._format.keepalive(), self._keepalive_s)
+        outbox = Outbox(send, self._keepalive, self._keepalive_s)
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        await outbox.write(self._format.head())
+        await outbox.write(self._format.head() + self._said_loading())
         gone = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             await outbox.wait(begin, gone)
@@ -75,6 +83,14 @@ class EarlyStart(Response):
             await self._refuse(outbox, ApiError("internal_error", "internal error; see the log"))
             return
         await response.stream(scope, receive, send, outbox)
+
+    def _said_loading(self) -> bytes:
+        """The format's `loading` event while the model loads (b"": none)."""
+        event = self._loading() if self._loading is not None else None
+        return self._format.loading(event) if event is not None else b""
+
+    def _keepalive(self) -> bytes:
+        return self._said_loading() or self._format.keepalive()
 
     async def _refuse(self, outbox: Outbox, error: ApiError) -> None:
         self._record.outcome = "rejected"  # as the same refusal before the start

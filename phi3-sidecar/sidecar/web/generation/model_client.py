@@ -133,6 +133,21 @@ class ModelClient:
         self._recovering: str | None = None  # why the worker is being replaced, until ready
         self._load_s: float | None = None  # how long the last worker took to become ready
 
+    @property
+    def busy(self) -> bool:
+        """Whether any request is with the worker (or waits for its start there)."""
+        return bool(self._replies)
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return process.pid if process is not None and process.is_alive() else None
+
+    @property
+    def load_s(self) -> float | None:
+        """How long the last worker took to get ready (None: none was ready yet)."""
+        return self._load_s
+
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:

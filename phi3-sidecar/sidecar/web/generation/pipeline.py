@@ -27,6 +27,8 @@ from sidecar.web.generation.early_start import EarlyStart
 from sidecar.web.generation.messages import PART_TAGS
 from sidecar.web.generation.model_client import ModelClient
 from sidecar.web.generation.reply import ReplyFormat, ReplyResponse, wait_for_disconnect
+from sidecar.web.models.pool import ModelPool
+from sidecar.web.models.registry import ModelEntry
 from sidecar.web.observability.record import RequestRecord
 
 # A body over the limit is still read (and dropped) up to this size, so that the client, which
@@ -97,28 +99,38 @@ def _parse(body: bytes | bytearray, schema: type[Body]) -> Body:
 
 
 class Pipeline:
-    """Admission (FIFO), then the model worker, then the reply: what both APIs share."""
+    """Admission (FIFO), then the model worker, then the reply: what both APIs share. With
+    several models (web/models/), the model a request names: loaded first if it is not (the
+    stream starts at once and says so: `loading` events), admitted behind the other models'
+    generations (generation/admission.py)."""
 
     def __init__(
         self,
-        model: ModelClient,
+        models: ModelPool,
         admission: Admission,
         *,
         log_prompts: bool,
-        model_name: str = "",
         time_limit_s: float = 0.0,
         start_after_s: float = 2.0,
         keepalive_s: float = 5.0,
         progress_s: float = 1.0,
     ) -> None:
-        self._model = model
+        self._models = models
         self._admission = admission
         self._log_prompts = log_prompts
-        self._model_name = model_name  # names the model that reads no images
         self._time_limit_s = time_limit_s  # REPLY_TIME_LIMIT_S; 0: none
         self._start_after_s = start_after_s  # STREAM_START_AFTER_S
         self._keepalive_s = keepalive_s  # STREAM_KEEPALIVE_S
         self._progress_s = progress_s  # PROGRESS_INTERVAL_S
+
+    @property
+    def strict(self) -> bool:
+        """Whether models are named (MODELS_FILE): replies then name the one that answered."""
+        return self._models.registry.strict
+
+    def resolve(self, name: str | None) -> ModelEntry:
+        """The model a request names (404 model_not_found with MODELS_FILE)."""
+        return self._models.registry.resolve(name)
 
     async def run(
         self,
@@ -126,28 +138,47 @@ class Pipeline:
         record: RequestRecord,
         generate: ipc.Generate,
         reply_format: ReplyFormat,
+        entry: ModelEntry | None = None,
     ) -> Response:
         """Admit the request (FIFO), start it in the worker and answer with its reply."""
-        model = self._model
+        models = self._models
+        entry = entry or models.registry.default
         # Every scope is the API key's own (ipc.owned_scope): the one place all routes pass.
         owner = request.scope.get("state", {}).get("key_owner", "")
         scope = ipc.owned_scope(owner[:OWNER_CHARS], generate.cache_scope)
         passage_scope = ipc.owned_scope(owner[:OWNER_CHARS], generate.passage_scope)
         generate = dataclasses.replace(generate, cache_scope=scope, passage_scope=passage_scope)
+        generate = with_defaults(generate, entry)
         if self._log_prompts:
             record.prompt = generate.messages or generate.prompt  # a plain prompt: /v1/completions
-        if not model.phase.ready:
-            raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
-        if generate.images and not model.phase.image_input:
-            raise ApiError(
-                "image_input_unsupported",
-                f"the model {self._model_name!r} reads text only: send the request without "
-                "images, or serve a vision model (Phi-3.5-vision)",
-            )
-        begin = asyncio.ensure_future(self._begin(record, generate, reply_format))
+        if models.registry.strict:
+            record.model = entry.id
+        resident = models.resident(entry)
+        # A model loaded on demand is waited for (its stream says so); a pinned one that is
+        # loading (at start, or replaced after a crash) is refused as ever: retry after
+        cold = entry.id not in models.pinned and (
+            resident is None or not resident.client.phase.ready
+        )
+        if not cold:
+            assert resident is not None  # pinned models are always resident
+            phase = resident.client.phase
+            if not phase.ready:
+                raise not_ready(phase.name, phase.reason, phase.retry_after_s())
+            if generate.images and not phase.image_input:
+                raise ApiError(
+                    "image_input_unsupported",
+                    f"the model {entry.id!r} reads text only: send the request without "
+                    "images, or serve a vision model (Phi-3.5-vision)",
+                )
+        begin = asyncio.ensure_future(self._begin(record, generate, reply_format, entry, cold))
         gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
-        # A format that can keep a stream alive may start it before its reply starts.
-        start_after = self._start_after_s if reply_format.keepalive() else None
+        # A format that can keep a stream alive may start it before its reply starts; one
+        # that can say a model loads starts at once when it must load first
+        start_after = None
+        if cold and reply_format.loading({"model": entry.id}):
+            start_after = 0.0
+        elif reply_format.keepalive():
+            start_after = self._start_after_s
         try:
             await asyncio.wait(
                 {begin, gone}, timeout=start_after, return_when=asyncio.FIRST_COMPLETED
@@ -163,24 +194,49 @@ class Pipeline:
             begin.cancel()  # out of the queue, or cancelled in the worker
             record.outcome = "cancelled"  # the client left while its reply was starting
             return Response(status_code=204)
-        return EarlyStart(begin, record, reply_format, self._keepalive_s)
+        if not cold:
+            return EarlyStart(begin, record, reply_format, self._keepalive_s)
+        # A model loading: said as often as a long prompt's reading (PROGRESS_INTERVAL_S)
+        interval = min(self._keepalive_s, self._progress_s)
+        return EarlyStart(begin, record, reply_format, interval, lambda: models.loading(entry))
 
     async def _begin(
-        self, record: RequestRecord, generate: ipc.Generate, reply_format: ReplyFormat
+        self,
+        record: RequestRecord,
+        generate: ipc.Generate,
+        reply_format: ReplyFormat,
+        entry: ModelEntry,
+        cold: bool,
     ) -> ReplyResponse:
-        """A slot, then the worker's start: the reply's response, or the refusal raised."""
-        model = self._model
-        # telemetry: the queue wait (web/observability/metrics.py, observability/telemetry.py)
-        queued_at = time.monotonic()
-        await self._admit()
-        record.admitted(queued_at)  # telemetry
-        if self._time_limit_s:
-            # Counted from the request's arrival, as App Service's front end counts its 230 s.
-            deadline = record.started_at + self._time_limit_s
-            generate = dataclasses.replace(generate, deadline=deadline)
-        # The worker starts it at once, or keeps it until the KV memory it needs is free
-        # (model/kv/tiers.py): a client that leaves meanwhile takes its request with it (run).
-        reply = model.submit(generate)
+        """The model (loaded if need be), a slot, then the worker's start: the reply's
+        response, or the refusal raised."""
+        models = self._models
+        model = await models.take(entry)  # 503 when no room can be made
+        submitted = False
+        try:
+            if cold:
+                await models.wait_ready(entry, model)
+                if generate.images and not model.phase.image_input:
+                    raise ApiError(
+                        "image_input_unsupported",
+                        f"the model {entry.id!r} reads text only: send the request without "
+                        "images, or serve a vision model (Phi-3.5-vision)",
+                    )
+            # telemetry: the queue wait (web/observability/metrics.py, observability/telemetry.py)
+            queued_at = time.monotonic()
+            await self._admit(model, entry.id)
+            record.admitted(queued_at)  # telemetry
+            if self._time_limit_s:
+                # Counted from the request's arrival, as App Service's front end counts its 230 s.
+                deadline = record.started_at + self._time_limit_s
+                generate = dataclasses.replace(generate, deadline=deadline)
+            # The worker starts it at once, or keeps it until the KV memory it needs is free
+            # (model/kv/tiers.py): a client that leaves meanwhile takes its request with it.
+            reply = model.submit(generate)
+            submitted = True
+        finally:
+            if not submitted:  # its generation never began: the model is not its any more
+                models.release(entry)
         try:
             start = await reply.start
         except asyncio.CancelledError:  # the client left, or the server is stopping
@@ -223,20 +279,33 @@ class Pipeline:
             progress_s=self._progress_s,
         )
 
-    async def _admit(self) -> None:
+    async def _admit(self, model: ModelClient, model_id: str) -> None:
         """Wait for a slot (FIFO); 503 when the queue is full or the worker failed meanwhile.
         Cancelled (the client left), the request leaves the queue."""
         admission = self._admission
-        if admission.try_acquire():
+        if admission.try_acquire(model_id):
             return
         try:
-            await admission.acquire()
+            await admission.acquire(model_id)
         except QueueFull:
             raise overloaded() from None
-        phase = self._model.phase
+        phase = model.phase
         if not phase.ready:  # the worker failed while we waited
             admission.release()
             raise not_ready(phase.name, phase.reason, phase.retry_after_s())
+
+
+def with_defaults(generate: ipc.Generate, entry: ModelEntry) -> ipc.Generate:
+    """The model's own defaults (MODELS_FILE): its system prompt for a conversation without
+    one, its temperature for a request that sets none."""
+    if entry.temperature is not None and generate.temperature is None:
+        generate = dataclasses.replace(generate, temperature=entry.temperature)
+    messages = generate.messages
+    if entry.system_prompt and messages and messages[0][0] != "system":
+        slots = tuple((message + 1, offset) for message, offset in generate.image_slots)
+        messages = (("system", entry.system_prompt), *messages)
+        generate = dataclasses.replace(generate, messages=messages, image_slots=slots)
+    return generate
 
 
 def _too_large(limit: int, images: int = 0) -> NoReturn:

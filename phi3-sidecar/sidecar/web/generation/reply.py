@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -67,6 +68,11 @@ class ReplyFormat:
         """Sent while a long prompt is read, before the first piece (shows_progress)."""
         return b""
 
+    def loading(self, event: dict[str, Any]) -> bytes:
+        """Sent while the model asked for loads (web/models/pool.py `loading`), in place of
+        a keepalive; b"": the keepalive (the format has no room for it)."""
+        return b""
+
     def logprobs(self, entries: list[ipc.TokenLogprob]) -> None:
         """The log probabilities of the tokens of the next piece (Generate.logprobs), given
         before it; a format that writes them holds them until it writes text or its tail."""
@@ -94,8 +100,11 @@ class Outbox:
     """A streamed body as it is written: what was sent last, and a keepalive after each
     `keepalive_s` of silence while the response waits (none if `keepalive` is b"")."""
 
-    def __init__(self, send: Send, keepalive: bytes, keepalive_s: float) -> None:
+    def __init__(
+        self, send: Send, keepalive: bytes | Callable[[], bytes], keepalive_s: float
+    ) -> None:
         self._send = send
+        # A callable: what to say is chosen when it is said (a model loading, else the keepalive)
         self._keepalive = keepalive
         self._keepalive_s = keepalive_s
         self._last = time.monotonic()
@@ -119,7 +128,7 @@ class Outbox:
             )
             if done or (until is not None and time.monotonic() >= until):
                 return
-            await self.write(self._keepalive)
+            await self.write(self._keepalive() if callable(self._keepalive) else self._keepalive)
 
 
 class ReplyResponse(Response):

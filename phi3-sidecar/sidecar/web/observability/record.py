@@ -44,6 +44,7 @@ class RequestRecord:
     image_tokens: int | None = None
     cached_tokens: int | None = None  # of prompt_tokens, read from the conversation cache
     passage_cached_tokens: int | None = None  # of prompt_tokens, from the passage store
+    model: str | None = None  # with MODELS_FILE: the model that answered (its id)
     cache_reason: str | None = None  # why (model/kv/prompt_cache.py, REASONS)
     # where those came from: ram (its KV slot), compact (compact RAM), disk (the disk tier);
     # and the time it took to put them back into a KV slot (model/kv/tiers.py)

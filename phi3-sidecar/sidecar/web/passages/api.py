@@ -16,7 +16,8 @@ Request, application/json, at most MAX_BODY_BYTES (unknown fields: 400 naming th
                  rules: system only first, the last from the user), "passages": [texts that
                  stand verbatim in the messages, 1-32]}
   passage_scope  whose passage store (as /predict's; within the API key's owner)
-  model          accepted, unused (the one model served)
+  model          with MODELS_FILE, whose store (an id or alias; absent: the default's); it
+                 must be loaded (503 not_ready otherwise: nothing is loaded to warm it)
 
 Reply, 200 application/json: {"object": "passage_warming", "items": [{"index": i, "tokens": n,
 "reason": null | "..."}]}: n, the prompt's tokens up to its last passage now waiting to be
@@ -34,7 +35,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sidecar import ipc
-from sidecar.web.deps import ModelDep, RecordDep, SettingsDep
+from sidecar.web.deps import ModelsDep, RecordDep, SettingsDep
 from sidecar.web.errors import not_ready
 from sidecar.web.generation.messages import (
     MAX_MESSAGES,
@@ -77,9 +78,14 @@ class WarmRequest(BaseModel):
 
 @router.post(WARM_PATH)
 async def warm_passages(
-    request: Request, settings: SettingsDep, model: ModelDep, record: RecordDep
+    request: Request, settings: SettingsDep, models: ModelsDep, record: RecordDep
 ) -> dict[str, Any]:
     body = await read_body(request, settings.max_body_bytes, WarmRequest)
+    entry = models.registry.resolve(body.model)
+    resident = models.resident(entry)
+    if resident is None:  # never loaded for this: its store would be gone with it
+        raise not_ready("available", f"model {entry.id!r} is not loaded: nothing to warm", 5)
+    model = resident.client
     if not model.phase.ready:
         raise not_ready(model.phase.name, model.phase.reason, model.phase.retry_after_s())
     owner = request.scope.get("state", {}).get("key_owner", "")

@@ -19,6 +19,8 @@ Request, application/json, validated strictly (no type coercion; unknown fields 
   passages      a grounded request's passages (up to 32 texts of up to 32,768 characters, each
                 standing verbatim in a message): the passage store reads each once and reuses
                 its K/V wherever a later prompt holds it (docs/documents.md)
+  model         with MODELS_FILE: the model to answer (an id or alias, /v1/models; absent:
+                the default; another name: 404 model_not_found); without it: any name, unused
   passage_scope whose passage store they are in (1-256 characters; the chat app sends one per
                 library owner); absent: the shared pool (within the API key's owner)
 
@@ -54,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sidecar import ipc
 from sidecar.ipc import Role
 from sidecar.web.deps import ImagesDep, PipelineDep, RecordDep, SettingsDep
+from sidecar.web.errors import ApiError
 from sidecar.web.generation.messages import (
     MAX_MESSAGES,
     MAX_PARTS,
@@ -125,6 +128,7 @@ class PredictRequest(BaseModel):
     stop: StopSequences | None = None
     passages: Passages | None = None
     passage_scope: CacheScope | None = None
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
     @model_validator(mode="after")
     def _one_conversation(self) -> Self:
@@ -192,6 +196,13 @@ class Events(ReplyFormat):
     def progress(self, event: ProgressEvent) -> bytes:
         return _line({"progress": event.as_json()})
 
+    def loading(self, event: dict[str, Any]) -> bytes:
+        return _line({"loading": event})
+
+    def refused(self, error: ApiError) -> bytes:
+        # Only after a stream started early for a model that loads (web/models/)
+        return _line({"error": {"message": error.message, "type": error.kind}})
+
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
         return _line(
             {
@@ -235,6 +246,7 @@ async def predict(
 ) -> Response:
     allowance = body_allowance(settings)  # images' data URLs, beyond MAX_BODY_BYTES
     body = await read_body(request, settings.max_body_bytes, PredictRequest, allowance)
+    entry = pipeline.resolve(body.model)  # 404 model_not_found with MODELS_FILE
     refs = body.image_refs()
     checked = await images.prepare(refs, record)  # 400s naming the image
     max_new_tokens = body.max_new_tokens or settings.max_new_tokens
@@ -255,4 +267,4 @@ async def predict(
         passage_scope=body.passage_scope,
     )
     reply_format = Events() if wants_events(request) else PlainText()
-    return await pipeline.run(request, record, generate, reply_format)
+    return await pipeline.run(request, record, generate, reply_format, entry)

@@ -134,12 +134,13 @@ async def create_response(
     except ApiError as error:
         raise refusal_of(error) from None
     generate = chat.generate(record.request_id, settings.max_new_tokens, checked)
-    model = body.model if body.model is not None else settings.served_model_name
+    entry = pipeline.resolve(body.model)  # 404 model_not_found with MODELS_FILE
+    model = entry.id if pipeline.strict or body.model is None else body.model
     kept = heard(conversation, chat) if audio_seconds is not None else conversation
     draft = Draft(body, chat, model, kept, owner, store, audio_seconds)
     reply_format = (ResponseEvents if body.stream else ResponseObject)(draft, check)
     try:
-        return await pipeline.run(request, record, generate, reply_format)
+        return await pipeline.run(request, record, generate, reply_format, entry)
     except ApiError as error:
         if error.reason == "invalid_guidance":  # name the field the grammar came from
             error.param = "tools" if body.tools else "text.format"

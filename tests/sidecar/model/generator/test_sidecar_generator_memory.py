@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar.limits import MIB
 from sidecar.model.generator.memory import GeneratorMemory
 from sidecar.model.kv.tiers import NoRoom
-from sidecar.model.memory import MIB
 
 
 def sized(bound: int, cache_budget: int = 0, max_length: int = 4096) -> tuple[GeneratorMemory, int]:
