@@ -1,7 +1,9 @@
 // Images attached to the message being written: the Attach button (a file picker), a pasted
 // image, a dropped file; thumbnails with a remove button until the message is sent; one inline
 // note for what cannot be attached (never an alert). Whether the model reads images comes from
-// the app's /healthz (status.js): a model that reads text only turns the button off and says so.
+// the app's /healthz (status.js) or, where several models are offered, the chosen one's entry
+// in /api/models (model-picker.js): a model that reads text only turns the button off and says
+// so.
 import { imageName, imageUrl, prepareImage } from "./images.js";
 import { remember } from "./image-store.js";
 import { $, announce, attachButton, attachInput, attachmentList, attachNote, count, input, MAX_IMAGES } from "./page.js";
@@ -57,7 +59,9 @@ export function setImageInput(value) {
   attachButton.setAttribute("aria-disabled", String(Boolean(why)));
   attachButton.title = why || `Attach images (up to ${MAX_IMAGES})`;
   reason.textContent = why || "";
-  if (!why && attachNote.textContent === TEXT_ONLY) showAttachNote("");
+  if (!why && attachNote.textContent.startsWith(TEXT_ONLY)) showAttachNote("");
+  // Images attached, then a model chosen that cannot see them (model-picker.js): said at once
+  if (why && pending.length) showAttachNote(`${why} Remove the images, or choose a model that reads them.`);
 }
 
 /** Attach `files` (a FileList or an array), as many as fit, in the order given (one batch

@@ -11,7 +11,8 @@
 // exchange.js (POST /chat and its stream), chats.js and open-chat.js (saved chats), edit.js,
 // chat-menu.js, settings-dialog.js, dialogs.js, drawer.js, status.js, attachments.js and
 // images.js (images to send), image-store.js (their files, in IndexedDB), image-viewer.js,
-// library.js (the documents panel), citations.js (a grounded reply's sources) and
+// library.js (the documents panel), citations.js (a grounded reply's sources),
+// model-picker.js (the model each chat asks, where several are served) and
 // microphone.js (a spoken message, transcribed into the box; loaded by status.js);
 // page.js and state.js hold what they share. The browser loads them as ES modules, with no build step.
 import { attachedImages, preparingImages, showAttachNote } from "./attachments.js";
@@ -170,7 +171,9 @@ window.addEventListener("pagehide", () => {
   if (!exchange || exchange.finished || !exchange.reply.text) return;
   exchange.finished = true;
   const ending = { state: "cut-off", note: "The page was closed before the reply was complete.", badge: "Cut off" };
-  exchange.chat.messages.push(exchange.turn, { role: "assistant", content: exchange.reply.text, ending });
+  const answer = { role: "assistant", content: exchange.reply.text, ending };
+  if (exchange.model) answer.model = exchange.model;
+  exchange.chat.messages.push(exchange.turn, answer);
   persist(exchange.chat);
 });
 

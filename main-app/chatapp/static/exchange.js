@@ -1,9 +1,11 @@
 // One exchange: POST /chat, the NDJSON reply stream (chatapp/relay/wire.py), retries after
-// Retry-After, and how the reply ended.
+// Retry-After, and how the reply ended. The model it asks (model-picker.js) is kept with the
+// reply.
 import { restoreImages } from "./attachments.js";
 import { persist, showStorageNote } from "./chats.js";
 import { dataUrl } from "./images.js";
 import { keepImage, loadImage } from "./image-store.js";
+import { chatModel, refreshModels } from "./model-picker.js";
 import {
   $,
   announce,
@@ -20,7 +22,8 @@ import {
   UNREACHABLE,
 } from "./page.js";
 import { assistantName, state, store } from "./state.js";
-import { progressText } from "./sources.js";
+import { modelName } from "./store.js";
+import { loadingText, progressText } from "./sources.js";
 import { showModelStatus } from "./status.js";
 import { addView, clearTransient, messageView, refreshActions } from "./views.js";
 
@@ -28,9 +31,10 @@ const useDocuments = $("use-documents");
 const CHANGED_ELSEWHERE =
   "The chat could not be changed on the server: it changed elsewhere (another tab?). Reload the page to see it as kept.";
 
-function requestBody(messages, chat) {
+function requestBody(messages, chat, model) {
   // A chat the server keeps goes on from its stored turns: only the new message is sent.
   const body = chat.onServer ? { messages, chat_id: chat.id } : { messages, conversation_id: chat.id };
+  if (model) body.model = model;
   if (useDocuments.checked) body.documents = true;
   if (state.settings.temperature !== null) body.temperature = state.settings.temperature;
   if (state.settings.maxNewTokens !== null) body.max_new_tokens = state.settings.maxNewTokens;
@@ -85,19 +89,19 @@ function sendable(messages) {
  * model's context anyway), or holds more images than the app takes. The app counts the text
  * (the body less its image URLs) against MAX_BYTES (chatapp/relay/images.py); each image was checked
  * against MAX_IMAGE_BYTES when it was attached. */
-async function fittedBody(history, chat) {
+async function fittedBody(history, chat, model) {
   const system = state.settings.system.trim() ? [{ role: "system", content: clean(state.settings.system) }] : [];
   const encoder = new TextEncoder();
   const fits = (list) => {
     const images = list.reduce((sum, m) => sum + (Array.isArray(m.content) ? m.content.filter(isImage).length : 0), 0);
-    const text = encoder.encode(JSON.stringify(requestBody(list.map(textPart), chat))).length;
+    const text = encoder.encode(JSON.stringify(requestBody(list.map(textPart), chat, model))).length;
     return list.length <= MAX_MESSAGES && images <= MAX_IMAGES && text <= MAX_BYTES * 0.95;
   };
   const kept = [...system, ...sendable(await Promise.all(history.map(wireMessage)))];
   const first = system.length;
   while (kept.length > first + 1 && !fits(kept)) kept.splice(first, 1);
   while (kept.length > first + 1 && kept[first].role !== "user") kept.splice(first, 1);
-  return requestBody(kept, chat);
+  return requestBody(kept, chat, model);
 }
 
 export function setBusy(busy) {
@@ -122,6 +126,7 @@ export function start(turn, question, cut = null) {
     turn,
     history: [...chat.messages, turn],
     body: null,
+    model: chatModel(), // the same for its retries
     question,
     reply: addView(messageView("assistant")),
     controller: null,
@@ -130,6 +135,7 @@ export function start(turn, question, cut = null) {
     finished: false,
     cut,
   };
+  exchange.reply.model = exchange.model;
   state.active = exchange;
   setBusy(true);
   refreshActions();
@@ -155,7 +161,7 @@ async function run(exchange) {
   if (exchange.finished) return; // stopped while the server cut the chat
   const history = exchange.chat.onServer ? [exchange.turn] : exchange.history;
   try {
-    exchange.body ??= JSON.stringify(await fittedBody(history, exchange.chat));
+    exchange.body ??= JSON.stringify(await fittedBody(history, exchange.chat, exchange.model));
   } catch {
     finish(exchange, { kind: "error", message: "The images of this chat could not be read; attach them again." });
     return;
@@ -247,6 +253,12 @@ async function readReply(response, exchange) {
     } else if (Array.isArray(message.sources)) {
       exchange.sources = message.sources; // before the model is asked: shown at once
       exchange.reply.showSources(message.sources);
+    } else if (message.loading && typeof message.loading.model === "string") {
+      if (exchange.reply.text) return;
+      const text = loadingText(message.loading); // a cold model loads first (model-picker.js)
+      exchange.reply.showProgress(text);
+      if (!exchange.announcedLoading) announce(text);
+      exchange.announcedLoading = true;
     } else if (message.progress && typeof message.progress.read === "number") {
       if (exchange.reply.text) return;
       const text = progressText(message.progress, exchange.sources);
@@ -332,6 +344,7 @@ function finish(exchange, outcome) {
   }
   if (shown) refreshActions();
   scrollToEnd(false);
+  refreshModels(); // a cold model is loaded now; a model taken out is no longer offered
 }
 
 /** Keep the reply (or offer the message again) and show how it ended. */
@@ -352,6 +365,13 @@ function settle(exchange, outcome, shown) {
     // Kept first: the reply belongs to the chat whatever rendering its end does.
     const answer = { role: "assistant", content: reply.text, ending };
     const stats = outcome.kind === "done" ? outcome.stats : {};
+    // The model that answered: the done line's, else the one asked; the chat keeps it.
+    const model = modelName(stats.model) || exchange.model;
+    if (model) {
+      answer.model = model;
+      owner.model ??= model;
+    }
+    reply.model = model || null;
     if (typeof stats.grounding === "string") turn.grounding = stats.grounding;
     if (Array.isArray(stats.citations)) answer.citations = stats.citations;
     if (exchange.sources) answer.sources = exchange.sources;

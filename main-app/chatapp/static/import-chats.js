@@ -20,6 +20,7 @@ async function serverMessages(chat) {
     } else if (message.ending?.state === "cut-off") {
       out.finish = "upstream_disconnected";
     }
+    if (message.role === "assistant" && message.model) out.model = message.model;
     const urls = [];
     for (const meta of message.images || []) {
       if (imagesLeft <= 0) break;

@@ -3,6 +3,7 @@ import { attachedImages } from "./attachments.js";
 import { blankChat, renderChatHeader, renderChatList } from "./chats.js";
 import { closeEdit } from "./edit.js";
 import { stop } from "./exchange.js";
+import { showChatModel } from "./model-picker.js";
 import { autosize, empty, input, log, scrollToEnd } from "./page.js";
 import { state, store } from "./state.js";
 import { refreshActions, restoredView } from "./views.js";
@@ -23,6 +24,7 @@ export function openChat(next) {
   renderChatHeader();
   renderChatList();
   refreshActions();
+  showChatModel();
   scrollToEnd(true);
 }
 

@@ -1,7 +1,8 @@
 // Chats kept on the server, per signed-in user (chatapp/chats/api.py): the same methods as the
 // browser's Store (store.js) for the rest of the page, over an in-memory copy of what the
 // server said. The server stores each turn itself when POST /chat with a chat_id ends, so
-// saving here only names a chat (PATCH) and keeps the list in order. Everything it returns is
+// saving here only names a chat (PATCH) and keeps the list in order; each reply's model is
+// stored with it, and a chat goes on with its last reply's. Everything it returns is
 // checked like input (cleanChat), exactly like chats read back from localStorage.
 import { remember } from "./image-store.js";
 import { cleanChat, newId } from "./store.js";
@@ -72,10 +73,13 @@ function pageChat(chat) {
     // with it: listed under the reply, the cited ones marked, as a browser-kept chat shows them.
     if (Array.isArray(message.citations)) out.citations = message.citations;
     if (Array.isArray(message.sources)) out.sources = message.sources;
+    if (message.role === "assistant" && message.model) out.model = message.model;
     const images = (Array.isArray(message.images) ? message.images : []).map(imageFrom).filter(Boolean);
     if (images.length) out.images = images.map(({ id, type }) => ({ id, type, width: 0, height: 0, name: "" }));
     return out;
   });
+  // The server keeps each reply's model: the chat goes on with its last reply's.
+  const replies = messages.filter((message) => message.role === "assistant");
   const clean = cleanChat({
     id: chat.id,
     title: chat.title,
@@ -83,6 +87,7 @@ function pageChat(chat) {
     created: millis(chat.created_at),
     updated: millis(chat.updated_at),
     messages,
+    model: replies.at(-1)?.model,
   });
   if (clean) clean.onServer = true;
   return clean;
@@ -205,5 +210,13 @@ export class ServerStore {
 
   saveSettings(settings) {
     return this.local.saveSettings(settings);
+  }
+
+  loadLastModel() {
+    return this.local.loadLastModel();
+  }
+
+  saveLastModel(model) {
+    return this.local.saveLastModel(model);
   }
 }

@@ -1,6 +1,7 @@
 // A grounded reply's sources (the stream's first line, chatapp/relay/wire.py): listed under the
 // reply as soon as they are chosen, kept there once it ends, the ones it cited marked. And the
-// line that says how far the model is in reading a long prompt, until the first word.
+// line that says how far the model is in reading a long prompt, or in loading, until the first
+// word.
 import { count } from "./page.js";
 
 function where(source) {
@@ -57,6 +58,18 @@ export function progressText(progress, sources) {
   if (progress.total > 0) parts.push(`${Math.floor((100 * progress.read) / progress.total)}%`);
   if (typeof progress.seconds_left === "number" && progress.read < progress.total) {
     parts.push(`about ${Math.max(1, Math.round(progress.seconds_left))} s left`);
+  }
+  return parts.join(" · ");
+}
+
+/** "Loading smollm2 · about 12 s", while a cold model loads (the stream's `loading` lines);
+ * its first load: how long it has taken so far. */
+export function loadingText(loading) {
+  const parts = [`Loading ${loading.model}`];
+  if (typeof loading.seconds_left === "number") {
+    parts.push(`about ${Math.max(1, Math.round(loading.seconds_left))} s`);
+  } else if (typeof loading.seconds === "number" && loading.seconds >= 1) {
+    parts.push(`${Math.round(loading.seconds)} s so far`);
   }
   return parts.join(" · ");
 }

@@ -25,11 +25,14 @@ export const state = {
   active: null,
   /** The model's name from /healthz; "Assistant" until known. */
   modelName: null,
+  /** Whether the model service serves several chat models (model-picker.js): a reply is then
+   * "Assistant", its meta line naming its model. */
+  severalModels: false,
 };
 
 /** The view of each message element, for the buttons inside it. */
 export const viewOf = new WeakMap();
 
 export function assistantName() {
-  return state.modelName || "Assistant";
+  return (!state.severalModels && state.modelName) || "Assistant";
 }

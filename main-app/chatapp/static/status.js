@@ -1,9 +1,10 @@
 // The model's status beside the title, from the app's GET /healthz, whether it reads images and
-// whether it transcribes speech.
-import { setImageInput } from "./attachments.js";
+// whether it transcribes speech; the models to pick from are asked for as often.
 import { setSpeech } from "./microphone.js";
-import { log, modelNameLabel, modelStatus } from "./page.js";
-import { assistantName, state } from "./state.js";
+import { refreshModels, setDefaultImageInput } from "./model-picker.js";
+import { modelNameLabel, modelStatus } from "./page.js";
+import { state } from "./state.js";
+import { relabelReplies } from "./views.js";
 
 let statusTimer = null;
 
@@ -18,7 +19,7 @@ function setModelName(name) {
   state.modelName = value;
   modelNameLabel.textContent = value || "";
   modelNameLabel.hidden = !value;
-  for (const role of log.querySelectorAll(".message.assistant .role")) role.textContent = assistantName();
+  relabelReplies();
 }
 
 export async function pollModelStatus() {
@@ -33,7 +34,7 @@ export async function pollModelStatus() {
       showModelStatus("ready", "Model ready");
       // Whether it reads images: true, false, or not said (unknown: images are offered).
       const imageInput = sidecar.detail?.image_input;
-      setImageInput(typeof imageInput === "boolean" ? imageInput : undefined);
+      setDefaultImageInput(typeof imageInput === "boolean" ? imageInput : undefined);
       // Whether it transcribes speech (the microphone): said, or not (offered).
       setSpeech(sidecar.detail?.speech);
       next = 30000;
@@ -48,5 +49,6 @@ export async function pollModelStatus() {
   } catch {
     showModelStatus("down", "Chat service not reachable");
   }
+  refreshModels();
   statusTimer = setTimeout(pollModelStatus, next);
 }

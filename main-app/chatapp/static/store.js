@@ -7,6 +7,7 @@
 const PREFIX = "chat.v1.";
 const INDEX_KEY = `${PREFIX}index`;
 const SETTINGS_KEY = `${PREFIX}settings`;
+const MODEL_KEY = `${PREFIX}model`;
 const chatKey = (id) => `${PREFIX}chat.${id}`;
 
 export const ID_PATTERN = /^[A-Za-z0-9_-]{1,64}$/;
@@ -29,6 +30,10 @@ export function titleFrom(text) {
 }
 
 const text = (value, max) => (typeof value === "string" ? value.slice(0, max) : "");
+/** A model's id as POST /chat takes it (chatapp/relay/wire.py: 1 to 256 characters, no spaces
+ * or control characters), or null. */
+export const modelName = (value) =>
+  typeof value === "string" && value.length > 0 && value.length <= 256 && !/[\s\p{Cc}\p{Cs}]/u.test(value) ? value : null;
 const time = (value) => (Number.isFinite(value) && value > 0 ? value : Date.now());
 
 function cleanEnding(ending) {
@@ -99,9 +104,12 @@ export function cleanChat(value) {
     if (citations) clean.citations = citations;
     const sources = message.role === "assistant" ? cleanSources(message.sources) : null;
     if (sources) clean.sources = sources;
+    // The model a reply was asked of (model-picker.js); none: the model service's default.
+    const model = message.role === "assistant" ? modelName(message.model) : null;
+    if (model) clean.model = model;
     messages.push(clean);
   }
-  return {
+  const chat = {
     id: value.id,
     title: text(value.title, TITLE_MAX) || firstTitle(messages),
     renamed: value.renamed === true,
@@ -109,6 +117,10 @@ export function cleanChat(value) {
     updated: time(value.updated),
     messages,
   };
+  // The model chosen for the chat (model-picker.js); none: the model service's default.
+  const model = modelName(value.model);
+  if (model) chat.model = model;
+  return chat;
 }
 
 export class Store {
@@ -204,6 +216,15 @@ export class Store {
 
   saveSettings(settings) {
     return this._write(SETTINGS_KEY, settings);
+  }
+
+  /** The model chosen last (a new chat's, model-picker.js), or null. */
+  loadLastModel() {
+    return modelName(this._read(MODEL_KEY));
+  }
+
+  saveLastModel(model) {
+    return this._write(MODEL_KEY, model);
   }
 }
 

@@ -66,6 +66,8 @@ export function messageView(role, text = "", images = []) {
     text,
     images,
     actions,
+    /** The model a reply was asked of (model-picker.js), shown first in its meta line. */
+    model: null,
     /** The streamed reply: its text so far, rendered as Markdown a block at a time. */
     append(delta) {
       this.text += delta;
@@ -112,6 +114,12 @@ export function messageView(role, text = "", images = []) {
       node.dataset.state = kind;
       node.setAttribute("aria-busy", String(kind === "streaming" || kind === "waiting"));
       const parts = [];
+      if (this.model && kind !== "error") {
+        const name = document.createElement("span");
+        name.className = "reply-model";
+        name.textContent = this.model;
+        parts.push(name);
+      }
       if (badge) {
         const span = document.createElement("span");
         span.className = "badge";
@@ -147,6 +155,12 @@ export function messageView(role, text = "", images = []) {
   return view;
 }
 
+/** Name every reply again (the model's name from /healthz, or "Assistant" where the page
+ * offers several models: status.js, model-picker.js). */
+export function relabelReplies() {
+  for (const role of log.querySelectorAll(".message.assistant .role")) role.textContent = assistantName();
+}
+
 export function addView(view) {
   empty.hidden = true;
   log.append(view.node);
@@ -156,6 +170,7 @@ export function addView(view) {
 export function restoredView(message) {
   const view = messageView(message.role, message.content, message.images || []);
   if (message.role === "assistant") {
+    view.model = message.model || null;
     view.showMarkdown(message.content);
     view.linkCitations(message.citations);
     if (Array.isArray(message.sources)) {
