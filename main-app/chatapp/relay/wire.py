@@ -96,7 +96,7 @@ ending in a newline (`\\n`; newlines inside text are escaped, so split on `\\n` 
 - `{"loading": {"model": id, "seconds": s, "seconds_left": n}}`: the model asked for is not
   loaded, and the model service is loading it (our sidecar with several models, issue 56): its
   id, the seconds it has been loading, and about how many are left by its last load (`null`
-  for a first load). About every 5 s until it is ready, before any `progress` or delta.
+  for a first load). About once a second until it is ready, before any `progress` or delta.
 - `{"delta": "..."}`: the next piece of the reply, as the model writes it; the reply is the
   concatenation of the deltas. A delta never ends inside a character, and holds no control
   character but tab, newline and carriage return: the others are shown as their Unicode
