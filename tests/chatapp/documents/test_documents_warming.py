@@ -10,6 +10,7 @@ import json
 import logging
 import secrets
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -167,7 +168,7 @@ def test_the_warmer_sweeps_the_library_then_sends_each_document_ready(
     assert warmer is not None
     stop = threading.Event()
 
-    def sent(what: str) -> list[dict[str, object]]:
+    def sent(what: str) -> list[dict[str, Any]]:
         return [
             r.fields  # type: ignore[attr-defined]
             for r in caplog.records

@@ -152,7 +152,7 @@ class Pipeline:
         if self._log_prompts:
             record.prompt = generate.messages or generate.prompt  # a plain prompt: /v1/completions
         if models.registry.strict:
-            record.model = entry.id
+            record.model = reply_format.model_id = entry.id
         resident = models.resident(entry)
         # A model loaded on demand is waited for (its stream says so); a pinned one that is
         # loading (at start, or replaced after a crash) is refused as ever: retry after

@@ -50,6 +50,7 @@ class ReplyFormat:
     media_type: str
     buffered = False  # True: nothing is sent before the end; tail() is then the whole body
     shows_progress = False  # True: progress() writes a long prompt's reading (progress.py)
+    model_id: str | None = None  # with MODELS_FILE, the model answering (the pipeline sets it)
 
     def head(self) -> bytes:
         """Sent right after the headers."""

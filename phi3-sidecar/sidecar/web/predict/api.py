@@ -31,7 +31,8 @@ text comes (before the first, while a prompt of 256 tokens or more to read is re
 {"progress": {"read", "total", "seconds_left"}} lines, generation/progress.py and docs/api.md),
 then {"done": true, "finish_reason": "stop" | "length", "generated_tokens",
 "prompt_tokens", "image_tokens", "cached_tokens", "passage_cached_tokens",
-"dropped_messages"} ("length" also when the reply reached REPLY_TIME_LIMIT_S: the log line's
+"dropped_messages"} (with MODELS_FILE also "model": the id of the model that answered)
+("length" also when the reply reached REPLY_TIME_LIMIT_S: the log line's
 outcome says time_limit); or, if the generation fails after the first byte, {"error":
 {"message", "type": "generation_failed"}} as the last line.
 Headers: X-Request-Id, X-Prompt-Tokens, X-Cached-Tokens (of those, how many the conversation
@@ -200,8 +201,9 @@ class Events(ReplyFormat):
         return _line({"loading": event})
 
     def refused(self, error: ApiError) -> bytes:
-        # Only after a stream started early for a model that loads (web/models/)
-        return _line({"error": {"message": error.message, "type": error.kind}})
+        # Only after a stream started early for a model that loads (web/models/): what the
+        # refusal's JSON body would say (`phase` for not_ready: "failed" will not heal)
+        return _line({"error": {"message": error.message, "type": error.kind, **error.extra}})
 
     def tail(self, end: ipc.End, started: ipc.Started) -> bytes:
         return _line(
@@ -215,6 +217,8 @@ class Events(ReplyFormat):
                 "cached_tokens": started.cached_tokens,
                 "passage_cached_tokens": started.passage_cached_tokens,
                 "dropped_messages": started.dropped_messages,
+                # With MODELS_FILE, the model that answered (its id, whatever name was sent)
+                **({"model": self.model_id} if self.model_id else {}),
             }
         )
 

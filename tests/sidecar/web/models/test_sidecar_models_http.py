@@ -118,6 +118,7 @@ def test_every_surface_routes_by_name_and_refuses_an_unknown_one(several: Servic
     url = several.url
     tiny = predict(url, "chat")[-1]
     small = predict(url, "small")[-1]
+    assert (tiny["model"], small["model"]) == ("tiny", "small")  # the id, whatever name was sent
     # The same message: the small model's table gives it a system prompt (its own default)
     assert int(small["prompt_tokens"]) > int(tiny["prompt_tokens"])
     body = {"messages": HI, "max_tokens": 2}
