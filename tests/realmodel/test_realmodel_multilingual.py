@@ -114,6 +114,29 @@ def test_the_sidecar_s_encoder_gives_the_engine_s_vectors(
         assert cosines.min() >= MIN_COSINE, (kind, cosines)
 
 
+def test_a_reader_process_keeps_the_tokenizer_for_the_next_documents(
+    multilingual_dir: Path,
+) -> None:
+    """XLM-R's tokenizer holds about 280 MB, more than the half of DOCUMENT_READ_MEMORY_MB
+    (512) past which a reader process makes way for a fresh one after a file: not counted
+    (read_child.py), the same process reads the next documents without reading it again."""
+    from chatapp.documents.reading.formats import Limits
+    from chatapp.documents.reading.reader import Job, Reader
+
+    reader = Reader(512, 60)
+    tokenizer = str(multilingual_dir / "tokenizer.json")
+    try:
+        pids = []
+        for text in TEXTS[:3]:
+            job = Job((text * 20).encode(), "a.txt", None, Limits(10**6, 10), tokenizer, 256)
+            answer = reader.read(job, give_up=lambda: False)
+            assert answer.passages and answer.peak_mb > 256, answer
+            pids.append(reader.pid)
+        assert len(set(pids)) == 1
+    finally:
+        reader.close()
+
+
 QUESTION_DE = "Wie hängt man ein Dateisystem nur lesbar ein?"
 PASSAGES = [
     "mount -o ro hängt ein Dateisystem schreibgeschützt ein: nichts darauf kann geändert werden.",
