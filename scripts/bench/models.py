@@ -69,12 +69,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def models_file(folder: Path, tables: list[dict[str, Any]]) -> Path:
-    lines: list[str] = []
-    for table in tables:
-        lines += ["[[models]]", *(f"{k} = {json.dumps(v)}" for k, v in table.items())]
-    path = folder / f"models-{len(list(folder.glob('models-*.toml')))}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    """A MODELS_FILE of its own in `folder` (each part writes one)."""
+    name = f"models-{len(list(folder.glob('models-*.toml')))}.toml"
+    return services.models_file(folder, tables, name)
 
 
 def first_token_s(url: str, model: str, tokens: int, question: str) -> tuple[float, list[Any]]:

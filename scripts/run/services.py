@@ -213,6 +213,32 @@ def sidecar(
     )
 
 
+def models_file(folder: Path, tables: list[dict[str, Any]], name: str = "models.toml") -> Path:
+    """A MODELS_FILE of `[[models]]` tables (docs/api.md, "Several models")."""
+    lines: list[str] = []
+    for table in tables:
+        lines += ["[[models]]", *(f"{key} = {json.dumps(value)}" for key, value in table.items())]
+    path = folder / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def several_models(
+    folder: Path, tables: list[dict[str, Any]], **settings: str
+) -> contextlib.AbstractContextManager[Service]:
+    """A sidecar serving `tables` (MODELS_FILE in `folder`, its log and PROMPT_CACHE_DIR there
+    too; KV and passage store small unless a table says otherwise), a roomy budget unless
+    MODELS_MEMORY_BYTES is given."""
+    small = {"kv_memory_mb": 64, "passage_kv_mb": 0}
+    file = models_file(folder, [small | table for table in tables])
+    environ = {
+        "MODELS_FILE": str(file),
+        "MODELS_MEMORY_BYTES": str(64 * 2**30),
+        "PROMPT_CACHE_DIR": str(folder / "cache"),
+    }
+    return sidecar(tables[0]["path"], folder / "sidecar.log", env=environ | settings)
+
+
 def chatapp(
     sidecar_url: str,
     log_path: Path,

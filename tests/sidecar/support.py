@@ -48,6 +48,17 @@ def one_after_another(
     return results
 
 
+def passages_read(url: str, timeout: float = 60.0) -> None:
+    """Until the idle worker has read every run the passage store was sent or wanted (a wait,
+    not a timing: model/kv/passages.py)."""
+    waited = time.monotonic() + timeout
+    while time.monotonic() < waited:
+        counts = metrics(url)
+        if not counts["sidecar_passage_store_warming"] + counts["sidecar_passage_store_wanted"]:
+            return
+        time.sleep(0.1)
+
+
 def metrics(url: str) -> dict[str, float]:
     """GET /metrics as {'name{labels}': value}."""
     text = httpx.get(url + "/metrics", timeout=10).text

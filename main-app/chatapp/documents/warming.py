@@ -71,19 +71,7 @@ def newest_passages(
         query = query.where(Document.id == document_id)
     with store.session() as session:
         return [
-            (
-                chunk.owner_id,
-                Passage(
-                    chunk.id,
-                    chunk.document_id,
-                    name,
-                    chunk.text,
-                    chunk.heading,
-                    chunk.page,
-                    chunk.tokens,
-                    0.0,
-                ),
-            )
+            (chunk.owner_id, Passage.of(chunk, name))
             for chunk, name in session.execute(query).all()
         ]
 

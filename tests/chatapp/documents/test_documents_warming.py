@@ -22,7 +22,7 @@ from chatapp.documents.search.retrieval import Passage
 from chatapp.documents.warming import Warmer, library_scope, newest_passages, warm_item
 from chatapp.store import Store
 from scripts.run.services import Service
-from tests.sidecar.support import metrics
+from tests.sidecar.support import passages_read
 
 TEXTS = [
     "The kettle boils a litre of water in three minutes; descale it once a month. " * 3,
@@ -110,15 +110,6 @@ def test_warming_is_off_unless_asked_and_never_for_another_server(
     assert unreachable.send([(1, passage(0))], "library") is False  # tried again later
 
 
-def settled(url: str) -> None:
-    waited = time.monotonic() + 60  # the idle worker reads them (a wait, not a timing)
-    while time.monotonic() < waited:
-        counts = metrics(url)
-        if not counts["sidecar_passage_store_warming"] + counts["sidecar_passage_store_wanted"]:
-            return
-        time.sleep(0.1)
-
-
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_warmed_passage_is_found_by_the_question_it_leads(
     store: Store, sidecar_service: Service
@@ -127,7 +118,7 @@ def test_a_warmed_passage_is_found_by_the_question_it_leads(
     warmer = Warmer.of(store, config(sidecar_service.url))
     assert warmer is not None
     assert warmer.send([(owner, passage(0)), (owner, passage(2))], "library")
-    settled(sidecar_service.url)
+    passages_read(sidecar_service.url)
     # The question as the relay sends it (relay/chat.py): its best passage first
     best = [passage(2), passage(1)]
     body = {
@@ -192,4 +183,4 @@ def test_the_warmer_sweeps_the_library_then_sends_each_document_ready(
             assert document["noted"] == len(TEXTS)
         finally:
             stop.set()
-    settled(sidecar_service.url)
+    passages_read(sidecar_service.url)

@@ -21,32 +21,14 @@ HELLO = [{"role": "user", "content": "Hello there"}]
 APIS = ["predict", "openai"]
 
 
-def models_file(folder: Path, tables: list[dict[str, object]]) -> Path:
-    """A MODELS_FILE of `[[models]]` tables (docs/api.md, "Several models")."""
-    lines: list[str] = []
-    for table in tables:
-        lines += ["[[models]]", *(f"{key} = {json.dumps(value)}" for key, value in table.items())]
-    path = folder / "models.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def two_models(
     tiny_model_dir: Path, small_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[services.Service]:
     folder = tmp_path_factory.mktemp("two-models")
-    common: dict[str, object] = {"kv_memory_mb": 64, "passage_kv_mb": 0}
     tiny = {"id": "tiny", "path": str(tiny_model_dir), "aliases": ["chat"], "pinned": True}
     small = {"id": "small", "path": str(small_model_dir), "aliases": ["bigger"]}
-    file = models_file(folder, [{**tiny, **common}, {**small, **common}])
-    with services.sidecar(
-        tiny_model_dir,
-        folder / "sidecar.log",
-        MODELS_FILE=str(file),
-        MODELS_MEMORY_BYTES=str(64 * 2**30),
-        PROMPT_CACHE_DIR=str(folder / "cache"),
-    ) as service:
+    with services.several_models(folder, [tiny, small]) as service:
         yield service
 
 

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -36,21 +37,12 @@ def three_models(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[services.Service]:
     folder = tmp_path_factory.mktemp("three-models")
-    common = "kv_memory_mb = 64\npassage_kv_mb = 0\n"
-    tables = [
-        f'id = "tiny"\npath = "{tiny_model_dir}"\npinned = true\n',
-        f'id = "tiny-vision"\npath = "{tiny_vision_model_dir}"\npinned = true\n',
-        f'id = "small"\npath = "{small_model_dir}"\n',
+    tables: list[dict[str, Any]] = [
+        {"id": "tiny", "path": str(tiny_model_dir), "pinned": True},
+        {"id": "tiny-vision", "path": str(tiny_vision_model_dir), "pinned": True},
+        {"id": "small", "path": str(small_model_dir)},
     ]
-    file = folder / "models.toml"
-    file.write_text("".join(f"[[models]]\n{table}{common}" for table in tables))
-    with services.sidecar(
-        tiny_model_dir,
-        folder / "sidecar.log",
-        MODELS_FILE=str(file),
-        MODELS_MEMORY_BYTES=str(64 * 2**30),
-        PROMPT_CACHE_DIR=str(folder / "cache"),
-    ) as sidecar:
+    with services.several_models(folder, tables) as sidecar:
         yield sidecar
 
 

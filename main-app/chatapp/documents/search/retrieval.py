@@ -38,6 +38,20 @@ class Passage:
     tokens: int
     score: float
 
+    @classmethod
+    def of(cls, chunk: Chunk, name: str, score: float = 0.0) -> Passage:
+        """A stored passage (its document's `name`) as a search gives it."""
+        return cls(
+            chunk.id,
+            chunk.document_id,
+            name,
+            chunk.text,
+            chunk.heading,
+            chunk.page,
+            chunk.tokens,
+            score,
+        )
+
 
 @dataclass(frozen=True)
 class Searcher:
@@ -82,16 +96,5 @@ class Searcher:
         for chunk_id, score in ranked:
             if chunk_id in found:
                 chunk, name = found[chunk_id]
-                passages.append(
-                    Passage(
-                        chunk.id,
-                        chunk.document_id,
-                        name,
-                        chunk.text,
-                        chunk.heading,
-                        chunk.page,
-                        chunk.tokens,
-                        round(score, 6),
-                    )
-                )
+                passages.append(Passage.of(chunk, name, round(score, 6)))
         return passages[:k]

@@ -22,23 +22,11 @@ EVENTS = {"accept": "application/x-ndjson"}
 HI = [{"role": "user", "content": "Hello there"}]
 
 
-def models_file(folder: Path, tables: list[dict[str, object]]) -> Path:
-    lines: list[str] = []
-    for table in tables:
-        lines.append("[[models]]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
-    path = folder / "models.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def tables(tiny: Path, small: Path, other: Path) -> list[dict[str, object]]:
-    common = {"kv_memory_mb": 64, "passage_kv_mb": 0}
+def tables(tiny: Path, small: Path, other: Path) -> list[dict[str, Any]]:
     return [
-        {"id": "tiny", "path": str(tiny), "aliases": ["chat"], "pinned": True, **common},
-        {"id": "small", "path": str(small), "aliases": ["bigger"], **common}
-        | {"system_prompt": "You are brief."},
-        {"id": "tiny-b", "path": str(other), **common},
+        {"id": "tiny", "path": str(tiny), "aliases": ["chat"], "pinned": True},
+        {"id": "small", "path": str(small), "aliases": ["bigger"], "system_prompt": "Be brief."},
+        {"id": "tiny-b", "path": str(other)},
     ]
 
 
@@ -56,13 +44,8 @@ def several(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Service]:
     folder = tmp_path_factory.mktemp("several")
-    file = models_file(folder, tables(tiny_model_dir, small_model_dir, other_model_dir))
-    with services.sidecar(
-        tiny_model_dir,
-        folder / "sidecar.log",
-        MODELS_FILE=str(file),
-        MODELS_MEMORY_BYTES=str(64 * 2**30),
-        PROMPT_CACHE_DIR=str(folder / "cache"),
+    with services.several_models(
+        folder, tables(tiny_model_dir, small_model_dir, other_model_dir)
     ) as service:
         yield service
 
@@ -179,11 +162,8 @@ def test_the_budget_unloads_the_least_recently_used_idle_model(
     measured = listed(several.url)
     tiny, small = (int(measured[name]["memory_bytes"]) for name in ("tiny", "small"))
     budget = tiny + small + tiny // 2
-    file = models_file(tmp_path, tables(tiny_model_dir, small_model_dir, other_model_dir))
-    with services.sidecar(
-        tiny_model_dir,
-        tmp_path / "sidecar.log",
-        MODELS_FILE=str(file),
+    with services.several_models(
+        tmp_path, tables(tiny_model_dir, small_model_dir, other_model_dir),
         MODELS_MEMORY_BYTES=str(budget),
     ) as service:
         predict(service.url, "small")

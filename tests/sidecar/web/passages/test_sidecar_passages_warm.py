@@ -5,13 +5,12 @@ lead takes them from the store, no admission place is taken, and bad items are r
 from __future__ import annotations
 
 import secrets
-import time
 from typing import Any
 
 import httpx
 
 from scripts.run.services import Service
-from tests.sidecar.support import assert_error, metrics
+from tests.sidecar.support import assert_error, passages_read
 from tests.sidecar.web.predict.test_sidecar_predict_passages import PASSAGES, done_line, grounded
 
 WARM = "/v1/passages/warm"
@@ -21,15 +20,6 @@ def warm_item(index: int) -> dict[str, Any]:
     """A first question's prompt cut before its question (as chatapp/documents/warming.py)."""
     body = grounded("", [index], "unused")
     return {"messages": body["messages"], "passages": body["passages"]}
-
-
-def settled(url: str) -> None:
-    waited = time.monotonic() + 60  # the idle worker reads them (a wait, not a timing)
-    while time.monotonic() < waited:
-        counts = metrics(url)
-        if not counts["sidecar_passage_store_warming"] + counts["sidecar_passage_store_wanted"]:
-            return
-        time.sleep(0.1)
 
 
 def test_warmed_passages_are_read_while_idle_and_lead_the_next_question(
@@ -44,7 +34,7 @@ def test_warmed_passages_are_read_while_idle_and_lead_the_next_question(
     assert [item["index"] for item in answer["items"]] == [0, 1]
     tokens = [item["tokens"] for item in answer["items"]]
     assert all(count > 20 for count in tokens) and answer["items"][0]["reason"] is None
-    settled(url)
+    passages_read(url)
     _, done = done_line(url, grounded("What is a tuple?", [1, 0], scope))
     assert done["passage_cached_tokens"] == tokens[1]
     again = httpx.post(url + WARM, json=body, timeout=60).json()
@@ -58,7 +48,7 @@ def test_warming_takes_no_admission_place(sidecar_service: Service) -> None:
     response = httpx.post(sidecar_service.url + WARM, json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert sum(1 for item in response.json()["items"] if item["tokens"]) >= 1
-    settled(sidecar_service.url)
+    passages_read(sidecar_service.url)
 
 
 def test_bad_items_are_refused(sidecar_service: Service) -> None:
