@@ -111,6 +111,7 @@ LIBRARIES = {
     "rag_faq": "rag: the Python FAQ's question and answer pairs, recall@k and MRR",
     "rag_baseline": "rag: Open WebUI's default retrieval reproduced, run beside ours",
     "rag_sets": "rag: the suite's sets, built from the machine's own public text",
+    "rag_encoders": "rag --encoder: the real encoders served for the run, and compared",
     "store_chat": "store: what storing adds to TTFT, through POST /chat (gunicorn, a sidecar)",
 }
 

@@ -14,9 +14,20 @@ rank is its best passage's. Runs in this process: the same parsers, chunker, que
 as the app, without its database. `--indexing`: the app's indexer on the Python FAQ is timed
 too (passages per second against bare /v1/embeddings).
 
+`--encoder minilm|multilingual` builds that real encoder when it is not built yet
+(scripts/models/make_real_model.py, into build/real-models) and runs it on a sidecar of this
+run's own (the tiny generated chat model beside it) instead of `--embeddings-url`;
+`--encoder minilm,multilingual` runs the suite on each in turn and compares them
+(rag_encoders.py). As the app does with its sidecar, passages go with `input_type: "passage"`
+and questions with "query", so an encoder with prompts (the multilingual e5's "passage: ",
+"query: ") reads them as trained, and each has the room its prompt leaves it;
+`--no-input-type` sends neither, as the app with UPSTREAM_API=openai. Open WebUI's defaults
+write no prompt: its row never has one.
+
     python -m scripts.bench rag                                    # keyword only
     python -m scripts.bench rag --embeddings-url http://127.0.0.1:8000
     python -m scripts.bench rag --embeddings-url URL --sets python-faq,man-de --limit 100
+    python -m scripts.bench rag --encoder minilm,multilingual --sets man-de,man-fr,man-es
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from chatapp.documents.reading.formats import Limits, read
 from chatapp.documents.sizing import PassageSizing
 from scripts.bench.common import BadArguments
 from scripts.bench.rag_baseline import recursive_split
+from scripts.bench.rag_encoders import ENCODERS, comparison, encoder_sidecar
 from scripts.bench.rag_faq import rank_of, score
 from scripts.bench.rag_sets import SETS, Case, EvalSet, build
 
@@ -58,6 +70,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "/v1/embeddings (dense, fusion and Open WebUI's are measured only with it)",
     )
     parser.add_argument("--embeddings-model", default="", help="the `model` field it wants")
+    parser.add_argument(
+        "--encoder",
+        help=f"instead of --embeddings-url: real encoders ({', '.join(ENCODERS)}; several, "
+        "comma-separated, are run one after the other and compared), each built if missing and "
+        "served by a sidecar of this run's own",
+    )
+    parser.add_argument(
+        "--no-input-type",
+        action="store_true",
+        help="send no input_type (as the app with UPSTREAM_API=openai): no encoder prompts",
+    )
     parser.add_argument(
         "--tokenizer",
         help="the encoder's folder (tokenizer.json), as EMBED_TOKENIZER; without it, what the "
@@ -80,16 +103,41 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         raise BadArguments(f"--sets: unknown {', '.join(unknown) or '(none)'}")
     if args.limit < 1:
         raise BadArguments("--limit must be at least 1")
+    if args.encoder and args.embeddings_url:
+        raise BadArguments("--encoder runs its own sidecar: leave --embeddings-url out")
+    if not args.encoder:
+        return run(names, args)
+    encoders = [name.strip() for name in args.encoder.split(",") if name.strip()]
+    if not encoders or any(name not in ENCODERS for name in encoders):
+        raise BadArguments(f"--encoder: one or more of {', '.join(ENCODERS)}")
+    runs: dict[str, dict[str, Any]] = {}
+    for name in encoders:
+        print(f"\n## {ENCODERS[name].folder}")
+        with encoder_sidecar(name) as url:
+            args.embeddings_url = url
+            runs[ENCODERS[name].folder] = run(names, args)
+        args.embeddings_url = None
+    if len(runs) > 1:
+        print("\n" + comparison(runs))
+    return {"encoders": runs}
+
+
+def run(names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     sizing = PassageSizing(
         max_tokens=args.chunk_tokens,
         tokenizer=args.tokenizer,
         base_url=args.embeddings_url,
         model=args.embeddings_model,
         folder=Path(tempfile.mkdtemp(prefix="rag-tokenizer-")),
+        prompted=not args.no_input_type,
     )
     measure = sizing.current()
     why = f" ({measure.reason})" if measure.reason else ""
-    print(f"passages of at most {measure.max_tokens} tokens, counted by {measure.counted_by}{why}")
+    prompts = f", prompts' tokens {measure.prompt_tokens}" if measure.prompt_tokens else ""
+    print(
+        f"passages of at most {measure.max_tokens} tokens, counted by {measure.counted_by}"
+        f"{why}{prompts}"
+    )
     results: dict[str, Any] = {}
     rows: list[str] = []
     for built in build(names, args.limit):
@@ -107,6 +155,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "counted_by": measure.counted_by,
         "passage_tokens": measure.max_tokens,
+        "prompt_tokens": dict(measure.prompt_tokens),
         "sets": results,
     }
     if args.indexing and args.embeddings_url:
@@ -134,9 +183,10 @@ def evaluate(suite: EvalSet, sizing: PassageSizing, args: argparse.Namespace) ->
     if args.embeddings_url:
         url, model = args.embeddings_url, args.embeddings_model
         # A question longer than the encoder reads is cut to it, as the app's search does
-        limit = sizing.current().max_tokens
+        limit = sizing.current().question_limit
         asked = [cut(q, lambda text: sizing.count(text) <= limit) for q in questions]
-        rankings["dense"] = _dense(asked, passages, url, model)
+        kinds = not args.no_input_type
+        rankings["dense"] = _dense(asked, passages, url, model, input_types=kinds)
         rankings["fusion"] = [
             [item for item, _ in fuse([k, d])]
             for k, d in zip(rankings["keyword"], rankings["dense"], strict=True)
@@ -217,8 +267,13 @@ def _indexing_rate(
     from chatapp.store.users import ensure_user
 
     texts = [passage.embedded for passage in _passages(suite.cases, sizing)]
+    kinds = not args.no_input_type
+
+    def embedder() -> Embedder:
+        return Embedder(args.embeddings_url, model=args.embeddings_model, send_input_type=kinds)
+
     began = time.perf_counter()
-    Embedder(args.embeddings_url, model=args.embeddings_model).embed(texts)
+    embedder().embed(texts)
     bare = len(texts) / (time.perf_counter() - began)
     store = Store.open(f"sqlite:///{Path(tempfile.mkdtemp()) / 'rag.db'}")
     migrate.upgrade(store.engine)
@@ -237,7 +292,7 @@ def _indexing_rate(
             target=Indexer(
                 store,
                 index_for(store),
-                Embedder(args.embeddings_url, model=args.embeddings_model),
+                embedder(),
                 sizing,
                 LIMITS,
                 quick_s=QUICK_S if count > 1 and n == count - 1 else None,
@@ -310,9 +365,15 @@ def _keyword(
     return ranked
 
 
-def _dense(questions: list[str], passages: list[Passage], url: str, model: str) -> list[list[int]]:
-    vectors = _embed([p.embedded for p in passages], url, model)
-    queries = _embed(questions, url, model)
+def _dense(
+    questions: list[str], passages: list[Passage], url: str, model: str, *, input_types: bool
+) -> list[list[int]]:
+    """Each question's passages by cosine; `input_types`: passages and questions say what they
+    are (input_type), as the app's requests to its sidecar do."""
+    vectors = _embed(
+        [p.embedded for p in passages], url, model, kind="passage" if input_types else None
+    )
+    queries = _embed(questions, url, model, kind="query" if input_types else None)
     similarities = queries @ vectors.T
     return [list(np.argsort(-row)[:DEPTH]) for row in similarities]
 
@@ -332,13 +393,22 @@ def _baseline(cases: list[Case], url: str, model: str) -> list[int | None]:
 
 
 def _embed(
-    texts: list[str], url: str, model: str, batch: int = 32, *, truncate: bool = False
+    texts: list[str],
+    url: str,
+    model: str,
+    batch: int = 32,
+    *,
+    truncate: bool = False,
+    kind: str | None = None,
 ) -> np.ndarray:
     """Unit vectors of `texts`; `truncate`: inputs over the encoder's limit are cut to it
-    (vLLM's `truncate_prompt_tokens`, -1: the model's limit), as sentence-transformers does."""
+    (vLLM's `truncate_prompt_tokens`, -1: the model's limit), as sentence-transformers does;
+    `kind`: their input_type (our sidecar's encoder prompt), None for none."""
     base = url.rstrip("/").removesuffix("/v1")
     out: list[list[float]] = []
-    extra = {"truncate_prompt_tokens": -1} if truncate else {}
+    extra: dict[str, Any] = {"truncate_prompt_tokens": -1} if truncate else {}
+    if kind is not None:
+        extra["input_type"] = kind
     with requests.Session() as session:
         for start in range(0, len(texts), batch):
             response = session.post(

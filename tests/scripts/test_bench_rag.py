@@ -7,9 +7,11 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from scripts.bench import rag, rag_sets
+from scripts.bench import rag, rag_encoders, rag_sets
+from scripts.bench.common import BadArguments
 from scripts.bench.rag_baseline import recursive_split
 from scripts.bench.rag_faq import FAQ, _page_pairs, faq_pairs, rank_of, score
 from scripts.bench.rag_sets import SETS
@@ -68,6 +70,8 @@ def suite_args(**fields: Any) -> argparse.Namespace:
         "sets": "python-faq",
         "limit": 40,
         "indexing": False,
+        "encoder": None,
+        "no_input_type": False,
     }
     return argparse.Namespace(**(defaults | fields))
 
@@ -102,6 +106,46 @@ def test_the_suite_s_every_row_on_the_tiny_encoder(
             assert 0 <= scores["recall_at_1"] <= scores["recall_at_5"] <= 1
         assert f"| {name} | {measured['language']} |" in out
     assert "| dense |" in out and "points |" in out
+
+
+def test_an_encoder_of_its_own_or_a_url_not_both() -> None:
+    with pytest.raises(BadArguments, match="leave --embeddings-url out"):
+        rag.main(suite_args(encoder="multilingual", embeddings_url="http://127.0.0.1:1"))
+    with pytest.raises(BadArguments, match="one or more of minilm, multilingual"):
+        rag.main(suite_args(encoder="minilm,bge"))
+
+
+def test_encoders_are_compared_set_by_set() -> None:
+    def scores(recall: float, mrr: float) -> dict[str, Any]:
+        return {"scores": {"dense": {"recall_at_5": recall, "mrr_at_10": mrr}}}
+
+    runs = {
+        "all-minilm-l6-v2": {"sets": {"man-de": scores(0.617, 0.491)}},
+        "multilingual-e5-small": {"sets": {"man-de": scores(0.85, 0.731)}},
+    }
+    table = rag_encoders.comparison(runs).splitlines()
+    assert table[0].startswith("| set | search | all-minilm-l6-v2 recall@5, MRR@10 |")
+    assert table[2] == "| man-de | dense | 0.617, 0.491 | 0.850, 0.731 (+23.3, +24.0) |"
+
+
+@pytest.mark.parametrize(
+    ("input_types", "kinds"), [(True, ["passage", "query"]), (False, [None, None])]
+)
+def test_dense_says_what_passages_and_questions_are(
+    monkeypatch: pytest.MonkeyPatch, input_types: bool, kinds: list[str | None]
+) -> None:
+    """As the app's requests to its sidecar (issue 55): the encoder's prompts, unless
+    --no-input-type (the app with UPSTREAM_API=openai)."""
+    sent: list[str | None] = []
+
+    def embed(texts: list[str], url: str, model: str, *, kind: str | None = None) -> Any:
+        sent.append(kind)
+        return np.eye(len(texts), 4, dtype=np.float32)
+
+    monkeypatch.setattr(rag, "_embed", embed)
+    passages = [rag.Passage(0, "a kettle", "kettle", "a kettle", "en")]
+    assert rag._dense(["kettle?"], passages, "http://x", "m", input_types=input_types) == [[0]]
+    assert sent == kinds
 
 
 STATUS = """\
