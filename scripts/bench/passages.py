@@ -144,7 +144,7 @@ class Reader:
         from sidecar.model.batch.passages import PassageReading
 
         batch_passages.plan(store, prompt, None, 0)  # notes it as wanted
-        while (wanted := store.next_wanted()) is not None:
+        while (wanted := store.next_wanted(self.decoder.pool.bytes_per_token)) is not None:
             reading = PassageReading(store, self.decoder, wanted, 3, 64)
             while not reading.done:
                 reading.step()
