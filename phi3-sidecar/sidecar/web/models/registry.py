@@ -12,9 +12,11 @@ MODELS_FILE (TOML), one table per model:
     idle_unload_s = 600             # unloaded after this long unused (0: only to make room)
     kv_memory_mb = 1024             # its KV bound (KV_MEMORY_MB), counted in the budget
     passage_kv_mb = 256             # its passage store's RAM (PASSAGE_KV_MB), counted too
+    thread_spinning = false         # THREAD_SPINNING (default: off when several models)
 
 Each model runs in a worker process of its own, with the sidecar's settings but these: its
-MODEL_PATH, MODEL_NAME (the id), KV_MEMORY_MB, PASSAGE_KV_MB, and PROMPT_CACHE_DIR/<id> (each
+MODEL_PATH, MODEL_NAME (the id), KV_MEMORY_MB, PASSAGE_KV_MB, THREAD_SPINNING (off with several
+models unless a table says otherwise), and PROMPT_CACHE_DIR/<id> (each
 model's disk tier and passage store apart: a reply is never read from another model's K/V).
 
 Without MODELS_FILE the one model of MODEL_PATH is the registry, served under any name as
@@ -58,6 +60,9 @@ class ModelTable(BaseModel):
     idle_unload_s: Annotated[float, Field(ge=0.0)] = 0.0
     kv_memory_mb: Annotated[int, Field(ge=64, le=1024 * 1024)] = 1024
     passage_kv_mb: Annotated[int, Field(ge=0, le=1024 * 1024)] = 256
+    # THREAD_SPINNING for its worker; None: off when several models are configured (a worker
+    # that spins on after its reply slows the next model's first token: docs/benchmarks/models.md)
+    thread_spinning: bool | None = None
 
 
 class ModelsFile(BaseModel):
@@ -131,11 +136,16 @@ def load_registry(settings: Settings) -> Registry:
             names.add(name)
     if not any(table.pinned for table in tables):
         raise RegistryError("MODELS_FILE pins no model: pin one (pinned = true), the default")
-    return Registry(tuple(_entry(settings, table) for table in tables), strict=True)
+    several = len(tables) > 1
+    return Registry(tuple(_entry(settings, table, several) for table in tables), strict=True)
 
 
-def _entry(settings: Settings, table: ModelTable) -> ModelEntry:
+def _entry(settings: Settings, table: ModelTable, several: bool) -> ModelEntry:
+    spinning = table.thread_spinning
     update: dict[str, object] = {
+        "thread_spinning": (settings.thread_spinning and not several)
+        if spinning is None
+        else spinning,
         "model_name": table.id,
         "kv_memory_mb": table.kv_memory_mb,
         "passage_kv_mb": table.passage_kv_mb,

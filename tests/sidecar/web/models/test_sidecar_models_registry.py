@@ -54,6 +54,10 @@ def test_models_are_found_by_id_and_alias_and_unknown_names_are_404(tmp_path: Pa
     assert fast.settings.kv_memory_mb == 256 and fast.settings.passage_kv_mb == 0
     assert fast.booked_bytes == 256 * 2**20
     assert (fast.system_prompt, fast.temperature, fast.idle_unload_s) == ("Be brief.", 0.5, 60)
+    # Several models: their workers do not spin (a hand-over's cost), unless a table says so
+    assert not chat.settings.thread_spinning and not fast.settings.thread_spinning
+    one = registry_of(tmp_path, TWO.format(folder=tmp_path).split('[[models]]\nid = "fast"')[0])
+    assert one.entries[0].settings.thread_spinning
 
 
 def test_without_a_file_the_one_model_answers_to_any_name(tmp_path: Path) -> None:
