@@ -164,12 +164,7 @@ class Pipeline:
             phase = resident.client.phase
             if not phase.ready:
                 raise not_ready(phase.name, phase.reason, phase.retry_after_s())
-            if generate.images and not phase.image_input:
-                raise ApiError(
-                    "image_input_unsupported",
-                    f"the model {entry.id!r} reads text only: send the request without "
-                    "images, or serve a vision model (Phi-3.5-vision)",
-                )
+            check_images(generate, entry, phase.image_input)
         begin = asyncio.ensure_future(self._begin(record, generate, reply_format, entry, cold))
         gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
         # A format that can keep a stream alive may start it before its reply starts; one
@@ -216,12 +211,7 @@ class Pipeline:
         try:
             if cold:
                 await models.wait_ready(entry, model)
-                if generate.images and not model.phase.image_input:
-                    raise ApiError(
-                        "image_input_unsupported",
-                        f"the model {entry.id!r} reads text only: send the request without "
-                        "images, or serve a vision model (Phi-3.5-vision)",
-                    )
+                check_images(generate, entry, model.phase.image_input)
             # telemetry: the queue wait (web/observability/metrics.py, observability/telemetry.py)
             queued_at = time.monotonic()
             await self._admit(model, entry.id)
@@ -293,6 +283,16 @@ class Pipeline:
         if not phase.ready:  # the worker failed while we waited
             admission.release()
             raise not_ready(phase.name, phase.reason, phase.retry_after_s())
+
+
+def check_images(generate: ipc.Generate, entry: ModelEntry, image_input: bool) -> None:
+    """A request with images for a model that reads text only: 400, naming the model."""
+    if generate.images and not image_input:
+        raise ApiError(
+            "image_input_unsupported",
+            f"the model {entry.id!r} reads text only: send the request without images, or "
+            "serve a vision model (Phi-3.5-vision)",
+        )
 
 
 def with_defaults(generate: ipc.Generate, entry: ModelEntry) -> ipc.Generate:

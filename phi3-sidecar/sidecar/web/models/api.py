@@ -2,9 +2,9 @@
 
 The list is OpenAI's: every chat model configured (its id, `object`, `created`, `owned_by`),
 then the encoder and the speech model if served; each chat model also says, as ours:
-`input_modalities` (what it reads, as its last worker to get ready said, also once unloaded:
-["text"] until one was), `aliases`, `state` (`loaded`, `loading`, `available`: not resident, loads when asked
-for; `failed`), `pinned`, `default`, `memory_bytes` (measured at its first load; null
+`input_modalities` (what it reads, as its last worker to get ready said, also once
+unloaded: ["text"] until one was), `aliases`, `state` (`loaded`, `loading`, `available`: not
+resident, loads when asked for; `failed`), `pinned`, `default`, `memory_bytes` (measured at its first load; null
 before) and `load_s` (its last load's seconds: a cold load's expected wait; null before).
 GET /v1/models/{id} takes an id or an alias; any other name is 404 model_not_found.
 

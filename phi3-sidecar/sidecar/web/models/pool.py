@@ -62,6 +62,8 @@ class ModelPool:
     image_input: dict[str, bool] = field(default_factory=dict)  # as its last worker said
     pinned: set[str] = field(default_factory=set)
     _folder_bytes: dict[str, int] = field(default_factory=dict)
+    # The most a worker took beyond its model's files and bookings, as measured (None: none yet)
+    _overhead: int | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _tidy: asyncio.Task[None] | None = None
 
@@ -167,7 +169,7 @@ class ModelPool:
             resident = self.residents.get(entry.id)
             if resident is None:
                 return
-            if entry.id in self.pinned or resident.users or resident.client.busy:
+            if not self._can_go(resident):
                 why = "pinned" if entry.id in self.pinned else "answering requests"
                 raise ApiError("model_busy", f"model {entry.id!r} is {why}: not unloaded")
             await self._unload(resident, "asked")
@@ -181,21 +183,14 @@ class ModelPool:
         measured = self.cost.get(entry.id)
         if measured is not None:
             return measured
-        overheads = [
-            cost - self._weights(self._entry(model_id)) - self._entry(model_id).booked_bytes
-            for model_id, cost in self.cost.items()
-        ]
-        overhead = max(overheads) if overheads else WORKER_BYTES
-        return self._weights(entry) + entry.booked_bytes + max(0, overhead)
+        overhead = WORKER_BYTES if self._overhead is None else self._overhead
+        return self._weights(entry) + entry.booked_bytes + overhead
 
     def _weights(self, entry: ModelEntry) -> int:
         size = self._folder_bytes.get(entry.id)
         if size is None:
             size = self._folder_bytes[entry.id] = folder_bytes(entry.settings.model_path)
         return size
-
-    def _entry(self, model_id: str) -> ModelEntry:
-        return next(e for e in self.registry.entries if e.id == model_id)
 
     def used(self) -> int:
         return sum(self.need(r.entry) for r in self.residents.values())
@@ -226,19 +221,28 @@ class ModelPool:
                 f"({self.budget_bytes}) allows",
             )
         while self.used() + need > self.budget_bytes:
-            idle = [
-                r
-                for r in self.residents.values()
-                if r.entry.id not in self.pinned and not r.users and not r.client.busy
-            ]
-            if not idle:
+            victim = self._least_recently_used()
+            if victim is None:
                 raise ApiError(
                     "overloaded",
                     f"the models answering fill MODELS_MEMORY_BYTES: {entry.id!r} loads when "
                     "one of them is free",
                     headers={"Retry-After": str(RETRY_FULL_S)},
                 )
-            await self._unload(min(idle, key=lambda r: r.last_used), f"room for {entry.id}")
+            await self._unload(victim, f"room for {entry.id}")
+
+    def _can_go(self, resident: Resident) -> bool:
+        """Whether it may be unloaded now: not pinned, no request routed to it or with it."""
+        return (
+            resident.entry.id not in self.pinned
+            and not resident.users
+            and not resident.client.busy
+        )
+
+    def _least_recently_used(self) -> Resident | None:
+        """The resident that may go and was used longest ago (None: none may go)."""
+        idle = [r for r in self.residents.values() if self._can_go(r)]
+        return min(idle, key=lambda r: r.last_used) if idle else None
 
     async def _unload(self, resident: Resident, why: str) -> None:
         del self.residents[resident.entry.id]
@@ -248,28 +252,23 @@ class ModelPool:
     async def _tidy_loop(self) -> None:
         while True:
             await asyncio.sleep(TIDY_S)
-            with contextlib.suppress(Exception):  # never let the loop die; logged below
+            try:
                 await self._tidy_once()
+            except Exception:  # never let the loop die
+                log.exception("models tidy failed")
 
     async def _tidy_once(self) -> None:
         now = time.monotonic()
         self._measure()
-        for resident in list(self.residents.values()):
-            entry, client = resident.entry, resident.client
-            if self.used() > self.budget_bytes:  # a first measure above the estimate
-                await self._shed(resident)
-            idle_for = now - resident.last_used
-            unload_after = entry.idle_unload_s
-            if (
-                unload_after
-                and entry.id not in self.pinned
-                and idle_for > unload_after
-                and not resident.users
-                and not client.busy
-            ):
-                async with self._lock:
-                    if self.residents.get(entry.id) is resident:
-                        await self._unload(resident, f"idle {idle_for:.0f} s")
+        async with self._lock:
+            # A first measure above the estimate: back within the budget
+            if self.used() > self.budget_bytes and (victim := self._least_recently_used()):
+                await self._unload(victim, "over the budget")
+            for resident in list(self.residents.values()):
+                idle_for = now - resident.last_used
+                unload_after = resident.entry.idle_unload_s
+                if unload_after and idle_for > unload_after and self._can_go(resident):
+                    await self._unload(resident, f"idle {idle_for:.0f} s")
 
 
     def _measure(self) -> None:
@@ -279,25 +278,13 @@ class ModelPool:
             if client.phase.ready and not resident.measured and client.pid is not None:
                 resident.measured = True
                 self.cost[entry.id] = tree_resident_bytes(client.pid) + entry.booked_bytes
+                beyond = self.cost[entry.id] - self._weights(entry) - entry.booked_bytes
+                self._overhead = max(beyond, self._overhead or 0)
                 if client.load_s is not None:
                     self.load_times[entry.id] = client.load_s
                 self.image_input[entry.id] = bool(client.image_input)
                 fields = {"model": entry.id, "memory_bytes": self.cost[entry.id]}
                 log.info("model loaded", extra={"fields": fields | {"load_s": client.load_s}})
-
-    async def _shed(self, measured: Resident) -> None:
-        """Back within the budget after a measure: the least recently used idle model out."""
-        async with self._lock:
-            idle = [
-                r
-                for r in self.residents.values()
-                if r is not measured
-                and r.entry.id not in self.pinned
-                and not r.users
-                and not r.client.busy
-            ]
-            if idle and self.used() > self.budget_bytes:
-                await self._unload(min(idle, key=lambda r: r.last_used), "over the budget")
 
 
 def folder_bytes(folder: Path) -> int:
