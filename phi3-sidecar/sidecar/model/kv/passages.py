@@ -194,12 +194,8 @@ class PassageStore:
     def want(self, wanted: Wanted) -> None:
         """Note a run to read while idle (a request did not find all its passages)."""
         key = run_key(wanted.scope, wanted.tokens)
-        if not self.enabled or key in self.runs:
-            return
-        self.wanted[key] = wanted
-        self.wanted.move_to_end(key)
-        while len(self.wanted) > WANTED:
-            self.wanted.popitem(last=False)
+        if self.enabled and key not in self.runs:
+            _latest(self.wanted, key, wanted, WANTED)
 
     def warm(self, wanted: Wanted) -> bool:
         """Note a run to read ahead of any question (PASSAGE_WARM); False: it is kept already."""
@@ -207,10 +203,7 @@ class PassageStore:
         if not self.enabled or key in self.runs:
             return False
         if key not in self.wanted:
-            self.warming[key] = wanted
-            self.warming.move_to_end(key)
-            while len(self.warming) > WARMING:
-                self.warming.popitem(last=False)
+            _latest(self.warming, key, wanted, WARMING)
         return True
 
     def next_wanted(self, bytes_per_token: int) -> Wanted | None:
@@ -390,6 +383,14 @@ class PassageStore:
                 rotary.move(data, delta, target)
 
         kv_compact._parallel(one, range(2 * len(pool.keys)))
+
+
+def _latest(wishes: OrderedDict[str, Wanted], key: str, wanted: Wanted, most: int) -> None:
+    """`wanted` as the latest of `wishes`, the oldest dropped past `most`."""
+    wishes[key] = wanted
+    wishes.move_to_end(key)
+    while len(wishes) > most:
+        wishes.popitem(last=False)
 
 
 def _decoded(runs: list[Block], start: int, end: int) -> np.ndarray:
