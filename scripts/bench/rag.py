@@ -2,9 +2,11 @@
 Debian package descriptions, manual pages in English, German, French and Spanish): recall@1/5
 and MRR@10 of keyword search (SQLite FTS5, BM25, each text stemmed in its own language, and
 FTS5's English Porter stemming as before issue 55 beside it), dense search (an OpenAI-compatible
-`/v1/embeddings`: our sidecar with `EMBED_MODEL_PATH`, or Ollama, llama.cpp) and their
-reciprocal rank fusion, with Open WebUI's defaults (rag_baseline.py) beside them in the same
-run, on the same questions and encoder. One table, a row per set and method.
+`/v1/embeddings`: our sidecar with `EMBED_MODEL_PATH`, or Ollama, llama.cpp) and both
+together (hybrid, the app's default: relative score fusion, ranking.blend with the app's
+keyword weight; fusion: reciprocal rank fusion), with Open WebUI's defaults (rag_baseline.py)
+beside them in the same run, on the same questions and encoder. One table, a row per set and
+method.
 
 Each document is read by the app's own parsers as the file it would be uploaded as (a FAQ
 answer as reStructuredText, the others as text) and cut into passages by the app's chunker,
@@ -45,11 +47,12 @@ from typing import Any
 import numpy as np
 import requests
 
-from chatapp.documents.index.ranking import fts5_query, fuse
+from chatapp.documents.index.ranking import blend, fts5_query, fuse
 from chatapp.documents.language import document_language, keywords, question_languages
 from chatapp.documents.reading.blocks import Block, Refused
 from chatapp.documents.reading.chunker import chunk, cut
 from chatapp.documents.reading.formats import Limits, read
+from chatapp.documents.search.retrieval import KEYWORD_WEIGHT
 from chatapp.documents.sizing import PassageSizing
 from scripts.bench.common import BadArguments
 from scripts.bench.rag_baseline import recursive_split
@@ -67,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--embeddings-url",
         help="base URL of an OpenAI-compatible server with "
-        "/v1/embeddings (dense, fusion and Open WebUI's are measured only with it)",
+        "/v1/embeddings (hybrid, dense, fusion and Open WebUI's are measured only with it)",
     )
     parser.add_argument("--embeddings-model", default="", help="the `model` field it wants")
     parser.add_argument(
@@ -171,8 +174,8 @@ def build_one(name: str, limit: int) -> EvalSet:
 
 
 def evaluate(suite: EvalSet, sizing: PassageSizing, args: argparse.Namespace) -> dict[str, Any]:
-    """The set's scores per method: keyword, and with an encoder dense, fusion and Open
-    WebUI's defaults."""
+    """The set's scores per method: keyword, and with an encoder hybrid, dense, fusion and
+    Open WebUI's defaults."""
     passages = _passages(suite.cases, sizing)
     questions = [case.question for case in suite.cases]
     rankings = {
@@ -186,7 +189,14 @@ def evaluate(suite: EvalSet, sizing: PassageSizing, args: argparse.Namespace) ->
         limit = sizing.current().question_limit
         asked = [cut(q, lambda text: sizing.count(text) <= limit) for q in questions]
         kinds = not args.no_input_type
-        rankings["dense"] = _dense(asked, passages, url, model, input_types=kinds)
+        dense = _dense(asked, passages, url, model, input_types=kinds)
+        words = _keyword(questions, passages, scored=True)
+        document_of = {i: passage.document for i, passage in enumerate(passages)}
+        rankings["hybrid"] = [
+            [item for item, _ in blend(d, k, document_of, KEYWORD_WEIGHT)]
+            for k, d in zip(words, dense, strict=True)
+        ]
+        rankings["dense"] = [[item for item, _ in d] for d in dense]
         rankings["fusion"] = [
             [item for item, _ in fuse([k, d])]
             for k, d in zip(rankings["keyword"], rankings["dense"], strict=True)
@@ -334,11 +344,12 @@ def _unread(store: Any) -> int:
 
 
 def _keyword(
-    questions: list[str], passages: list[Passage], *, porter: bool = False
-) -> list[list[int]]:
+    questions: list[str], passages: list[Passage], *, porter: bool = False, scored: bool = False
+) -> Any:
     """Each question's passages (indexes) by BM25, as the SQLite engine ranks them: stemmed in
     each document's and each question's language (documents/language.py), or, `porter`, as
-    before issue 55 (FTS5's English Porter tokenizer over every text)."""
+    before issue 55 (FTS5's English Porter tokenizer over every text). `scored`: (index,
+    score) pairs, higher-is-better, as the app's index gives them."""
     db = sqlite3.connect(":memory:")
     tokenizer = "porter unicode61" if porter else "unicode61 remove_diacritics 2"
     db.execute(f"CREATE VIRTUAL TABLE passages USING fts5(text, tokenize='{tokenizer}')")
@@ -357,25 +368,26 @@ def _keyword(
             []
             if query is None
             else db.execute(
-                "SELECT rowid FROM passages WHERE passages MATCH ? ORDER BY bm25(passages) LIMIT ?",
+                "SELECT rowid, bm25(passages) FROM passages WHERE passages MATCH ? "
+                "ORDER BY bm25(passages) LIMIT ?",
                 (query, DEPTH),
             ).fetchall()
         )
-        ranked.append([row[0] for row in rows])
+        ranked.append([(row[0], -row[1]) if scored else row[0] for row in rows])
     return ranked
 
 
 def _dense(
     questions: list[str], passages: list[Passage], url: str, model: str, *, input_types: bool
-) -> list[list[int]]:
-    """Each question's passages by cosine; `input_types`: passages and questions say what they
-    are (input_type), as the app's requests to its sidecar do."""
+) -> list[list[tuple[int, float]]]:
+    """Each question's passages (index, cosine), best first; `input_types`: passages and
+    questions say what they are (input_type), as the app's requests to its sidecar do."""
     vectors = _embed(
         [p.embedded for p in passages], url, model, kind="passage" if input_types else None
     )
     queries = _embed(questions, url, model, kind="query" if input_types else None)
     similarities = queries @ vectors.T
-    return [list(np.argsort(-row)[:DEPTH]) for row in similarities]
+    return [[(int(i), float(row[i])) for i in np.argsort(-row)[:DEPTH]] for row in similarities]
 
 
 def _baseline(cases: list[Case], url: str, model: str) -> list[int | None]:

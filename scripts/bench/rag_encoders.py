@@ -27,7 +27,7 @@ ENCODERS = {
     "minilm": RealEncoder("all-minilm-l6-v2", "all-minilm-l6-v2"),
     "multilingual": RealEncoder("multilingual", "multilingual-e5-small"),
 }
-COMPARED = ("dense", "fusion")  # the methods whose scores depend on the encoder
+COMPARED = ("hybrid", "dense", "fusion")  # the methods whose scores depend on the encoder
 
 
 @contextlib.contextmanager

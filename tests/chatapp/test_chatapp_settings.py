@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chatapp import create_app
-from chatapp.settings import SettingsError, from_environ, listen_address
+from chatapp.settings import DEFAULTS, SettingsError, from_environ, listen_address
 
 APP_DIR = Path(__file__).resolve().parents[2] / "main-app"
 ENV_NAMES = [
@@ -89,11 +89,19 @@ def test_test_config_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> N
         ("MAX_IMAGE_BYTES", "0"),
         ("MAX_IMAGE_CHATS", "0"),
         ("LOG_LEVEL", "loud"),
+        ("DOCUMENT_SEARCH", "bm25"),
+        ("DOCUMENT_KEYWORD_WEIGHT", "1.5"),
+        ("DOCUMENT_KEYWORD_WEIGHT", "some"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):
         from_environ({name: value})
+
+
+def test_hybrid_search_is_the_default_and_its_weight_is_read() -> None:
+    assert DEFAULTS["DOCUMENT_SEARCH"] == "hybrid" and DEFAULTS["DOCUMENT_KEYWORD_WEIGHT"] == 0.3
+    assert from_environ({"DOCUMENT_KEYWORD_WEIGHT": "0"})["DOCUMENT_KEYWORD_WEIGHT"] == 0.0
 
 
 def test_listen_address_from_environment() -> None:

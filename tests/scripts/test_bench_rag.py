@@ -91,7 +91,7 @@ def test_keyword_run_finds_most_answers(capsys: pytest.CaptureFixture[str]) -> N
 def test_the_suite_s_every_row_on_the_tiny_encoder(
     encoder_sidecar: Service, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The shape of a run with an encoder: each set that this machine has, the four methods,
+    """The shape of a run with an encoder: each set that this machine has, every method,
     passages sized by the tokenizer the sidecar gave (documents/sizing.py)."""
     names = [name for name in SETS if name != "man-en"]  # English pages: many to render
     result = rag.main(suite_args(embeddings_url=encoder_sidecar.url, sets=",".join(names)))
@@ -99,7 +99,7 @@ def test_the_suite_s_every_row_on_the_tiny_encoder(
     assert result["counted_by"] == "encoder" and result["passage_tokens"] == 32
     assert result["sets"], out  # at least one set is on this machine
     for name, measured in result["sets"].items():
-        methods = {"keyword", rag.PORTER, "dense", "fusion", rag.OPEN_WEBUI}
+        methods = {"keyword", rag.PORTER, "hybrid", "dense", "fusion", rag.OPEN_WEBUI}
         assert set(measured["scores"]) == methods
         assert 15 <= measured["questions"] <= 40 and measured["passages"] >= measured["questions"]
         for scores in measured["scores"].values():
@@ -144,7 +144,8 @@ def test_dense_says_what_passages_and_questions_are(
 
     monkeypatch.setattr(rag, "_embed", embed)
     passages = [rag.Passage(0, "a kettle", "kettle", "a kettle", "en")]
-    assert rag._dense(["kettle?"], passages, "http://x", "m", input_types=input_types) == [[0]]
+    dense = rag._dense(["kettle?"], passages, "http://x", "m", input_types=input_types)
+    assert dense == [[(0, 1.0)]]
     assert sent == kinds
 
 

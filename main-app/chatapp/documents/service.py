@@ -83,6 +83,7 @@ class Documents:
             embedder=embedder_for(config),
             sizing=PassageSizing.from_config(config),
             method=config["DOCUMENT_SEARCH"],
+            keyword_weight=config["DOCUMENT_KEYWORD_WEIGHT"],
         )
         # The chat model's tokens per encoder token, learned from grounded turns
         # (search/grounding.py)

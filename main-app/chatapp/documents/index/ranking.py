@@ -8,12 +8,20 @@
 - `fuse(rankings, k=60)`: reciprocal rank fusion (Cormack et al., 2009): each ranking gives an
   item 1/(k + rank); the sum orders the result. It needs no score calibration between BM25 and
   cosine, which is why it is the usual way to combine them.
+- `blend(dense, keyword, document_of, weight)`: relative score fusion, the default
+  (`DOCUMENT_SEARCH=hybrid`, issue 55). Each method's scores are scaled to 0-1 over its own
+  candidates (min-max: the best 1, the last 0; none of the engine's scale is kept, so BM25 and
+  PostgreSQL's ts_rank_cd blend alike); a passage's score is `(1 - weight)` times its scaled
+  cosine plus `weight` times its document's best scaled keyword score (a document whose words
+  match lifts every passage of it the encoder found; a passage found by words alone has its
+  own). Unlike RRF it keeps how far apart the scores are: a weak keyword match moves little,
+  which is what RRF got wrong on the English sets (docs/benchmarks/rag.md).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
 from sqlalchemy import func, select
@@ -56,6 +64,40 @@ def fuse(rankings: Sequence[Sequence[Item]], k: int = 60) -> list[tuple[Item, fl
         for rank, item in enumerate(ranking, start=1):
             scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
     return sorted(scores.items(), key=lambda pair: -pair[1])
+
+
+def blend(
+    dense: Sequence[tuple[Item, float]],
+    keyword: Sequence[tuple[Item, float]],
+    document_of: Mapping[Item, Hashable],
+    weight: float,
+) -> list[tuple[Item, float]]:
+    """Relative score fusion of `dense` (item, cosine) and `keyword` (item, engine score),
+    higher-is-better each; `document_of` maps every item to its document. Best first."""
+    cosine = _scaled(dense)
+    words = _scaled(keyword)
+    document_words: dict[Hashable, float] = {}
+    for item, scaled in words.items():
+        document = document_of[item]
+        document_words[document] = max(document_words.get(document, 0.0), scaled)
+    scores = {
+        item: (1 - weight) * scaled + weight * document_words.get(document_of[item], 0.0)
+        for item, scaled in cosine.items()
+    }
+    for item, scaled in words.items():
+        scores.setdefault(item, weight * scaled)
+    return sorted(scores.items(), key=lambda pair: -pair[1])
+
+
+def _scaled(ranked: Sequence[tuple[Item, float]]) -> dict[Item, float]:
+    """Scores scaled to 0-1 over the candidates (all 1 when they tie)."""
+    if not ranked:
+        return {}
+    values = [score for _, score in ranked]
+    low, high = min(values), max(values)
+    if high <= low:
+        return {item: 1.0 for item, _ in ranked}
+    return {item: (score - low) / (high - low) for item, score in ranked}
 
 
 def library_languages(session: Session, owner_id: int) -> list[str]:

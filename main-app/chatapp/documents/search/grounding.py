@@ -110,8 +110,8 @@ def ground(
     """Search the owner's library for `question`; the passages that fit `budget` chat tokens
     (`ratio`: chat tokens per encoder token)."""
     found = searcher.search(owner_id, question, k)
-    if searcher.method == "dense" and searcher.embedder is not None:
-        found = [p for p in found if p.score >= min_score]
+    # Held to the question's cosine where the method has one (dense, hybrid)
+    found = [p for p in found if p.similarity is None or p.similarity >= min_score]
     kept: list[Passage] = []
     used = 0
     for passage in found:

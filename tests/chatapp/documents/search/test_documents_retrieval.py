@@ -1,5 +1,5 @@
 """documents/search/retrieval.py: a question is embedded as a query (its prompt, issue 55), cut
-to the room the encoder leaves it after that prompt."""
+to the room the encoder leaves it after that prompt; hybrid search on both engines."""
 
 from __future__ import annotations
 
@@ -7,11 +7,17 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pytest
+from sqlalchemy import update
+
 from chatapp.documents.embedder import Embedder, InputType
 from chatapp.documents.index.search_index import index_for
+from chatapp.documents.models import Chunk, Document
 from chatapp.documents.search.retrieval import Searcher
 from chatapp.documents.sizing import PassageSizing
 from chatapp.store import Store, migrate
+from tests.chatapp.documents.index.test_documents_index import add_document, unit
 
 
 class Recording(Embedder):
@@ -45,3 +51,48 @@ def test_a_question_is_a_query_cut_to_its_room(wordpiece_dir: Path, tmp_path: Pa
     [(texts, kind)] = embedder.asked
     assert kind == "query"
     assert question.startswith(texts[0]) and 2 < sizing.count(texts[0]) <= 8
+
+
+class Fixed(Embedder):
+    """Every question embeds to one vector."""
+
+    def __init__(self, vector: np.ndarray) -> None:
+        super().__init__("http://unused", model="m", send_input_type=True)
+        self.vector = vector
+
+    def _call(self, texts: list[str], input_type: InputType) -> list[list[float]]:
+        return [self.vector.tolist() for _ in texts]
+
+
+def test_hybrid_weighs_a_documents_words_with_its_passages_cosines(
+    store: Store, owners: tuple[int, int], wordpiece_dir: Path
+) -> None:
+    alice, bob = owners
+    near = add_document(store, alice, [("tea leaves", unit(1.0, 0.05))])
+    # The encoder's second find, in a document whose other passage has the question's words
+    second, worded = add_document(
+        store, alice, [("tea bags", unit(1.0, 0.3)), ("descale the kettle", unit(0.0, 1.0))]
+    )
+    far = add_document(store, alice, [("cups", unit(0.2, 1.0))])
+    add_document(store, bob, [("descale descale kettle", unit(1.0))])  # another owner's
+    not_ready = add_document(store, alice, [("descale the kettle monthly", unit(1.0, 0.01))])
+    with store.session(write=True) as session:
+        session.execute(
+            update(Document)
+            .values(status="reading")
+            .where(Document.id == session.get(Chunk, not_ready[0]).document_id)
+        )
+    sizing = PassageSizing(max_tokens=64, tokenizer=str(wordpiece_dir))
+    question = "how do I descale the kettle"
+    searcher = Searcher(store, index_for(store), Fixed(unit(1.0)), sizing, "hybrid")
+    found = searcher.search(alice, question, 5)
+    assert [p.chunk_id for p in found][:2] == [second, near[0]]  # words lift the second
+    assert {p.chunk_id for p in found} == {near[0], second, worded, far[0]}
+    by_id = {p.chunk_id: p for p in found}
+    assert by_id[second].similarity == pytest.approx(float(unit(1.0) @ unit(1.0, 0.3)), abs=1e-5)
+    assert all(p.similarity is not None for p in found)
+    dense = Searcher(store, index_for(store), Fixed(unit(1.0)), sizing, "dense")
+    assert [p.chunk_id for p in dense.search(alice, question, 5)][:2] == [near[0], second]
+    # Keyword weight 0: the encoder's order
+    plain = Searcher(store, index_for(store), Fixed(unit(1.0)), sizing, "hybrid", 0.0)
+    assert [p.chunk_id for p in plain.search(alice, question, 5)][:2] == [near[0], second]
