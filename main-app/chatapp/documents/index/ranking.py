@@ -10,12 +10,13 @@
   cosine, which is why it is the usual way to combine them.
 - `blend(dense, keyword, document_of, weight)`: relative score fusion, the default
   (`DOCUMENT_SEARCH=hybrid`, issue 55). Each method's scores are scaled to 0-1 over its own
-  candidates (min-max: the best 1, the last 0; none of the engine's scale is kept, so BM25 and
-  PostgreSQL's ts_rank_cd blend alike); a passage's score is `(1 - weight)` times its scaled
-  cosine plus `weight` times its document's best scaled keyword score (a document whose words
-  match lifts every passage of it the encoder found; a passage found by words alone has its
-  own). Unlike RRF it keeps how far apart the scores are: a weak keyword match moves little,
-  which is what RRF got wrong on the English sets (docs/benchmarks/rag.md).
+  candidates' documents (min-max of each document's best: the best 1, the last 0; none of
+  the engine's scale is kept, so BM25 and PostgreSQL's ts_rank_cd blend alike); a passage's
+  score is `(1 - weight)` times its scaled cosine plus `weight` times its document's best
+  scaled keyword score (a document whose words match lifts every passage of it the encoder
+  found; a passage found by words alone has its own). Unlike RRF it keeps how far apart the
+  scores are: a weak keyword match moves little, which is what RRF got wrong on the English
+  sets (docs/benchmarks/rag.md).
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def blend(
 ) -> list[tuple[Item, float]]:
     """Relative score fusion of `dense` (item, cosine) and `keyword` (item, engine score),
     higher-is-better each; `document_of` maps every item to its document. Best first."""
-    cosine = _scaled(dense)
-    words = _scaled(keyword)
+    cosine = _scaled(dense, document_of)
+    words = _scaled(keyword, document_of)
     document_words: dict[Hashable, float] = {}
     for item, scaled in words.items():
         document = document_of[item]
@@ -89,15 +90,22 @@ def blend(
     return sorted(scores.items(), key=lambda pair: -pair[1])
 
 
-def _scaled(ranked: Sequence[tuple[Item, float]]) -> dict[Item, float]:
-    """Scores scaled to 0-1 over the candidates (all 1 when they tie)."""
+def _scaled(
+    ranked: Sequence[tuple[Item, float]], document_of: Mapping[Item, Hashable]
+) -> dict[Item, float]:
+    """Scores scaled over the candidates' documents: the best document's best passage 1, the
+    lowest document's best 0, a passage below that 0 (a document's second passage does not set
+    the scale: on the suite, scaling over passages moved answers down). All 1 when they tie."""
     if not ranked:
         return {}
-    values = [score for _, score in ranked]
-    low, high = min(values), max(values)
+    best: dict[Hashable, float] = {}
+    for item, score in ranked:
+        document = document_of[item]
+        best[document] = max(best.get(document, score), score)
+    low, high = min(best.values()), max(best.values())
     if high <= low:
         return {item: 1.0 for item, _ in ranked}
-    return {item: (score - low) / (high - low) for item, score in ranked}
+    return {item: max(0.0, (score - low) / (high - low)) for item, score in ranked}
 
 
 def library_languages(session: Session, owner_id: int) -> list[str]:

@@ -54,3 +54,10 @@ def test_blend_of_nothing_and_of_ties() -> None:
     assert blend([("a", 0.4)], [], {"a": 1}, 0.3) == [("a", pytest.approx(0.7))]
     tied = dict(blend([("a", 0.4), ("b", 0.4)], [("a", 2.0)], {"a": 1, "b": 2}, 0.5))
     assert tied == pytest.approx({"a": 1.0, "b": 0.5})
+
+
+def test_blend_scales_over_documents_not_a_documents_every_passage() -> None:
+    # A's second passage (0.1) does not set the scale: B's best (0.5) is its 0
+    dense = [("a1", 0.9), ("b", 0.5), ("a2", 0.1)]
+    documents = {"a1": "A", "a2": "A", "b": "B"}
+    assert dict(blend(dense, [], documents, 0.3)) == pytest.approx({"a1": 0.7, "b": 0.0, "a2": 0.0})
