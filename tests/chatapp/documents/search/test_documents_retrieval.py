@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from chatapp.documents.embedder import Embedder, InputType
 from chatapp.documents.index.search_index import index_for
@@ -77,11 +77,9 @@ def test_hybrid_weighs_a_documents_words_with_its_passages_cosines(
     add_document(store, bob, [("descale descale kettle", unit(1.0))])  # another owner's
     not_ready = add_document(store, alice, [("descale the kettle monthly", unit(1.0, 0.01))])
     with store.session(write=True) as session:
-        session.execute(
-            update(Document)
-            .values(status="reading")
-            .where(Document.id == session.get(Chunk, not_ready[0]).document_id)
-        )
+        document_id = session.scalars(select(Chunk.document_id).where(Chunk.id == not_ready[0]))
+        reading = update(Document).where(Document.id == document_id.one()).values(status="reading")
+        session.execute(reading)
     sizing = PassageSizing(max_tokens=64, tokenizer=str(wordpiece_dir))
     question = "how do I descale the kettle"
     searcher = Searcher(store, index_for(store), Fixed(unit(1.0)), sizing, "hybrid")
