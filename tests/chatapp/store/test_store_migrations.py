@@ -202,3 +202,25 @@ def test_message_model_comes_and_goes_with_0007_and_search_keeps_working(databas
     with store.session() as session:
         assert [c.id for c in chats.list_chats(session, 1, "downgrade")] == ["c1"]
     store.close()
+
+
+def test_the_encoders_probe_comes_and_goes_with_0008(database_url: str) -> None:
+    """0008 on a library of 0007: `vector_space.probe`, empty for the library indexed before it
+    (which takes the encoder of its first check); down again it is gone, the width kept."""
+    store = Store.open(database_url)
+    migrate.upgrade(store.engine, "0007")
+    with store.engine.begin() as connection:
+        connection.execute(text("INSERT INTO vector_space (id, dimensions) VALUES (1, 384)"))
+    migrate.upgrade(store.engine, "0008")
+    with store.engine.begin() as connection:
+        columns = {c["name"]: c for c in inspect(connection).get_columns("vector_space")}
+        assert columns["probe"]["nullable"]
+        rows = connection.execute(text("SELECT dimensions, probe FROM vector_space")).all()
+        assert [tuple(row) for row in rows] == [(384, None)]
+        connection.execute(text("UPDATE vector_space SET probe = :p"), {"p": "[0.6, 0.8]"})
+    migrate.downgrade(store.engine, "0007")
+    with store.engine.connect() as connection:
+        columns = {c["name"]: c for c in inspect(connection).get_columns("vector_space")}
+        assert "probe" not in columns
+        assert connection.execute(text("SELECT dimensions FROM vector_space")).scalar() == 384
+    store.close()

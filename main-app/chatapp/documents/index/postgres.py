@@ -20,6 +20,7 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from chatapp.documents.index import vector_space
 from chatapp.documents.index.ranking import keyword_words, library_languages
 from chatapp.documents.index.vector_space import claim_dimensions, dimensions
 from chatapp.documents.language import question_languages
@@ -32,13 +33,14 @@ HNSW_INDEX = (
 
 
 class PostgresIndex:
-    def prepare(self, session: Session, width: int) -> None:
+    def prepare(self, session: Session, width: int, probe: np.ndarray | None = None) -> None:
         if dimensions(session) == width:
+            claim_dimensions(session, width, probe)  # the probe checked, or recorded (0008)
             return
         # Two writers' first vectors: the second waits here until the first has made the
         # table, then finds it made (or another width: DimensionsChanged).
         session.execute(text("LOCK TABLE vector_space IN SHARE ROW EXCLUSIVE MODE"))
-        if claim_dimensions(session, width):
+        if claim_dimensions(session, width, probe):
             session.execute(text("CREATE EXTENSION IF NOT EXISTS vector"))
             session.execute(
                 text(
@@ -48,6 +50,10 @@ class PostgresIndex:
                 )
             )
             session.execute(text(HNSW_INDEX))
+
+    def forget(self, session: Session) -> None:
+        session.execute(text("DROP TABLE IF EXISTS chunk_vectors"))  # its HNSW index with it
+        vector_space.forget(session)
 
     def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:
         if not rows:

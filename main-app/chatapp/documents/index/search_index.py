@@ -6,7 +6,8 @@ method takes the owner's user id and filters by it in SQL: a passage of another 
 read, whatever ids a caller passes. Scores are higher-is-better (dense: cosine similarity;
 keyword: the engine's BM25-like rank, comparable only within one query).
 
-The vectors' table is made at the first vector, for the encoder's width (`vector_space.py`).
+The vectors' table is made at the first vector, for the encoder's width, and the encoder's
+fingerprint is kept with it (`vector_space.py`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ if TYPE_CHECKING:
 
 
 class SearchIndex(Protocol):
-    def prepare(self, session: Session, width: int) -> None:
-        """Make the vectors' table for `width` if the library has none (raises
-        DimensionsChanged for another width). Writers call it in a transaction of its own
-        before they write passages: on PostgreSQL, making the table takes locks that a
+    def prepare(self, session: Session, width: int, probe: np.ndarray | None = None) -> None:
+        """Make the vectors' table for `width` if the library has none, recording the
+        encoder's `probe` with it (vector_space.py; raises DimensionsChanged for another
+        width, EncoderChanged for another encoder's probe). Writers call it in a transaction of
+        its own before they write passages: on PostgreSQL, making the table takes locks that a
         concurrent writer's passages hold (indexer/worker.py)."""
+        ...
+
+    def forget(self, session: Session) -> None:
+        """Drop the vectors' table and the library's record of its encoder (reembed.py): the
+        next vector makes them again, for its encoder's width."""
         ...
 
     def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:

@@ -21,16 +21,23 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from chatapp.documents.index import vector_space
 from chatapp.documents.index.ranking import fts5_query, library_languages
 from chatapp.documents.index.vector_space import claim_dimensions
 from chatapp.documents.language import question_languages
 
 
 class SqliteIndex:
-    def prepare(self, session: Session, width: int) -> None:
+    def prepare(self, session: Session, width: int, probe: np.ndarray | None = None) -> None:
         # A SQLite write transaction holds the whole file: no other writer runs meanwhile.
-        if claim_dimensions(session, width):
+        if claim_dimensions(session, width, probe):
             self._make_table(session, width)
+
+    def forget(self, session: Session) -> None:
+        # The trigger first: one left behind would fail every later delete of a passage.
+        session.execute(text("DROP TRIGGER IF EXISTS chunks_vectors_delete"))
+        session.execute(text("DROP TABLE IF EXISTS chunk_vectors"))
+        vector_space.forget(session)
 
     def add(self, session: Session, owner_id: int, rows: Sequence[tuple[int, np.ndarray]]) -> None:
         if not rows:
