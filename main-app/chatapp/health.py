@@ -14,9 +14,13 @@ the reason text, which can name folders and library errors: that stays in the si
 and its own /readyz). `documents.passages`: how the library's passages are measured,
 `{"counted_by": "setting" | "encoder" | "byte_bound", "max_tokens", "reason"?}`
 (documents/sizing.py): `byte_bound` with its reason when neither EMBED_TOKENIZER nor the model
-service gives the encoder's tokenizer. Always 200 while the app runs: the page polls it to
-show "model loading" before the first message and to name the model, and a liveness probe
-must not restart the app because the model is still loading.
+service gives the encoder's tokenizer. `documents.encoder`: whether the encoder now served is
+the one the library's vectors were made with, `{"state": "same" | "changed" | "unknown",
+"remedy"?}` (documents/encoder_check.py; `unknown`: no vector yet, or the model service gives
+none; `changed`: dense and hybrid search fall back to keyword search and documents fail
+`encoder_changed` until the operator runs the `remedy`). Always 200 while the app runs: the
+page polls it to show "model loading" before the first message and to name the model, and a
+liveness probe must not restart the app because the model is still loading.
 
 `/readyz` is for load balancers (App Service's health check path, a Kubernetes readiness
 probe): 200 `{"status": "ready", "model"}` only when the sidecar is reachable, ready and
@@ -31,6 +35,8 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
 
+from chatapp.documents.index.vector_space import REMEDY
+from chatapp.documents.search.retrieval import Searcher
 from chatapp.errors import error_response
 from chatapp.relay.upstream import DEFAULT_RETRY_AFTER, NOT_REACHABLE
 
@@ -66,11 +72,23 @@ def healthz() -> Response:
         sidecar["detail"] = public
     # How the library's passages are measured (documents/sizing.py): the byte bound, and why,
     # is said here rather than found later in smaller passages and worse search.
-    passages = current_app.extensions["documents"].searcher.sizing.current().public()
+    searcher = current_app.extensions["documents"].searcher
+    passages = searcher.sizing.current().public()
     body = {"status": "ok", "model": _model_name(sidecar), "sidecar": sidecar}
-    response = jsonify(body | {"documents": {"passages": passages}})
+    documents = {"passages": passages, "encoder": _encoder(searcher)}
+    response = jsonify(body | {"documents": documents})
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+def _encoder(searcher: Searcher) -> dict[str, str]:
+    """/healthz's `documents.encoder`: said here, not found later in rankings of noise."""
+    if searcher.encoder is None:
+        return {"state": "unknown"}
+    state = searcher.encoder.state(searcher.store)
+    if state != "changed":
+        return {"state": state}
+    return {"state": state, "remedy": REMEDY[0].upper() + REMEDY[1:] + "."}
 
 
 # The sidecar's phases on the way to ready (its /readyz): all of them are "loading" here.

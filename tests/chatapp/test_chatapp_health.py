@@ -7,6 +7,9 @@ from collections.abc import Callable
 from flask import Flask
 from flask.testing import FlaskClient
 
+from chatapp.documents.index.search_index import index_for
+from tests.chatapp.documents.index.test_documents_index import unit
+from tests.chatapp.documents.test_documents_encoder_check import Encoder
 from tests.chatapp.fake_sidecar import FakeSidecar
 
 
@@ -27,7 +30,8 @@ def test_ready_sidecar(client: FlaskClient, fake: FakeSidecar) -> None:
                 "counted_by": "byte_bound",
                 "max_tokens": 256,
                 "reason": "the model service lists no encoder",
-            }
+            },
+            "encoder": {"state": "unknown"},  # no vector yet
         },
     }
 
@@ -65,7 +69,8 @@ def test_sidecar_down(make_app: Callable[..., Flask], down_url: str) -> None:
                 "counted_by": "byte_bound",
                 "max_tokens": 256,
                 "reason": "the model service is not reachable",
-            }
+            },
+            "encoder": {"state": "unknown"},
         },
     }
 
@@ -75,3 +80,19 @@ def test_model_name_from_the_sidecar(client: FlaskClient, fake: FakeSidecar) -> 
     assert client.get("/healthz").get_json()["model"] == "Phi-3-mini-4k-instruct"
     fake.readyz = (503, {"status": "loading", "phase": "loading", "model": 7})
     assert client.get("/healthz").get_json()["model"] is None
+
+
+def test_the_librarys_encoder_same_or_changed_with_the_remedy(app: Flask) -> None:
+    """`documents.encoder`: whether the encoder served is the one the library's vectors were
+    made with (its probe's vector, documents/encoder_check.py)."""
+    store = app.extensions["store"]
+    with store.session(write=True) as session:
+        index_for(store).prepare(session, 8, unit(1.0))
+    check = app.extensions["documents"].searcher.encoder
+    check.embedder = Encoder(unit(1.0))
+    assert app.test_client().get("/healthz").get_json()["documents"]["encoder"] == {"state": "same"}
+    check.embedder = Encoder(unit(0.0, 1.0))  # another encoder of the same width ...
+    check.forget()  # ... noticed at the next probe (within a minute)
+    encoder = app.test_client().get("/healthz").get_json()["documents"]["encoder"]
+    assert encoder["state"] == "changed"
+    assert "python -m chatapp.documents reembed" in encoder["remedy"]

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import select
 
 from chatapp.documents.embedder import Embedder
+from chatapp.documents.encoder_check import EncoderCheck
 from chatapp.documents.index.search_index import index_for
 from chatapp.documents.indexer.worker import QUICK_S, Indexer
 from chatapp.documents.models import Document
@@ -44,14 +45,17 @@ def make_indexer(
     quick: bool = False,
     instance: str | None = None,
     warmer: Warmer | None = None,
+    encoder: EncoderCheck | None = None,
 ) -> Indexer:
     """An indexer of the app's settings; `quick`: the quick lane (indexer/worker.py); `instance`:
     the name its claims carry (claims.take_over), a random one if None; `warmer`: the process's
-    one (PASSAGE_WARM, documents/warming.py)."""
+    one (PASSAGE_WARM, documents/warming.py); `encoder`: the process's check of the encoder
+    (encoder_check.py), its own if None."""
     indexer = Indexer(
         store=store,
         index=index_for(store),
         embedder=embedder_for(config),
+        encoder=encoder,
         sizing=PassageSizing.from_config(config),
         limits=Limits(config["DOCUMENT_MAX_BYTES"], config["DOCUMENT_MAX_PAGES"]),
         read_timeout_s=config["DOCUMENT_READ_TIMEOUT"],
@@ -77,13 +81,15 @@ def embedder_for(config: Mapping[str, Any]) -> Embedder:
 
 class Documents:
     def __init__(self, store: Store, config: Mapping[str, Any]) -> None:
+        embedder = embedder_for(config)
         self.searcher = Searcher(
             store=store,
             index=index_for(store),
-            embedder=embedder_for(config),
+            embedder=embedder,
             sizing=PassageSizing.from_config(config),
             method=config["DOCUMENT_SEARCH"],
             keyword_weight=config["DOCUMENT_KEYWORD_WEIGHT"],
+            encoder=EncoderCheck(embedder),
         )
         # The chat model's tokens per encoder token, learned from grounded turns
         # (search/grounding.py)
@@ -108,7 +114,9 @@ class Documents:
         with self._lock:
             if self._thread is not None or self._config["DOCUMENT_INDEXER"] != "thread":
                 return
-            indexer = make_indexer(self._store, self._config, warmer=self._warmer)
+            indexer = make_indexer(
+                self._store, self._config, warmer=self._warmer, encoder=self.searcher.encoder
+            )
             self._thread = threading.Thread(
                 target=indexer.run,
                 args=(self._stop, self._wake),

@@ -44,8 +44,10 @@ import numpy as np
 from sqlalchemy import select
 
 from chatapp.documents.embedder import Embedder, EmbeddingsFailed
+from chatapp.documents.encoder_check import EncoderCheck
+from chatapp.documents.index import vector_space
 from chatapp.documents.index.search_index import SearchIndex
-from chatapp.documents.index.vector_space import DimensionsChanged
+from chatapp.documents.index.vector_space import EncoderChanged
 from chatapp.documents.indexer import claims
 from chatapp.documents.indexer.claims import Claim, Watch
 from chatapp.documents.language import document_language
@@ -81,8 +83,20 @@ class Indexer:
     check_s: float = 0.25  # how often a claim is looked at while its document is worked on
     poll_s: float = 1.0
     batch: int = 32  # passages embedded and written per transaction
+    # Whether the encoder is still the library's (its probe, kept a minute); None: the
+    # embedder's own. One for a process's indexers (__main__.py).
+    encoder: EncoderCheck | None = None
     _prepared: int | None = field(default=None, init=False)  # the vectors' width, once made
     _reader: Reader | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.encoder is None:
+            self.encoder = EncoderCheck(self.embedder)
+
+    @property
+    def check(self) -> EncoderCheck:
+        assert self.encoder is not None  # __post_init__
+        return self.encoder
 
     @property
     def reader(self) -> Reader:
@@ -111,6 +125,8 @@ class Indexer:
             )
         if not parts:
             return self._fail(claim, "broken", "The file's bytes are not kept; add it again.")
+        if self._encoder_changed():  # not read for nothing: no vector of it could be kept
+            return self._fail(claim, "encoder_changed", str(EncoderChanged()))
         began = time.monotonic()
         until = math.inf if self.quick_s is None else began + self.quick_s
         with Watch(self.store, claim, self.lease_s, self.check_s) as watch:
@@ -140,15 +156,17 @@ class Indexer:
                 batch = todo[start : start + self.batch]
                 try:
                     vectors = self.embedder.embed([p.embedded for p in batch])
+                    probe = self.check.probe()
                 except EmbeddingsFailed as failed:
+                    self.check.forget()  # a sidecar restarted may serve another encoder
                     return self._fail(claim, "embeddings_failed", str(failed))
                 done += len(batch)
                 try:
                     progress = done / len(passages)
-                    if not self._write(claim, owner_id, batch, vectors, progress, language):
+                    if not self._write(claim, owner_id, batch, vectors, probe, progress, language):
                         return "lost"  # cancelled, deleted or taken meanwhile
-                except DimensionsChanged as changed:
-                    return self._fail(claim, "embeddings_failed", str(changed))
+                except EncoderChanged as changed:  # DimensionsChanged too: another width
+                    return self._fail(claim, "encoder_changed", str(changed))
             claims.finish(self.store, claim, "ready", chunks=len(passages))
             return "ready"
 
@@ -157,6 +175,21 @@ class Indexer:
             return "lost"
         claims.hand_back(self.store, claim)  # the quick lane's time is up
         return "handed_back"
+
+    def _encoder_changed(self) -> bool:
+        """Whether the encoder is known to be another than the library's (not when the model
+        service gives no probe: embedding the passages will say why)."""
+        with self.store.session() as session:
+            found = vector_space.space(session)
+        if found is None:
+            return False
+        try:
+            probe = self.check.probe()
+        except EmbeddingsFailed:
+            return False
+        verdict = vector_space.state(found, probe)
+        self.check.noticed(verdict, found, probe)
+        return verdict == "changed"
 
     def _fail(self, claim: Claim, code: str, message: str) -> str:
         claims.finish(self.store, claim, "failed", code, message)
@@ -178,19 +211,25 @@ class Indexer:
         owner_id: int,
         batch: Sequence[Passage],
         vectors: np.ndarray,
+        probe: np.ndarray,
         progress: float,
         language: str,
     ) -> bool:
+        """Write a batch's passages and vectors, made by the encoder whose `probe` is given:
+        EncoderChanged when it is not the library's, and nothing written."""
         width = int(vectors.shape[1])
         if self._prepared != width:  # the vectors' table first, alone (search_index.prepare)
             with self.store.session(write=True) as session:
-                self.index.prepare(session, width)
+                self.index.prepare(session, width, probe)
             self._prepared = width
         with self.store.session(write=True) as session:
             # The claim, not the id alone: an id may name another document by now.
             document = session.scalars(select(Document).where(claims.holds(claim))).first()
             if document is None:
                 return False
+            # The encoder checked in the transaction that writes its vectors; after a reembed
+            # (no record, no table) this makes them again.
+            self.index.prepare(session, width, probe)
             rows = [
                 Chunk(
                     document_id=claim.document_id,

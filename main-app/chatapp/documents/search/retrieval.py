@@ -6,6 +6,10 @@ reads those passages joined with their documents, again by the owner, and only f
 that are `ready` (a document being read or cancelled is not searched). `DOCUMENT_SEARCH` picks
 the method; its default is the one the evaluation chose (docs/documents.md, `python -m
 scripts.bench rag`).
+
+Without an encoder, or with another encoder than the library's vectors were made with
+(`encoder_check.py`: a question's vector would be compared with another encoder's passages, a
+ranking of noise), every method is keyword search.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Literal
 from sqlalchemy import select
 
 from chatapp.documents.embedder import Embedder
+from chatapp.documents.encoder_check import EncoderCheck
 from chatapp.documents.index.ranking import blend, fuse
 from chatapp.documents.index.search_index import SearchIndex
 from chatapp.documents.models import Chunk, Document
@@ -71,9 +76,15 @@ class Searcher:
     method: Method
 
     keyword_weight: float = KEYWORD_WEIGHT
+    # Whether the encoder is still the library's; None: not checked (documents/service.py
+    # gives the app's searcher one)
+    encoder: EncoderCheck | None = None
 
     def search(self, owner_id: int, question: str, k: int) -> list[Passage]:
         method = self.method if self.embedder is not None else "keyword"
+        # Another encoder than the library's: logged once, when first seen
+        if method != "keyword" and self.encoder and self.encoder.state(self.store) == "changed":
+            method = "keyword"
         depth = max(k, DEPTH) if method in ("hybrid", "fusion") else k
         # Extra candidates: a candidate from a document not ready is dropped below.
         want = depth + 10

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from chatapp.documents import library
-from chatapp.documents.embedder import Embedder
+from chatapp.documents.embedder import Embedder, InputType
 from chatapp.documents.index.search_index import index_for
 from chatapp.documents.indexer.claims import Claim
 from chatapp.documents.indexer.worker import Indexer
@@ -33,11 +33,13 @@ LIMITS = Limits(max_bytes=1_000_000, max_pages=50)
 ENCODER_LIMIT = 32  # make_encoder's default --max-tokens
 
 
-def make_indexer(store: Store, url: str, encoder_dir: Path, batch: int = 32) -> Indexer:
+def make_indexer(
+    store: Store, url: str, encoder_dir: Path, batch: int = 32, embedder: Embedder | None = None
+) -> Indexer:
     return Indexer(
         store=store,
         index=index_for(store),
-        embedder=Embedder(url, model="tiny"),
+        embedder=embedder or Embedder(url, model="tiny"),
         sizing=PassageSizing(max_tokens=ENCODER_LIMIT, tokenizer=str(encoder_dir)),
         limits=LIMITS,
         batch=batch,
@@ -196,6 +198,55 @@ def test_a_model_service_without_an_encoder_fails_the_document_with_its_reason(
     assert document is not None
     assert (document.status, document.error_type) == ("failed", "embeddings_failed")
     assert "refused the embeddings (400)" in (document.error or "")
+
+
+class Reversed(Embedder):
+    """Another encoder of the same width: the tiny encoder's numbers in reverse order."""
+
+    def _call(self, texts: list[str], input_type: InputType) -> list[list[float]]:
+        return [row[::-1] for row in super()._call(texts, input_type)]
+
+
+def vectors(store: Store) -> int:
+    with store.session() as session:
+        return int(session.scalar(text("SELECT count(*) FROM chunk_vectors")) or 0)
+
+
+@pytest.mark.parametrize("noticed", ["before_reading", "at_the_write"])
+def test_another_encoder_of_the_same_width_fails_its_document_and_writes_nothing(
+    noticed: str,
+    store: Store,
+    owners: tuple[int, int],
+    encoder_sidecar: Service,
+    tiny_encoder_dir: Path,
+) -> None:
+    """All-MiniLM-L6-v2 and multilingual-e5-small both make 384 numbers: the width alone let
+    one's vectors in beside the other's. Noticed before a file is read (the library's probe
+    against the encoder's), or at the write itself (the probe checked in its transaction)."""
+    alice, _ = owners
+    first = add(store, alice, "guide.txt")
+    drain(make_indexer(store, encoder_sidecar.url, tiny_encoder_dir))
+    kept = vectors(store)
+    second = add(store, alice, "guide.md")
+    other = Reversed(encoder_sidecar.url, model="tiny")
+    indexer = make_indexer(store, encoder_sidecar.url, tiny_encoder_dir, embedder=other)
+    if noticed == "at_the_write":  # as if the library's first vector came meanwhile
+        indexer._encoder_changed = lambda: False  # type: ignore[method-assign]
+    assert drain(indexer) == 1
+    assert (indexer._reader is None) == (noticed == "before_reading")  # not read for nothing
+    document = library.get(store, alice, second)
+    assert document is not None
+    assert (document.status, document.error_type, document.chunks) == (
+        "failed",
+        "encoder_changed",
+        0,
+    )
+    assert "python -m chatapp.documents reembed" in (document.error or "")
+    with store.session() as session:
+        assert session.scalar(select(func.count()).where(Chunk.document_id == second)) == 0
+    assert vectors(store) == kept  # nothing of the other encoder
+    ready = library.get(store, alice, first)
+    assert ready is not None and ready.status == "ready"
 
 
 CLAIM_IN_A_FRESH_PROCESS = """

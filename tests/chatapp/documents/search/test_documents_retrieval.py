@@ -4,6 +4,7 @@ to the room the encoder leaves it after that prompt; hybrid search on both engin
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 from sqlalchemy import select, update
 
 from chatapp.documents.embedder import Embedder, InputType
+from chatapp.documents.encoder_check import EncoderCheck
 from chatapp.documents.index.search_index import index_for
 from chatapp.documents.models import Chunk, Document
-from chatapp.documents.search.retrieval import Searcher
+from chatapp.documents.search.retrieval import Method, Searcher
 from chatapp.documents.sizing import PassageSizing
 from chatapp.store import Store, migrate
 from tests.chatapp.documents.index.test_documents_index import add_document, unit
@@ -94,3 +96,40 @@ def test_hybrid_weighs_a_documents_words_with_its_passages_cosines(
     # Keyword weight 0: the encoder's order
     plain = Searcher(store, index_for(store), Fixed(unit(1.0)), sizing, "hybrid", 0.0)
     assert [p.chunk_id for p in plain.search(alice, question, 5)][:2] == [near[0], second]
+
+
+def test_another_encoder_than_the_librarys_is_not_searched_with(
+    store: Store, owners: tuple[int, int], wordpiece_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Same width, another encoder: its question vector means nothing among these passages, so
+    dense and hybrid search by keywords instead, said once in the log (not the question)."""
+    alice, _ = owners
+    kettle = add_document(store, alice, [("descale the kettle", unit(0.0, 1.0))])
+    add_document(store, alice, [("green tea", unit(1.0))])
+    sizing = PassageSizing(max_tokens=64, tokenizer=str(wordpiece_dir))
+    question = "how do I descale the kettle"
+
+    def searcher(embedder: Embedder, method: Method) -> Searcher:
+        return Searcher(
+            store, index_for(store), embedder, sizing, method, encoder=EncoderCheck(embedder)
+        )
+
+    # The library's own encoder (taken at its first check: vectors written before 0008)
+    own = searcher(Fixed(unit(1.0)), "dense").search(alice, question, 5)
+    assert own and all(p.similarity is not None for p in own)
+    keyword = searcher(Fixed(unit(1.0)), "keyword").search(alice, question, 5)
+    assert [p.chunk_id for p in keyword] == kettle
+    other = Fixed(unit(0.0, 0.0, 1.0))
+    with caplog.at_level(logging.INFO, logger="chatapp.documents.encoder"):
+        for method in ("dense", "hybrid", "fusion"):
+            found = searcher(other, method).search(alice, question, 5)
+            assert found == keyword, method
+    lines = [r for r in caplog.records if r.getMessage() == "encoder changed"]
+    assert len(lines) == 3  # one per searcher (a process has one)
+    assert all("descale" not in str(line.__dict__) for line in lines)
+    one = searcher(other, "hybrid")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="chatapp.documents.encoder"):
+        one.search(alice, question, 5)
+        one.search(alice, question, 5)
+    assert [r.getMessage() for r in caplog.records] == ["encoder changed"]
