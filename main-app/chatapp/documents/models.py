@@ -9,7 +9,8 @@ index). Every query of these tables takes the owner's user id.
 A document's life: `queued` (its bytes stored, waiting for the indexer; `claim` is `storing`
 while they are being written) -> `reading` (parsed, cut, embedded; `progress` 0..1; `claim`
 the indexer's) -> `ready`, or `failed` with `error_type` and `error` (a refusal of
-`blocks.REFUSALS`, `cancelled`, or `embeddings_failed`). Retry sets it `queued` again.
+`blocks.REFUSALS`, `cancelled`, `embeddings_failed`, or `encoder_changed`). Retry sets it
+`queued` again; `python -m chatapp.documents reembed` the whole library (reembed.py).
 `content_hash` (SHA-256 of the bytes) is unique per owner: the same file twice is the same
 document.
 """
