@@ -206,6 +206,8 @@ SLOW_TESTS = (
     "tests/chatapp/documents/search/test_documents_grounding.py::test_a_grounded",
     # gunicorn, an indexer killed
     "tests/chatapp/documents/indexer/test_documents_indexer_process.py",
+    # A second sidecar, of another tiny encoder
+    "tests/chatapp/documents/test_documents_reembed.py::test_two_real_encoders_",
     "tests/scripts/test_bench_rag.py::test_turn_run",  # a sidecar and the app, a library indexed
     "tests/scripts/test_bench_rag.py::test_the_suite_s_",  # every set through the tiny encoder
     # issue 55: the app indexing with the tokenizer its sidecar gave (a reader process)

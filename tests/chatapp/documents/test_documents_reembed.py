@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from chatapp.documents import library
@@ -23,6 +25,7 @@ from chatapp.documents.reembed import Reembedded, reembed
 from chatapp.documents.search.retrieval import Searcher
 from chatapp.documents.sizing import PassageSizing
 from chatapp.store import Store
+from scripts.run import services
 from scripts.run.services import Service
 from tests.chatapp.documents.index.test_documents_index import add_document, unit
 from tests.chatapp.documents.indexer.test_documents_indexer import (
@@ -120,3 +123,45 @@ def test_the_command_says_what_it_did(
 
 def test_nothing_to_forget_is_fine(store: Store) -> None:
     assert reembed(store) == Reembedded(queued=0, passages=0, left=0)
+
+
+@pytest.fixture(scope="module")
+def other_encoder_sidecar(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """A sidecar of another tiny encoder: the same shapes and tokenizer, other weights."""
+    out = tmp_path_factory.mktemp("encoders") / "other-encoder"
+    command = [sys.executable, "-m", "scripts.models.make_encoder", "--out", str(out)]
+    subprocess.run([*command, "--seed", "1"], check=True, capture_output=True)
+    log = tmp_path_factory.mktemp("logs") / "sidecar-other-encoder.log"
+    with services.sidecar(tiny_model_dir, log, EMBED_MODEL_PATH=str(out)) as running:
+        services.wait_for_embeddings(running)
+        yield running
+
+
+def test_two_real_encoders_of_one_width_through_their_sidecars(
+    store: Store,
+    owners: tuple[int, int],
+    encoder_sidecar: Service,
+    other_encoder_sidecar: Service,
+    tiny_encoder_dir: Path,
+) -> None:
+    """The operator points the app at a sidecar serving another encoder of the same width:
+    refused until reembed, then every document ready with it."""
+    alice, _ = owners
+    first = add(store, alice, "guide.txt")
+    drain(make_indexer(store, encoder_sidecar.url, tiny_encoder_dir))
+    now = make_indexer(store, other_encoder_sidecar.url, tiny_encoder_dir)
+    assert (
+        now.check.probe().shape
+        == EncoderCheck(Embedder(encoder_sidecar.url, model="tiny")).probe().shape
+    )
+    second = add(store, alice, "guide.md")
+    drain(now)
+    assert statuses(store)[second] == ("failed", "encoder_changed")
+    assert EncoderCheck(now.embedder).state(store) == "changed"
+    assert reembed(store).queued == 2
+    assert drain(now) == 2
+    assert statuses(store)[first] == statuses(store)[second] == ("ready", None)
+    assert EncoderCheck(now.embedder).state(store) == "same"
+    assert EncoderCheck(Embedder(encoder_sidecar.url, model="tiny")).state(store) == "changed"
