@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -166,22 +167,27 @@ def retry(store: Store, owner_id: int, document_id: int) -> Document | None:
         document = _owned(session, owner_id, document_id)
         if document is not None and document.status == "failed" and document.claim != STORING:
             session.execute(
-                update(Document)
-                .where(Document.id == document.id)
-                .values(
-                    status="queued",
-                    progress=0.0,
-                    chunks=0,
-                    error=None,
-                    error_type=None,
-                    attempts=0,
-                    lease_until=None,
-                    long_read=False,
-                    updated_at=utcnow(),
-                )
+                update(Document).where(Document.id == document.id).values(**queued_again())
             )
             session.refresh(document)
         return document
+
+
+def queued_again() -> dict[str, Any]:
+    """The columns of a document queued to be read again from its kept bytes, as new (retry,
+    reembed.py): no claim, no attempts, no error."""
+    return {
+        "status": "queued",
+        "progress": 0.0,
+        "chunks": 0,
+        "error": None,
+        "error_type": None,
+        "attempts": 0,
+        "claim": None,
+        "lease_until": None,
+        "long_read": False,
+        "updated_at": utcnow(),
+    }
 
 
 def _owned(session: Session, owner_id: int, document_id: int) -> Document | None:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, or_, select, update
 
 from chatapp.documents.index.search_index import index_for
+from chatapp.documents.library import queued_again
 from chatapp.documents.models import STORING, Chunk, Document
 from chatapp.store import Store
-from chatapp.store.base import utcnow
 
 # The encoder's failures: queued again with the rest. Any other failure is the file's own.
 ENCODER_FAILURES = ("encoder_changed", "embeddings_failed")
@@ -57,18 +57,7 @@ def reembed(store: Store) -> Reembedded:
         queued = session.execute(
             update(Document)
             .where(again, or_(Document.claim.is_(None), Document.claim != STORING))
-            .values(
-                status="queued",
-                progress=0.0,
-                chunks=0,
-                error=None,
-                error_type=None,
-                attempts=0,
-                claim=None,
-                lease_until=None,
-                long_read=False,
-                updated_at=utcnow(),
-            )
+            .values(**queued_again())
         ).rowcount  # type: ignore[attr-defined]
         left = session.scalar(
             select(func.count()).select_from(Document).where(Document.status == "failed")
