@@ -16,11 +16,12 @@ and its own /readyz). `documents.passages`: how the library's passages are measu
 (documents/sizing.py): `byte_bound` with its reason when neither EMBED_TOKENIZER nor the model
 service gives the encoder's tokenizer. `documents.encoder`: whether the encoder now served is
 the one the library's vectors were made with, `{"state": "same" | "changed" | "unknown",
-"remedy"?}` (documents/encoder_check.py; `unknown`: no vector yet, or the model service gives
-none; `changed`: dense and hybrid search fall back to keyword search and documents fail
-`encoder_changed` until the operator runs the `remedy`). Always 200 while the app runs: the
-page polls it to show "model loading" before the first message and to name the model, and a
-liveness probe must not restart the app because the model is still loading.
+"remedy"?}` as this process's last search found it (documents/encoder_check.py: /healthz
+itself never calls the model service; `unknown`: no search since the start, no vector yet, or
+the model service gives none; `changed`: dense and hybrid search fall back to keyword search
+and documents fail `encoder_changed` until the operator runs the `remedy`). Always 200 while
+the app runs: the page polls it to show "model loading" before the first message and to name
+the model, and a liveness probe must not restart the app because the model is still loading.
 
 `/readyz` is for load balancers (App Service's health check path, a Kubernetes readiness
 probe): 200 `{"status": "ready", "model"}` only when the sidecar is reachable, ready and
@@ -85,7 +86,7 @@ def _encoder(searcher: Searcher) -> dict[str, str]:
     """/healthz's `documents.encoder`: said here, not found later in rankings of noise."""
     if searcher.encoder is None:
         return {"state": "unknown"}
-    state = searcher.encoder.state(searcher.store)
+    state = searcher.encoder.known()  # the last search's check: no call to the model service
     if state != "changed":
         return {"state": state}
     return {"state": state, "remedy": REMEDY[0].upper() + REMEDY[1:] + "."}

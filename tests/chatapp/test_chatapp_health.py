@@ -89,10 +89,22 @@ def test_the_librarys_encoder_same_or_changed_with_the_remedy(app: Flask) -> Non
     with store.session(write=True) as session:
         index_for(store).prepare(session, 8, unit(1.0))
     check = app.extensions["documents"].searcher.encoder
-    check.embedder = Encoder(unit(1.0))
-    assert app.test_client().get("/healthz").get_json()["documents"]["encoder"] == {"state": "same"}
+    check.embedder = same = Encoder(unit(1.0))
+
+    def healthz() -> dict[str, str]:
+        encoder: dict[str, str] = app.test_client().get("/healthz").get_json()["documents"]
+        return encoder["encoder"]
+
+    assert healthz() == {"state": "unknown"}  # no search yet: /healthz asks nothing itself
+    assert same.asked == []
+    check.state(store)  # what a search checks first
+    assert healthz() == {"state": "same"}
     check.embedder = Encoder(unit(0.0, 1.0))  # another encoder of the same width ...
-    check.forget()  # ... noticed at the next probe (within a minute)
-    encoder = app.test_client().get("/healthz").get_json()["documents"]["encoder"]
+    check.forget()  # ... noticed at the next search's probe (within a minute)
+    check.state(store)
+    encoder = healthz()
     assert encoder["state"] == "changed"
     assert "python -m chatapp.documents reembed" in encoder["remedy"]
+    probes = len(same.asked)
+    healthz()
+    assert len(same.asked) == probes

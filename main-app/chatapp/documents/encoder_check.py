@@ -2,10 +2,11 @@
 
 `EncoderCheck` embeds `vector_space.PROBE_TEXT` and keeps the vector `TTL_S` seconds: at most
 one extra embedding a minute in each process that asks (the indexer before it writes vectors,
-the searcher before a dense or hybrid search, /healthz). An encoder swapped under a running app
-is noticed within that minute; a model service that failed an embedding (a sidecar restarted,
-perhaps with another encoder) is asked again at the next check. The library's record is read
-anew at every check (one row), so `reembed` counts at once.
+the searcher before a dense or hybrid search). /healthz asks nothing: it says the verdict of the
+process's last check (`known`), so a health probe never waits on the model service. An encoder
+swapped under a running app is noticed within that minute; a model service that failed an
+embedding (a sidecar restarted, perhaps with another encoder) is asked again at the next check.
+The library's record is read anew at every check (one row), so `reembed` counts at once.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class EncoderCheck:
         self._until = -float("inf")  # the probe (or the failure) stands until then
         self._failed: str | None = None  # why the model service gave no probe
         self._said_changed = False
+        self._known: EncoderState = "unknown"  # the last check's verdict
 
     def probe(self) -> np.ndarray:
         """The encoder's probe now (raises EmbeddingsFailed without one)."""
@@ -73,10 +75,12 @@ class EncoderCheck:
         with store.session() as session:
             found = vector_space.space(session)
         if found is None:
+            self._known = "unknown"
             return "unknown"
         try:
             probe = self.probe()
         except EmbeddingsFailed:
+            self._known = "unknown"
             return "unknown"
         if found.probe is None and found.dimensions == len(probe):
             with store.session(write=True) as session:
@@ -86,13 +90,20 @@ class EncoderCheck:
         self.noticed(verdict, found, probe)
         return verdict
 
+    def known(self) -> EncoderState:
+        """The verdict of this process's last check (`unknown` before one): what /healthz
+        says, without asking the model service."""
+        return self._known
+
     def noticed(
         self, verdict: EncoderState, found: vector_space.Space | None, probe: np.ndarray
     ) -> None:
-        """Log the first check that finds the encoder changed (and the first after it that
-        finds it the same again): one line, whatever the searches and documents it refuses."""
+        """Keep the verdict (`known`), and log the first check that finds the encoder changed
+        (and the first after it that finds it the same again): one line, whatever the searches
+        and documents it refuses."""
         changed = verdict == "changed"
         with self._lock:
+            self._known = verdict
             if changed == self._said_changed:
                 return
             self._said_changed = changed
