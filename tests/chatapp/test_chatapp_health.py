@@ -92,8 +92,10 @@ def test_the_librarys_encoder_same_or_changed_with_the_remedy(app: Flask) -> Non
     check.embedder = same = Encoder(unit(1.0))
 
     def healthz() -> dict[str, str]:
-        encoder: dict[str, str] = app.test_client().get("/healthz").get_json()["documents"]
-        return encoder["encoder"]
+        documents: dict[str, dict[str, str]] = (
+            app.test_client().get("/healthz").get_json()["documents"]
+        )
+        return documents["encoder"]
 
     assert healthz() == {"state": "unknown"}  # no search yet: /healthz asks nothing itself
     assert same.asked == []
