@@ -433,26 +433,24 @@ def _indexer(name: str, raw: str) -> str:
     return where
 
 
-def _similarity(name: str, raw: str) -> float:
-    """number, -1 to 1"""
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
-    if not -1 <= value <= 1:
-        raise SettingsError(f"{name} must be from -1 to 1, got {raw!r}")
-    return value
+def _number_from(low: float, high: float) -> Callable[[str, str], float]:
+    """A parser of a number from `low` to `high` (its docstring the documented kind)."""
+
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+        if not low <= value <= high:
+            raise SettingsError(f"{name} must be from {low:g} to {high:g}, got {raw!r}")
+        return value
+
+    parse.__doc__ = f"number, {low:g} to {high:g}"
+    return parse
 
 
-def _weight(name: str, raw: str) -> float:
-    """number, 0 to 1"""
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
-    if not 0 <= value <= 1:
-        raise SettingsError(f"{name} must be from 0 to 1, got {raw!r}")
-    return value
+_similarity = _number_from(-1, 1)
+_weight = _number_from(0, 1)
 
 
 def _read_memory(name: str, raw: str) -> int:
