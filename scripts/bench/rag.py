@@ -52,8 +52,8 @@ from chatapp.documents.language import document_language, keywords, question_lan
 from chatapp.documents.reading.blocks import Block, Refused
 from chatapp.documents.reading.chunker import chunk, cut
 from chatapp.documents.reading.formats import Limits, read
-from chatapp.documents.search.retrieval import KEYWORD_WEIGHT
 from chatapp.documents.sizing import PassageSizing
+from chatapp.settings import DEFAULTS
 from scripts.bench.common import BadArguments
 from scripts.bench.rag_baseline import recursive_split
 from scripts.bench.rag_encoders import ENCODERS, comparison, encoder_sidecar
@@ -193,7 +193,7 @@ def evaluate(suite: EvalSet, sizing: PassageSizing, args: argparse.Namespace) ->
         words = _keyword(questions, passages, scored=True)
         document_of = {i: passage.document for i, passage in enumerate(passages)}
         rankings["hybrid"] = [
-            [item for item, _ in blend(d, k, document_of, KEYWORD_WEIGHT)]
+            [item for item, _ in blend(d, k, document_of, DEFAULTS["DOCUMENT_KEYWORD_WEIGHT"])]
             for k, d in zip(words, dense, strict=True)
         ]
         rankings["dense"] = [[item for item, _ in d] for d in dense]
@@ -272,7 +272,6 @@ def _indexing_rate(
     from chatapp.documents.embedder import Embedder
     from chatapp.documents.index.search_index import index_for
     from chatapp.documents.indexer.worker import QUICK_S, Indexer
-    from chatapp.settings import DEFAULTS
     from chatapp.store import Store, migrate
     from chatapp.store.users import ensure_user
 

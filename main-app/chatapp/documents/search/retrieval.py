@@ -26,12 +26,12 @@ from chatapp.documents.index.search_index import SearchIndex
 from chatapp.documents.models import Chunk, Document
 from chatapp.documents.reading.chunker import cut
 from chatapp.documents.sizing import PassageSizing
+from chatapp.settings import DEFAULTS
 from chatapp.store import Store
 
 Method = Literal["hybrid", "dense", "keyword", "fusion"]
 METHODS: tuple[Method, ...] = ("hybrid", "dense", "keyword", "fusion")
 DEPTH = 50  # candidates each method gives hybrid and fusion
-KEYWORD_WEIGHT = 0.3  # hybrid's weight of keyword scores, chosen on the suite (bench rag)
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ class Searcher:
     sizing: PassageSizing  # the encoder's count and limit: a longer question is cut to it
     method: Method
 
-    keyword_weight: float = KEYWORD_WEIGHT
+    # hybrid's weight of keyword scores (DOCUMENT_KEYWORD_WEIGHT, chosen on bench rag's suite)
+    keyword_weight: float = DEFAULTS["DOCUMENT_KEYWORD_WEIGHT"]
     # Whether the encoder is still the library's; None: not checked (documents/service.py
     # gives the app's searcher one)
     encoder: EncoderCheck | None = None
