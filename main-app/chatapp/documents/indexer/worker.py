@@ -45,7 +45,6 @@ from sqlalchemy import select
 
 from chatapp.documents.embedder import Embedder, EmbeddingsFailed
 from chatapp.documents.encoder_check import EncoderCheck
-from chatapp.documents.index import vector_space
 from chatapp.documents.index.search_index import SearchIndex
 from chatapp.documents.index.vector_space import EncoderChanged
 from chatapp.documents.indexer import claims
@@ -125,7 +124,9 @@ class Indexer:
             )
         if not parts:
             return self._fail(claim, "broken", "The file's bytes are not kept; add it again.")
-        if self._encoder_changed():  # not read for nothing: no vector of it could be kept
+        # Not read for nothing: no vector of another encoder could be kept (no probe from the
+        # model service is `unknown`: embedding the passages will say why)
+        if self.check.state(self.store) == "changed":
             return self._fail(claim, "encoder_changed", str(EncoderChanged()))
         began = time.monotonic()
         until = math.inf if self.quick_s is None else began + self.quick_s
@@ -175,21 +176,6 @@ class Indexer:
             return "lost"
         claims.hand_back(self.store, claim)  # the quick lane's time is up
         return "handed_back"
-
-    def _encoder_changed(self) -> bool:
-        """Whether the encoder is known to be another than the library's (not when the model
-        service gives no probe: embedding the passages will say why)."""
-        with self.store.session() as session:
-            found = vector_space.space(session)
-        if found is None:
-            return False
-        try:
-            probe = self.check.probe()
-        except EmbeddingsFailed:
-            return False
-        verdict = vector_space.state(found, probe)
-        self.check.noticed(verdict, found, probe)
-        return verdict == "changed"
 
     def _fail(self, claim: Claim, code: str, message: str) -> str:
         claims.finish(self.store, claim, "failed", code, message)

@@ -231,7 +231,7 @@ def test_another_encoder_of_the_same_width_fails_its_document_and_writes_nothing
     other = Reversed(encoder_sidecar.url, model="tiny")
     indexer = make_indexer(store, encoder_sidecar.url, tiny_encoder_dir, embedder=other)
     if noticed == "at_the_write":  # as if the library's first vector came meanwhile
-        indexer._encoder_changed = lambda: False  # type: ignore[method-assign]
+        indexer.check.state = lambda store: "unknown"  # type: ignore[method-assign]
     assert drain(indexer) == 1
     assert (indexer._reader is None) == (noticed == "before_reading")  # not read for nothing
     document = library.get(store, alice, second)
