@@ -178,9 +178,10 @@ def evaluate(suite: EvalSet, sizing: PassageSizing, args: argparse.Namespace) ->
     Open WebUI's defaults."""
     passages = _passages(suite.cases, sizing)
     questions = [case.question for case in suite.cases]
+    words = _keyword(questions, passages)  # (index, score): hybrid blends the scores
     rankings = {
-        "keyword": _keyword(questions, passages),
-        PORTER: _keyword(questions, passages, porter=True),
+        "keyword": [[i for i, _ in found] for found in words],
+        PORTER: [[i for i, _ in found] for found in _keyword(questions, passages, porter=True)],
     }
     baseline: list[int | None] = []
     if args.embeddings_url:
@@ -190,7 +191,6 @@ def evaluate(suite: EvalSet, sizing: PassageSizing, args: argparse.Namespace) ->
         asked = [cut(q, lambda text: sizing.count(text) <= limit) for q in questions]
         kinds = not args.no_input_type
         dense = _dense(asked, passages, url, model, input_types=kinds)
-        words = _keyword(questions, passages, scored=True)
         document_of = {i: passage.document for i, passage in enumerate(passages)}
         rankings["hybrid"] = [
             [item for item, _ in blend(d, k, document_of, DEFAULTS["DOCUMENT_KEYWORD_WEIGHT"])]
@@ -343,12 +343,12 @@ def _unread(store: Any) -> int:
 
 
 def _keyword(
-    questions: list[str], passages: list[Passage], *, porter: bool = False, scored: bool = False
-) -> Any:
+    questions: list[str], passages: list[Passage], *, porter: bool = False
+) -> list[list[tuple[int, float]]]:
     """Each question's passages (indexes) by BM25, as the SQLite engine ranks them: stemmed in
     each document's and each question's language (documents/language.py), or, `porter`, as
-    before issue 55 (FTS5's English Porter tokenizer over every text). `scored`: (index,
-    score) pairs, higher-is-better, as the app's index gives them."""
+    before issue 55 (FTS5's English Porter tokenizer over every text): (index, score) pairs,
+    higher-is-better, as the app's index gives them."""
     db = sqlite3.connect(":memory:")
     tokenizer = "porter unicode61" if porter else "unicode61 remove_diacritics 2"
     db.execute(f"CREATE VIRTUAL TABLE passages USING fts5(text, tokenize='{tokenizer}')")
@@ -372,7 +372,7 @@ def _keyword(
                 (query, DEPTH),
             ).fetchall()
         )
-        ranked.append([(row[0], -row[1]) if scored else row[0] for row in rows])
+        ranked.append([(row[0], -row[1]) for row in rows])
     return ranked
 
 
